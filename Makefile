@@ -1,0 +1,53 @@
+# tensorgrad: `make` builds the libraries and examples, `make test` runs the suite,
+# `make sanitize` runs it under AddressSanitizer + UndefinedBehaviorSanitizer, `make check` both.
+CC      ?= cc
+BUILD   ?= build
+OPT     ?= -O2
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+           -Iinclude -fPIC $(SAN)
+LDLIBS  += -lm -lz -lpthread -ldl
+
+SRC     := $(wildcard src/*.c)
+OBJ     := $(SRC:src/%.c=$(BUILD)/obj/%.o)
+TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
+EXAMPLES:= $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+
+all: $(BUILD)/libtensorgrad.a $(BUILD)/libtensorgrad.so $(EXAMPLES)
+
+$(BUILD)/obj/%.o: src/%.c src/internal.h include/tensorgrad.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libtensorgrad.a: $(OBJ)
+	ar rcs $@ $^
+
+$(BUILD)/libtensorgrad.so: $(OBJ)
+	$(CC) -shared $(SAN) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libtensorgrad.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc $< -o $@ $(BUILD)/libtensorgrad.a $(LDLIBS)
+
+$(BUILD)/examples/%: examples/%.c $(BUILD)/libtensorgrad.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/libtensorgrad.a $(LDLIBS)
+
+# Every test binary, then one summary line "N passed, N failed".
+test: $(TESTS) $(EXAMPLES)
+	@sh tests/run.sh $(TESTS)
+
+# The whole suite: plain, then under AddressSanitizer + UndefinedBehaviorSanitizer.
+check: test
+	$(MAKE) sanitize
+
+sanitize:
+	$(MAKE) BUILD=build-san OPT=-O1 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
+
+demo: $(BUILD)/examples/digits
+	$(BUILD)/examples/digits
+
+clean:
+	rm -rf build build-san
+
+.PHONY: all test check sanitize demo clean
+.SECONDARY:

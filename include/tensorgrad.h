@@ -1,0 +1,388 @@
+/* tensorgrad: train neural networks inside ordinary C programs.
+ *
+ * A model is a tree of named parameters (tg_model). A forward function, written with the ops
+ * below, is traced once into a static-shape graph; tg_compile derives gradients by reverse-mode
+ * autograd, appends the optimizer update to the same graph, plans buffers and hands the graph to
+ * a backend. tg_step then runs one whole training step and returns the loss as a value.
+ *
+ *   tg_model *m = tg_model_new(42);
+ *   tg_linear l1 = tg_linear_new(m, "l1", 64, 128, NULL), l2 = tg_linear_new(m, "l2", 128, 10, NULL);
+ *   static tg_tensor loss(const void *ctx, const tg_tensor *in) {
+ *       return tg_cross_entropy(tg_linear(&l2, tg_relu(tg_linear(&l1, in[0]))), in[1], TG_MEAN);
+ *   }
+ *   tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = loss,
+ *       .inputs = (tg_input_decl[]){ TG_F32("x", 64, 64), TG_I32("y", 64) }, .n_inputs = 2,
+ *       .optimizer = tg_adamw(1e-3, 0.01) }, &err);
+ *   tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", xs, 64*64), tg_i32("y", ys, 64) }, 2);
+ *
+ * Errors never abort the caller. Op calls made with bad shapes record "file.c:LINE: tg_op: ..."
+ * in the graph being traced; tg_compile then fails with that message. Run-time failures come
+ * back in tg_result.status / tg_result.error.
+ *
+ * Thread model: one trace at a time per thread (tracing state is thread-local).
+ */
+#ifndef TENSORGRAD_H
+#define TENSORGRAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TG_MAX_DIMS 6
+#define TG_ERROR_LEN 512
+
+/* ---------------------------------------------------------------------------------------------
+ * Basic values
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum { TG_FLOAT32 = 0, TG_INT32 = 1 } tg_dtype;
+
+/* A shape by value. TG_SHAPE(2, 3) builds {2, {2, 3}}; TG_SHAPE0 is a scalar (ndim 0). */
+typedef struct { int ndim; int64_t d[TG_MAX_DIMS]; } tg_shape;
+#define TG_SHAPE(...) ((tg_shape){ (int)(sizeof((int64_t[]){ __VA_ARGS__ }) / sizeof(int64_t)), { __VA_ARGS__ } })
+#define TG_SHAPE0 ((tg_shape){ 0, { 0 } })
+
+/* Where an op was called from; op macros fill it in so errors name the caller's line. */
+typedef struct { const char *file; int line; } tg_site;
+#define TG_HERE ((tg_site){ __FILE__, __LINE__ })
+
+/* A caller-owned error buffer. Functions that can fail take a tg_error * (may be NULL). */
+typedef struct { char msg[TG_ERROR_LEN]; } tg_error;
+
+typedef enum { TG_OK = 0, TG_FAILED = 1, TG_ABORTED = 2 } tg_status;
+
+/* ---------------------------------------------------------------------------------------------
+ * Models: a tree of named parameters with init specs. Values live in the compiled handles, so
+ * several graphs can share them; the model itself is a description and is never mutated by
+ * compiling.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct tg_model tg_model;
+typedef struct { tg_model *model; int id; } tg_param;  /* id < 0: invalid (an error was recorded) */
+
+typedef enum { TG_INIT_RANDN, TG_INIT_KAIMING, TG_INIT_ZEROS, TG_INIT_ONES, TG_INIT_LITERAL } tg_init_kind;
+
+/* How a parameter starts. randn: N(0, std^2), std default 0.02. kaiming: N(0, (gain/sqrt(fan_in))^2)
+ * with fan_in = shape[0] and gain default sqrt(2). literal: copies n values, which must equal the
+ * parameter's element count. decay: whether AdamW decays it; -1 picks the default (yes for
+ * randn/kaiming/literal, no for zeros/ones). */
+typedef struct {
+    tg_init_kind kind;
+    double scale;          /* std (randn) or gain (kaiming); 0 = default */
+    const float *data;     /* literal values, copied at tg_param_new */
+    size_t n;
+    int decay;             /* -1 default, 0 no, 1 yes */
+} tg_init;
+
+tg_init tg_init_randn(double std);
+tg_init tg_init_kaiming(double gain);
+tg_init tg_init_zeros(void);
+tg_init tg_init_ones(void);
+tg_init tg_init_literal(const float *data, size_t n);
+tg_init tg_init_decay(tg_init init, int decay);   /* the same init with an explicit decay flag */
+
+tg_model *tg_model_new(uint64_t seed);
+void tg_model_free(tg_model *m);
+uint64_t tg_model_seed(const tg_model *m);
+/* The first error recorded while declaring parameters (duplicate name, bad shape), or NULL. */
+const char *tg_model_error(const tg_model *m);
+
+/* Names: tg_model_push(m, "layers.%d", i) opens a scope; parameter names are the scopes joined
+ * by '.' and then the local name, e.g. "layers.0.attn.q.W". */
+void tg_model_push(tg_model *m, const char *fmt, ...);
+void tg_model_pop(tg_model *m);
+tg_param tg_param_new(tg_model *m, const char *name, tg_shape shape, tg_init init);
+
+int tg_model_n_params(const tg_model *m);
+const char *tg_model_param_name(const tg_model *m, int i);
+tg_shape tg_model_param_shape(const tg_model *m, int i);
+
+/* ---------------------------------------------------------------------------------------------
+ * Tensors and ops. A tg_tensor is a cheap handle to a node of the graph being traced. Every op is
+ * a macro that passes the caller's file:line; the _at function is the same op with an explicit
+ * site. Ops on an invalid tensor return an invalid tensor (only the first error is kept).
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct tg_graph tg_graph;
+typedef struct { tg_graph *g; int id; } tg_tensor;
+
+/* A parameter as a tensor of the graph being traced (only valid inside a forward function). */
+tg_tensor tg_p_at(tg_site s, tg_param p);
+#define tg_p(p) tg_p_at(TG_HERE, p)
+
+/* Scalars: tg_scalar(2.5) is a constant of shape []; it takes the dtype of the tensor it meets. */
+tg_tensor tg_scalar_at(tg_site s, double v);
+#define tg_scalar(v) tg_scalar_at(TG_HERE, v)
+/* Binary ops accept a tensor or a plain number on either side: tg_sub(1.0, x), tg_mul(x, 2). */
+static inline tg_tensor tg__as_tensor(tg_tensor t) { return t; }
+tg_tensor tg__number(double v);
+#define TG_T(x) _Generic((x), tg_tensor: tg__as_tensor, default: tg__number)(x)
+
+/* Elementwise binary, NumPy broadcasting. less/greater return f32 0/1. */
+tg_tensor tg_add_at(tg_site s, tg_tensor a, tg_tensor b);
+tg_tensor tg_sub_at(tg_site s, tg_tensor a, tg_tensor b);
+tg_tensor tg_mul_at(tg_site s, tg_tensor a, tg_tensor b);
+tg_tensor tg_div_at(tg_site s, tg_tensor a, tg_tensor b);
+/* minimum/maximum: on ties the gradient is split half and half, as torch.minimum/maximum. */
+tg_tensor tg_minimum_at(tg_site s, tg_tensor a, tg_tensor b);
+tg_tensor tg_maximum_at(tg_site s, tg_tensor a, tg_tensor b);
+tg_tensor tg_less_at(tg_site s, tg_tensor a, tg_tensor b);
+tg_tensor tg_greater_at(tg_site s, tg_tensor a, tg_tensor b);
+/* where(cond, a, b): cond != 0 selects a. All three broadcast. No gradient to cond. */
+tg_tensor tg_where_at(tg_site s, tg_tensor cond, tg_tensor a, tg_tensor b);
+#define tg_add(a, b) tg_add_at(TG_HERE, TG_T(a), TG_T(b))
+#define tg_sub(a, b) tg_sub_at(TG_HERE, TG_T(a), TG_T(b))
+#define tg_mul(a, b) tg_mul_at(TG_HERE, TG_T(a), TG_T(b))
+#define tg_div(a, b) tg_div_at(TG_HERE, TG_T(a), TG_T(b))
+#define tg_minimum(a, b) tg_minimum_at(TG_HERE, TG_T(a), TG_T(b))
+#define tg_maximum(a, b) tg_maximum_at(TG_HERE, TG_T(a), TG_T(b))
+#define tg_less(a, b) tg_less_at(TG_HERE, TG_T(a), TG_T(b))
+#define tg_greater(a, b) tg_greater_at(TG_HERE, TG_T(a), TG_T(b))
+#define tg_where(c, a, b) tg_where_at(TG_HERE, TG_T(c), TG_T(a), TG_T(b))
+
+/* Elementwise unary. */
+tg_tensor tg_neg_at(tg_site s, tg_tensor x);
+tg_tensor tg_abs_at(tg_site s, tg_tensor x);       /* gradient sign(x), 0 at 0 (as PyTorch) */
+tg_tensor tg_square_at(tg_site s, tg_tensor x);
+tg_tensor tg_sqrt_at(tg_site s, tg_tensor x);
+tg_tensor tg_rsqrt_at(tg_site s, tg_tensor x);
+tg_tensor tg_exp_at(tg_site s, tg_tensor x);
+tg_tensor tg_log_at(tg_site s, tg_tensor x);
+tg_tensor tg_relu_at(tg_site s, tg_tensor x);      /* gradient 0 at 0 (as PyTorch) */
+tg_tensor tg_tanh_at(tg_site s, tg_tensor x);
+tg_tensor tg_sigmoid_at(tg_site s, tg_tensor x);
+#define tg_neg(x) tg_neg_at(TG_HERE, x)
+#define tg_abs(x) tg_abs_at(TG_HERE, x)
+#define tg_square(x) tg_square_at(TG_HERE, x)
+#define tg_sqrt(x) tg_sqrt_at(TG_HERE, x)
+#define tg_rsqrt(x) tg_rsqrt_at(TG_HERE, x)
+#define tg_exp(x) tg_exp_at(TG_HERE, x)
+#define tg_log(x) tg_log_at(TG_HERE, x)
+#define tg_relu(x) tg_relu_at(TG_HERE, x)
+#define tg_tanh(x) tg_tanh_at(TG_HERE, x)
+#define tg_sigmoid(x) tg_sigmoid_at(TG_HERE, x)
+
+/* Reductions over one axis (negative counts from the end) or, with TG_ALL, over every axis. */
+#define TG_ALL INT32_MIN
+tg_tensor tg_sum_at(tg_site s, tg_tensor x, int axis, int keepdims);
+tg_tensor tg_mean_at(tg_site s, tg_tensor x, int axis, int keepdims);
+#define tg_sum(x, axis, keepdims) tg_sum_at(TG_HERE, x, axis, keepdims)
+#define tg_mean(x, axis, keepdims) tg_mean_at(TG_HERE, x, axis, keepdims)
+
+/* Shape ops. reshape: one dimension may be -1. permute: a full reorder of the axes. */
+tg_tensor tg_reshape_at(tg_site s, tg_tensor x, tg_shape shape);
+tg_tensor tg_permute_at(tg_site s, tg_tensor x, tg_shape order);
+tg_tensor tg_swapaxes_at(tg_site s, tg_tensor x, int a, int b);
+#define tg_reshape(x, ...) tg_reshape_at(TG_HERE, x, TG_SHAPE(__VA_ARGS__))
+#define tg_permute(x, ...) tg_permute_at(TG_HERE, x, TG_SHAPE(__VA_ARGS__))
+#define tg_swapaxes(x, a, b) tg_swapaxes_at(TG_HERE, x, a, b)
+
+/* Matrix product: [..., M, K] x [K, N] or [..., M, K] x [..., K, N] (batch dims broadcast). */
+tg_tensor tg_matmul_at(tg_site s, tg_tensor a, tg_tensor b);
+#define tg_matmul(a, b) tg_matmul_at(TG_HERE, a, b)
+
+/* Indexing. one_hot: i32 [...] -> f32 [..., n]; out-of-range indices give a zero row.
+ * embedding: table [V, D], i32 indices [...] -> [..., D]; an out-of-range index gives zeros. */
+tg_tensor tg_one_hot_at(tg_site s, tg_tensor idx, int64_t n);
+tg_tensor tg_embedding_at(tg_site s, tg_tensor table, tg_tensor idx);
+#define tg_one_hot(idx, n) tg_one_hot_at(TG_HERE, idx, n)
+#define tg_embedding(table, idx) tg_embedding_at(TG_HERE, table, idx)
+
+/* Softmax family over one axis, computed stably (max subtracted). */
+tg_tensor tg_softmax_at(tg_site s, tg_tensor x, int axis);
+tg_tensor tg_log_softmax_at(tg_site s, tg_tensor x, int axis);
+#define tg_softmax(x, axis) tg_softmax_at(TG_HERE, x, axis)
+#define tg_log_softmax(x, axis) tg_log_softmax_at(TG_HERE, x, axis)
+
+/* Losses. logits / log-probs [..., C] with i32 targets [...] in 0..C-1 (as PyTorch with the class
+ * axis last). TG_NONE keeps the per-element losses (shape of targets). */
+typedef enum { TG_MEAN = 0, TG_SUM = 1, TG_NONE = 2 } tg_reduction;
+tg_tensor tg_cross_entropy_at(tg_site s, tg_tensor logits, tg_tensor targets, tg_reduction r);
+tg_tensor tg_nll_loss_at(tg_site s, tg_tensor logp, tg_tensor targets, tg_reduction r);
+#define tg_cross_entropy(logits, targets, r) tg_cross_entropy_at(TG_HERE, logits, targets, r)
+#define tg_nll_loss(logp, targets, r) tg_nll_loss_at(TG_HERE, logp, targets, r)
+
+/* Inspecting a tensor while tracing (for the forward function's own asserts). */
+tg_shape tg_shape_of(tg_tensor t);
+tg_dtype tg_dtype_of(tg_tensor t);
+
+/* ---------------------------------------------------------------------------------------------
+ * Layers: parameters declared once, used in forward functions.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Linear: y = x W + b, W [in, out], b [out]. Options may be NULL: W randn(0.02), b zeros. */
+typedef struct { int no_bias; tg_init init; int has_init; } tg_linear_opts;
+typedef struct { tg_param W, b; int has_bias; } tg_linear;
+tg_linear tg_linear_new(tg_model *m, const char *name, int64_t in, int64_t out, const tg_linear_opts *opts);
+tg_tensor tg_linear_at(tg_site s, const tg_linear *l, tg_tensor x);
+#define tg_linear(l, x) tg_linear_at(TG_HERE, l, x)
+
+/* Embedding: W [vocab, dim], randn(0.02). */
+typedef struct { tg_param W; } tg_embedding_layer;
+tg_embedding_layer tg_embedding_new(tg_model *m, const char *name, int64_t vocab, int64_t dim);
+tg_tensor tg_embed_at(tg_site s, const tg_embedding_layer *e, tg_tensor idx);
+#define tg_embed(e, idx) tg_embed_at(TG_HERE, e, idx)
+
+/* LayerNorm over the last axis: g ones, b zeros (no decay), eps default 1e-5 (eps <= 0: default). */
+typedef struct { tg_param g, b; int has_bias; double eps; } tg_layernorm;
+tg_layernorm tg_layernorm_new(tg_model *m, const char *name, int64_t dim, double eps, int bias);
+tg_tensor tg_layernorm_at(tg_site s, const tg_layernorm *ln, tg_tensor x);
+#define tg_layernorm(ln, x) tg_layernorm_at(TG_HERE, ln, x)
+
+/* ---------------------------------------------------------------------------------------------
+ * Optimizers and learning-rate schedules (values, copied at compile).
+ * ------------------------------------------------------------------------------------------- */
+
+/* Learning rate at step t = 1, 2, ...; with c = t - 1 steps completed (PyTorch's T_cur):
+ *   CONSTANT     peak
+ *   LINEAR       peak + (final - peak) * min(c, steps) / steps
+ *   COSINE       final + (peak - final) * (1 + cos(pi * min(c, steps) / steps)) / 2
+ *   WARMUP       peak * t / steps for t <= steps, then *after evaluated at t - steps
+ *                (after NULL: constant peak)
+ *   STAIRCASE    peak * gamma^floor(c / every)
+ *   MULTISTEP    peak * gamma^(number of milestones m with m <= c)                      */
+typedef enum { TG_LR_CONSTANT, TG_LR_LINEAR, TG_LR_COSINE, TG_LR_WARMUP, TG_LR_STAIRCASE, TG_LR_MULTISTEP } tg_lr_kind;
+#define TG_MAX_MILESTONES 16
+typedef struct tg_schedule {
+    tg_lr_kind kind;
+    double peak, final, gamma;
+    int64_t steps, every;
+    int64_t milestones[TG_MAX_MILESTONES];
+    int n_milestones;
+    const struct tg_schedule *after;   /* WARMUP only; copied at use */
+} tg_schedule;
+
+tg_schedule tg_lr_constant(double lr);
+tg_schedule tg_lr_linear(double peak, double final, int64_t steps);
+tg_schedule tg_lr_cosine(double peak, double final, int64_t steps);
+tg_schedule tg_lr_warmup(double peak, int64_t steps, const tg_schedule *after);
+tg_schedule tg_lr_staircase(double peak, int64_t every, double gamma);
+tg_schedule tg_lr_multistep(double peak, const int64_t *milestones, int n, double gamma);
+double tg_schedule_at(const tg_schedule *s, int64_t t);   /* the lr at step t (t >= 1) */
+
+typedef enum { TG_OPT_ADAM, TG_OPT_ADAMW, TG_OPT_SGD } tg_opt_kind;
+
+/* PyTorch's update formulas (torch.optim.Adam, AdamW, SGD with dampening 0).
+ * Adam weight_decay is L2 (added to the gradient); AdamW's is decoupled (p *= 1 - lr * wd) and
+ * applies only to parameters whose decay flag is set. SGD weight_decay is L2.
+ * clip_norm > 0 scales all gradients by min(1, clip_norm / (global L2 norm + 1e-6)) first. */
+typedef struct {
+    tg_opt_kind kind;
+    tg_schedule lr;
+    double b1, b2, eps, weight_decay, momentum;
+    int nesterov;
+    double clip_norm;
+} tg_optimizer;
+
+tg_optimizer tg_adam(double lr);                       /* b1 0.9, b2 0.999, eps 1e-8 */
+tg_optimizer tg_adamw(double lr, double weight_decay);
+tg_optimizer tg_sgd(double lr, double momentum, int nesterov, double weight_decay);
+
+/* ---------------------------------------------------------------------------------------------
+ * Compiling and running.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Inputs are declared by name; TG_F32("x", 64, 784) and TG_I32("y", 64) build declarations. */
+typedef struct { const char *name; tg_dtype dtype; tg_shape shape; } tg_input_decl;
+#define TG_F32(name, ...) ((tg_input_decl){ name, TG_FLOAT32, TG_SHAPE(__VA_ARGS__) })
+#define TG_I32(name, ...) ((tg_input_decl){ name, TG_INT32, TG_SHAPE(__VA_ARGS__) })
+
+/* Data for a call (or for tg_upload_params), by name. */
+typedef struct { const char *name; tg_dtype dtype; const void *data; size_t n; } tg_data;
+static inline tg_data tg_f32(const char *name, const float *p, size_t n) { tg_data d = { name, TG_FLOAT32, p, n }; return d; }
+static inline tg_data tg_i32(const char *name, const int32_t *p, size_t n) { tg_data d = { name, TG_INT32, p, n }; return d; }
+
+typedef tg_tensor (*tg_forward_fn)(const void *ctx, const tg_tensor *inputs);
+
+typedef struct {
+    tg_model *model;
+    tg_forward_fn loss;          /* must return a scalar (one element) */
+    const void *ctx;             /* passed to loss as is */
+    const tg_input_decl *inputs;
+    int n_inputs;
+    tg_optimizer optimizer;
+    const char *backend;         /* "reference" (default); later: "cpu", "cuda" */
+} tg_train_spec;
+
+typedef struct {
+    tg_forward_fn forward;
+    const void *ctx;
+    const tg_input_decl *inputs;
+    int n_inputs;
+} tg_forward_spec;
+
+typedef struct tg_train tg_train;
+typedef struct tg_forward tg_forward;
+
+/* Result of a call: a value, never a crash. For tg_run, output points at the handle's own copy
+ * (valid until the next call on that handle). */
+typedef struct {
+    tg_status status;
+    float loss;               /* tg_step */
+    int64_t step;             /* tg_step: the step number just completed (1-based) */
+    const float *output;      /* tg_run */
+    size_t output_len;
+    tg_shape output_shape;
+    char error[TG_ERROR_LEN];
+} tg_result;
+
+/* NULL on failure, with err->msg set (trace-time shape errors name the caller's file:line). */
+tg_train *tg_compile(const tg_train_spec *spec, tg_error *err);
+tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs);
+/* The loss at the current parameters without an update (held-out evaluation). */
+tg_result tg_eval_loss(tg_train *t, const tg_data *inputs, int n_inputs);
+void tg_destroy(tg_train *t);  /* frees attached forwards too */
+
+/* A forward graph that shares t's parameter buffers: every step is visible to it at once. */
+tg_forward *tg_attach(tg_train *t, const tg_forward_spec *spec, tg_error *err);
+tg_result tg_run(tg_forward *f, const tg_data *inputs, int n_inputs);
+
+/* Parameters by name. upload is partial: names not given keep their values. */
+int tg_train_n_params(const tg_train *t);
+const char *tg_train_param_name(const tg_train *t, int i);
+tg_shape tg_train_param_shape(const tg_train *t, int i);
+tg_status tg_download_param(tg_train *t, const char *name, float *dst, size_t n, tg_error *err);
+tg_status tg_download_param_grad(tg_train *t, const char *name, float *dst, size_t n, tg_error *err);
+tg_status tg_upload_params(tg_train *t, const tg_data *params, int n, tg_error *err);
+
+/* Re-init parameters from the model's seed and/or zero the optimizer state and step counter. */
+void tg_reset(tg_train *t, int params, int optimizer);
+void tg_set_lr(tg_train *t, double lr);
+/* A schedule given mid-training is rebased: its step 1 is the next step. */
+void tg_set_schedule(tg_train *t, const tg_schedule *s);
+int64_t tg_train_step_count(const tg_train *t);
+double tg_train_lr(const tg_train *t);  /* the lr the next step will use */
+
+/* ---------------------------------------------------------------------------------------------
+ * Inspection
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *op;           /* "matmul", "add", "param", ... */
+    const char *name;         /* parameter or input name, or NULL */
+    tg_dtype dtype;
+    tg_shape shape;
+    int n_inputs;
+    int inputs[4];            /* node ids */
+    tg_site site;
+} tg_node_info;
+
+const tg_graph *tg_train_graph(const tg_train *t);
+const tg_graph *tg_forward_graph(const tg_forward *f);
+int tg_graph_n_nodes(const tg_graph *g);
+tg_node_info tg_graph_node(const tg_graph *g, int id);
+int tg_graph_output(const tg_graph *g);            /* the loss or forward output node */
+/* Graphviz DOT text; the caller frees it. */
+char *tg_graph_dot(const tg_graph *g);
+/* Bytes of intermediate memory the buffer plan needs (parameters and state not counted). */
+size_t tg_train_planned_bytes(const tg_train *t);
+
+const char *tg_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,206 @@
+/* Internal structures shared by the library's parts: the graph IR, the buffer plan, the reference
+ * interpreter and the runtime. Nothing here is public API. */
+#ifndef TG_INTERNAL_H
+#define TG_INTERNAL_H
+
+#include "tensorgrad.h"
+#include <stdarg.h>
+#include <stdbool.h>
+
+/* ---------------------------------------------------------------------------------------------
+ * Ops. Every node produces exactly one tensor; a node's id is its tensor's id. The comment on
+ * each op is the contract its kernels (every backend) implement.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum {
+    /* Leaves: values come from outside the node's kernel. */
+    OP_INPUT,    /* host data bound per call; name = input name; iarg[0] = input index */
+    OP_PARAM,    /* a model parameter, persistent; iarg[0] = param id */
+    OP_STATE,    /* optimizer state, persistent, zero at start/reset; iarg[0] = state slot */
+    OP_CONST,    /* every element = farg */
+    OP_HYPER,    /* every element = hyper[iarg[0]] (per-step scalars the host computes: lr, ...) */
+
+    /* Elementwise unary: out[i] = f(x[i]), same shape and dtype as src0. */
+    OP_NEG, OP_ABS, OP_SQUARE, OP_SQRT, OP_RSQRT, OP_EXP, OP_LOG, OP_RELU, OP_TANH, OP_SIGMOID,
+    OP_SIGN,     /* -1, 0, 1 */
+    OP_STEP,     /* x > 0 ? 1 : 0 */
+
+    /* Elementwise binary with NumPy broadcasting of src0 and src1 to the node's shape.
+     * LESS/GREATER/EQUAL give 1 or 0 (dtype f32). MIN/MAX are elementwise. */
+    OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MIN, OP_MAX, OP_LESS, OP_GREATER, OP_EQUAL,
+    OP_WHERE,    /* src0 != 0 ? src1 : src2, all three broadcast to the node's shape */
+
+    /* Reduction: sum over axis `axis` of src0; the node's shape is src0's with that dim = 1. */
+    OP_SUM,
+
+    /* Movement. RESHAPE: same elements in row-major order, new shape. PERMUTE: out axis i is
+     * src0 axis iarg[i]. EXPAND: src0 broadcast (NumPy rules) to the node's shape. */
+    OP_RESHAPE, OP_PERMUTE, OP_EXPAND,
+
+    /* Batched matrix product. A = src0, B = src1. iarg[0] = transpose A (its last two axes),
+     * iarg[1] = transpose B. After the transposes A is [..., M, K] and B is [..., K, N]; leading
+     * (batch) dims broadcast NumPy-style; B (or A) may have only two dims. Out [batch..., M, N].
+     * Products are accumulated in double in the reference. */
+    OP_MATMUL,
+
+    /* Indexing. ONE_HOT: i32 src0 [...] -> f32 [..., n], n = iarg[0]; out-of-range index -> a
+     * zero row. GATHER_ROWS: table src0 [V, D], i32 idx src1 [...] -> [..., D] (row idx of the
+     * table; out of range -> zeros). SCATTER_ROWS: the adjoint of GATHER_ROWS: src0 [..., D]
+     * values, src1 i32 idx [...]; out [V, D] (V = node shape[0]) zero-filled, then
+     * out[idx[i], :] += src0[i, :] for every in-range i. */
+    OP_ONE_HOT, OP_GATHER_ROWS, OP_SCATTER_ROWS,
+
+    /* Softmax and log-softmax of src0 along `axis`, stabilised by the max along the axis. */
+    OP_SOFTMAX, OP_LOG_SOFTMAX,
+
+    OP_COUNT
+} tg_op;
+
+typedef struct {
+    tg_op op;
+    tg_dtype dtype;
+    tg_shape shape;
+    int64_t numel;
+    int nsrc;
+    int src[3];
+    int axis;                       /* non-negative after the shape rule */
+    int64_t iarg[TG_MAX_DIMS];
+    double farg;
+    const char *name;               /* owned by the graph (inputs, params) or NULL */
+    tg_site site;
+} tg_node;
+
+/* A write-back: after the graph ran (and only if the step succeeded), the persistent leaf `dst`
+ * (PARAM or STATE) takes the value of node `src`. This is how the optimizer updates state. */
+typedef struct { int dst, src; } tg_assign;
+
+struct tg_graph {
+    tg_node *nodes;
+    int n, cap;
+    int output;                     /* loss or forward output */
+    tg_model *model;
+    int *param_node;                /* per model param id: its PARAM node here, or -1 */
+    int n_params;
+    int *grad_of_param;             /* per model param id: node holding d loss / d param, or -1 */
+    int n_state;                    /* OP_STATE slots used */
+    int *state_shape_node;          /* per state slot: the PARAM node whose shape it has */
+    tg_assign *assigns;
+    int n_assigns, cap_assigns;
+    int n_hyper;                    /* HYPER slots used */
+    char error[TG_ERROR_LEN];       /* first trace error; empty if none */
+};
+
+/* ir.c */
+tg_graph *ir_new(tg_model *m);
+void ir_free(tg_graph *g);
+int ir_add(tg_graph *g, tg_site s, tg_op op, tg_dtype dt, tg_shape shape, int nsrc, const int *src);
+bool ir_ok(const tg_graph *g);
+void ir_fail(tg_graph *g, tg_site s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void ir_add_assign(tg_graph *g, int dst, int src);
+const char *op_name(tg_op op);
+int64_t shape_numel(tg_shape s);
+/* "[64,3]" into buf (at least 96 bytes), returns buf. */
+char *shape_str(tg_shape s, char *buf);
+void tg__set_trace(tg_graph *g);   /* the graph ops append to on this thread (NULL: none) */
+tg_graph *tg__trace(void);
+static inline tg_tensor mk_tensor(tg_graph *g, int id) { tg_tensor t = { g, id }; return t; }
+static inline const tg_node *node_of(tg_tensor t) { return &t.g->nodes[t.id]; }
+
+/* shape.c: shape rules. Each returns false after recording an error on g. */
+bool shape_broadcast(tg_graph *g, tg_site s, const char *op, tg_shape a, tg_shape b, tg_shape *out);
+bool shape_axis(tg_graph *g, tg_site s, const char *op, tg_shape x, int axis, int *out);
+bool shape_matmul(tg_graph *g, tg_site s, tg_shape a, tg_shape b, tg_shape *out);
+bool shape_reshape(tg_graph *g, tg_site s, tg_shape x, tg_shape want, tg_shape *out);
+bool shape_permute(tg_graph *g, tg_site s, tg_shape x, tg_shape order, tg_shape *out);
+bool shape_valid(tg_graph *g, tg_site s, const char *op, tg_shape x);
+
+/* ops.c: internal builders without the public macros' argument checks. */
+tg_tensor op_unary(tg_site s, tg_op op, tg_tensor x);
+tg_tensor op_binary(tg_site s, tg_op op, tg_tensor a, tg_tensor b);
+tg_tensor op_sum_keep(tg_site s, tg_tensor x, int axis);     /* axis already normalised */
+tg_tensor op_reshape(tg_site s, tg_tensor x, tg_shape shape);
+tg_tensor op_expand(tg_site s, tg_tensor x, tg_shape shape);
+tg_tensor op_matmul_t(tg_site s, tg_tensor a, tg_tensor b, int ta, int tb);
+tg_tensor op_const(tg_graph *g, tg_site s, double v, tg_dtype dt);
+tg_tensor op_hyper(tg_graph *g, int slot);
+tg_tensor op_state(tg_graph *g, int like_param_node);
+tg_tensor op_scatter_rows(tg_site s, tg_tensor vals, tg_tensor idx, int64_t rows);
+/* Sum x down to `shape` over the axes NumPy broadcasting added or stretched (gradient of a
+ * broadcast). */
+tg_tensor op_unbroadcast(tg_site s, tg_tensor x, tg_shape shape);
+
+/* grad.c: appends the nodes of d(loss)/d(wrt[i]) for each i (loss must be a scalar node);
+ * grad_out[i] is the gradient node, or a zero constant expanded to the shape when wrt[i] does
+ * not affect the loss. Returns false (with g->error set) on failure. */
+bool grad_build(tg_graph *g, int loss, const int *wrt, int n_wrt, int *grad_out);
+
+/* model.c */
+typedef struct {
+    char *name;
+    tg_shape shape;
+    tg_init init;      /* literal data owned by the model */
+    int decay;         /* resolved */
+} tg_param_spec;
+const tg_param_spec *model_param(const tg_model *m, int id);
+int model_find(const tg_model *m, const char *name);
+/* Fill dst with the param's initial values, drawn from the model's seed: the same seed gives the
+ * same values, independent of other params (each param has its own stream keyed by its name). */
+void model_init_param(const tg_model *m, int id, double *dst);
+
+/* optim.c: append the optimizer update of every parameter that has a gradient. Hyper slots:
+ * see optim.c (lr and bias corrections the host computes per step). */
+bool optim_build(tg_graph *g, const tg_optimizer *opt);
+/* Per-step host scalars for step t (1-based) at learning rate lr. */
+void optim_hyper(const tg_optimizer *opt, int64_t t, double lr, double *hyper);
+
+/* plan.c: liveness-based buffer plan. Non-leaf nodes get an offset (in elements) into one arena;
+ * leaves bound from outside (INPUT, PARAM, STATE) get PLAN_BOUND. `keep` lists nodes whose
+ * values must survive to the end of the run (outputs, gradients, write-back sources). */
+#define PLAN_BOUND ((size_t)-1)
+typedef struct {
+    size_t *offset;     /* per node */
+    size_t arena;       /* elements */
+} tg_plan;
+bool plan_build(const tg_graph *g, const int *keep, int n_keep, tg_plan *out);
+void plan_free(tg_plan *p);
+
+/* backend_ref.c: the reference interpreter. Every value is a double; with round_f32 set, each
+ * f32 node's result is rounded to float after its kernel, so it computes what an f32 machine
+ * does (up to accumulation order) and, unset, runs the same graph in double precision for
+ * gradient checks. */
+typedef struct ref_exec ref_exec;
+ref_exec *ref_exec_new(const tg_graph *g, const tg_plan *plan, bool round_f32);
+void ref_exec_bind(ref_exec *e, int node, double *storage);   /* for INPUT/PARAM/STATE leaves */
+void ref_exec_run(ref_exec *e, const double *hyper);          /* every non-leaf node in order */
+double *ref_exec_value(ref_exec *e, int node);
+void ref_exec_free(ref_exec *e);
+/* One node's kernel: reads bufs[src], writes bufs[id]. */
+void ref_eval_node(const tg_graph *g, int id, double *const *bufs, const double *hyper);
+
+/* runtime.c: trace fn over fresh INPUT nodes (node i is input i) into a new graph; NULL with err
+ * set on failure, including the first shape error an op recorded. */
+tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *inputs, int n,
+                   tg_error *err);
+
+/* probe.c: for tests. Traces fn like tg_compile does, optionally adds gradients with respect to
+ * every f32 input and every parameter the graph uses, and runs it on the reference interpreter
+ * in double precision (round_f32 false) or emulated f32. Parameter storage starts from the
+ * model's init; tests may overwrite it. */
+typedef struct tg_probe tg_probe;
+tg_probe *tg_probe_new(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *inputs,
+                       int n_inputs, bool grads, bool round_f32, tg_error *err);
+double *tg_probe_input(tg_probe *p, int i);         /* numel doubles to fill before run */
+double *tg_probe_param(tg_probe *p, int param_id);  /* NULL if the graph does not use it */
+void tg_probe_run(tg_probe *p);
+const double *tg_probe_output(tg_probe *p);
+tg_shape tg_probe_output_shape(tg_probe *p);
+const double *tg_probe_input_grad(tg_probe *p, int i);        /* NULL for i32 inputs */
+const double *tg_probe_param_grad(tg_probe *p, int param_id); /* NULL if unused */
+const tg_graph *tg_probe_graph(tg_probe *p);
+void tg_probe_free(tg_probe *p);
+
+/* util */
+void *tg_xmalloc(size_t n);   /* calloc that never returns NULL (aborts on OOM for now) */
+char *tg_strdup(const char *s);
+void tg_seterr(tg_error *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

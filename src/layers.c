@@ -1,0 +1,48 @@
+/* Built-in layers: parameter declarations under a scope, and their forward functions written
+ * with the public ops (so shape errors name the caller's line). */
+#include "internal.h"
+
+tg_linear tg_linear_new(tg_model *m, const char *name, int64_t in, int64_t out, const tg_linear_opts *opts) {
+    tg_linear l = { { m, -1 }, { m, -1 }, !(opts && opts->no_bias) };
+    tg_init w_init = opts && opts->has_init ? opts->init : tg_init_randn(0.02);
+    tg_model_push(m, "%s", name);
+    l.W = tg_param_new(m, "W", TG_SHAPE(in, out), w_init);
+    if (l.has_bias) l.b = tg_param_new(m, "b", TG_SHAPE(out), tg_init_zeros());
+    tg_model_pop(m);
+    return l;
+}
+
+tg_tensor tg_linear_at(tg_site s, const tg_linear *l, tg_tensor x) {
+    tg_tensor y = tg_matmul_at(s, x, tg_p_at(s, l->W));
+    return l->has_bias ? tg_add_at(s, y, tg_p_at(s, l->b)) : y;
+}
+
+tg_embedding_layer tg_embedding_new(tg_model *m, const char *name, int64_t vocab, int64_t dim) {
+    tg_embedding_layer e;
+    tg_model_push(m, "%s", name);
+    e.W = tg_param_new(m, "W", TG_SHAPE(vocab, dim), tg_init_randn(0.02));
+    tg_model_pop(m);
+    return e;
+}
+
+tg_tensor tg_embed_at(tg_site s, const tg_embedding_layer *e, tg_tensor idx) {
+    return tg_embedding_at(s, tg_p_at(s, e->W), idx);
+}
+
+tg_layernorm tg_layernorm_new(tg_model *m, const char *name, int64_t dim, double eps, int bias) {
+    tg_layernorm ln = { { m, -1 }, { m, -1 }, bias != 0, eps > 0 ? eps : 1e-5 };
+    tg_model_push(m, "%s", name);
+    ln.g = tg_param_new(m, "g", TG_SHAPE(dim), tg_init_ones());
+    if (ln.has_bias) ln.b = tg_param_new(m, "b", TG_SHAPE(dim), tg_init_zeros());
+    tg_model_pop(m);
+    return ln;
+}
+
+/* (x - mean) / sqrt(var + eps) * g + b over the last axis, with the biased variance (PyTorch). */
+tg_tensor tg_layernorm_at(tg_site s, const tg_layernorm *ln, tg_tensor x) {
+    tg_tensor mu = tg_mean_at(s, x, -1, 1);
+    tg_tensor xc = tg_sub_at(s, x, mu);
+    tg_tensor var = tg_mean_at(s, tg_square_at(s, xc), -1, 1);
+    tg_tensor y = tg_mul_at(s, tg_mul_at(s, xc, tg_rsqrt_at(s, tg_add_at(s, var, tg_scalar_at(s, ln->eps)))), tg_p_at(s, ln->g));
+    return ln->has_bias ? tg_add_at(s, y, tg_p_at(s, ln->b)) : y;
+}

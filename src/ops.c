@@ -1,0 +1,404 @@
+/* Op builders: each public op checks its operands (dtype, graph, shape rule), then appends a node.
+ * Composite ops (mean, cross_entropy, ...) are written in terms of the primitive nodes, so their
+ * gradients come for free. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static const tg_tensor BAD = { NULL, -1 };
+static tg_tensor bad(tg_graph *g) { tg_tensor t = { g, -1 }; return t; }
+
+static tg_tensor emit(tg_graph *g, tg_site s, tg_op op, tg_dtype dt, tg_shape shape, int nsrc, const int *src) {
+    if (!ir_ok(g)) return bad(g);
+    return mk_tensor(g, ir_add(g, s, op, dt, shape, nsrc, src));
+}
+
+/* A tensor operand is usable when it belongs to a graph with no error yet. Errors found here are
+ * recorded on the tensor's graph or, for a tensor with none, on this thread's trace. */
+static bool usable(tg_site s, const char *op, tg_tensor x) {
+    tg_graph *g = x.g ? x.g : tg__trace();
+    if (!g) return false;
+    if (!ir_ok(g)) return false;
+    if (!x.g || x.id < 0 || x.id >= g->n) { ir_fail(g, s, "%s: invalid tensor (from a failed op or outside tracing)", op); return false; }
+    if (tg__trace() && tg__trace() != x.g) { ir_fail(tg__trace(), s, "%s: tensor belongs to another graph", op); return false; }
+    return true;
+}
+
+static bool same_graph(tg_site s, const char *op, tg_tensor a, tg_tensor b) {
+    if (!usable(s, op, a) || !usable(s, op, b)) return false;
+    if (a.g != b.g) { ir_fail(a.g, s, "%s: operands belong to two different graphs", op); return false; }
+    return true;
+}
+
+static bool need_f32(tg_site s, const char *op, tg_tensor x) {
+    if (node_of(x)->dtype == TG_FLOAT32) return true;
+    ir_fail(x.g, s, "%s: needs an f32 tensor, got i32", op);
+    return false;
+}
+
+static bool need_i32(tg_site s, const char *op, const char *what, tg_tensor x) {
+    if (node_of(x)->dtype == TG_INT32) return true;
+    ir_fail(x.g, s, "%s: %s must be i32, got f32", op, what);
+    return false;
+}
+
+/* ----- leaves ----- */
+
+tg_tensor op_const(tg_graph *g, tg_site s, double v, tg_dtype dt) {
+    tg_tensor t = emit(g, s, OP_CONST, dt, TG_SHAPE0, 0, NULL);
+    if (t.id >= 0) g->nodes[t.id].farg = v;
+    return t;
+}
+
+tg_tensor op_hyper(tg_graph *g, int slot) {
+    tg_tensor t = emit(g, TG_HERE, OP_HYPER, TG_FLOAT32, TG_SHAPE0, 0, NULL);
+    if (t.id >= 0) g->nodes[t.id].iarg[0] = slot;
+    if (slot >= g->n_hyper) g->n_hyper = slot + 1;
+    return t;
+}
+
+tg_tensor op_state(tg_graph *g, int like_param_node) {
+    const tg_node *p = &g->nodes[like_param_node];
+    tg_tensor t = emit(g, p->site, OP_STATE, TG_FLOAT32, p->shape, 0, NULL);
+    if (t.id < 0) return t;
+    g->nodes[t.id].iarg[0] = g->n_state;
+    g->state_shape_node = realloc(g->state_shape_node, sizeof(int) * (size_t)(g->n_state + 1));
+    g->state_shape_node[g->n_state++] = like_param_node;
+    return t;
+}
+
+tg_tensor tg_scalar_at(tg_site s, double v) {
+    tg_graph *g = tg__trace();
+    return g ? op_const(g, s, v, TG_FLOAT32) : BAD;
+}
+
+tg_tensor tg__number(double v) { return tg_scalar_at((tg_site){ "(number)", 0 }, v); }
+
+tg_tensor tg_p_at(tg_site s, tg_param p) {
+    tg_graph *g = tg__trace();
+    if (!g || !ir_ok(g)) return bad(g);
+    if (p.id < 0 || p.model != g->model || p.id >= g->n_params) {
+        ir_fail(g, s, "tg_p: %s", p.id < 0 ? "invalid parameter (its declaration failed)" : "parameter of another model");
+        return bad(g);
+    }
+    if (g->param_node[p.id] >= 0) return mk_tensor(g, g->param_node[p.id]);
+    const tg_param_spec *ps = model_param(g->model, p.id);
+    tg_tensor t = emit(g, s, OP_PARAM, TG_FLOAT32, ps->shape, 0, NULL);
+    if (t.id < 0) return t;
+    g->nodes[t.id].iarg[0] = p.id;
+    g->nodes[t.id].name = ps->name;
+    g->param_node[p.id] = t.id;
+    return t;
+}
+
+tg_shape tg_shape_of(tg_tensor t) { return (t.g && t.id >= 0 && t.id < t.g->n) ? node_of(t)->shape : TG_SHAPE0; }
+tg_dtype tg_dtype_of(tg_tensor t) { return (t.g && t.id >= 0 && t.id < t.g->n) ? node_of(t)->dtype : TG_FLOAT32; }
+
+/* ----- elementwise ----- */
+
+tg_tensor op_unary(tg_site s, tg_op op, tg_tensor x) {
+    const tg_node *n = node_of(x);
+    return emit(x.g, s, op, n->dtype, n->shape, 1, &x.id);
+}
+
+/* A plain number meeting an i32 tensor becomes an i32 constant (2 * idx stays integral). */
+static tg_tensor adopt_dtype(tg_site s, tg_tensor num, tg_dtype dt) {
+    const tg_node *n = node_of(num);
+    if (n->dtype == dt || n->op != OP_CONST || n->shape.ndim != 0) return num;
+    return op_const(num.g, s, n->farg, dt);
+}
+
+tg_tensor op_binary(tg_site s, tg_op op, tg_tensor a, tg_tensor b) {
+    tg_shape out;
+    if (!shape_broadcast(a.g, s, op_name(op), node_of(a)->shape, node_of(b)->shape, &out)) return bad(a.g);
+    tg_dtype dt = (op == OP_LESS || op == OP_GREATER || op == OP_EQUAL) ? TG_FLOAT32 : node_of(a)->dtype;
+    int src[2] = { a.id, b.id };
+    return emit(a.g, s, op, dt, out, 2, src);
+}
+
+static tg_tensor binary(tg_site s, const char *name, tg_op op, tg_tensor a, tg_tensor b) {
+    if (!same_graph(s, name, a, b)) return bad(a.g ? a.g : b.g);
+    b = adopt_dtype(s, b, node_of(a)->dtype);
+    a = adopt_dtype(s, a, node_of(b)->dtype);
+    if (node_of(a)->dtype != node_of(b)->dtype) {
+        ir_fail(a.g, s, "%s: operand dtypes differ (%s vs %s)", name, node_of(a)->dtype == TG_INT32 ? "i32" : "f32",
+                node_of(b)->dtype == TG_INT32 ? "i32" : "f32");
+        return bad(a.g);
+    }
+    if (!ir_ok(a.g)) return bad(a.g);
+    return op_binary(s, op, a, b);
+}
+
+tg_tensor tg_add_at(tg_site s, tg_tensor a, tg_tensor b) { return binary(s, "tg_add", OP_ADD, a, b); }
+tg_tensor tg_sub_at(tg_site s, tg_tensor a, tg_tensor b) { return binary(s, "tg_sub", OP_SUB, a, b); }
+tg_tensor tg_mul_at(tg_site s, tg_tensor a, tg_tensor b) { return binary(s, "tg_mul", OP_MUL, a, b); }
+tg_tensor tg_div_at(tg_site s, tg_tensor a, tg_tensor b) { return binary(s, "tg_div", OP_DIV, a, b); }
+tg_tensor tg_minimum_at(tg_site s, tg_tensor a, tg_tensor b) { return binary(s, "tg_minimum", OP_MIN, a, b); }
+tg_tensor tg_maximum_at(tg_site s, tg_tensor a, tg_tensor b) { return binary(s, "tg_maximum", OP_MAX, a, b); }
+tg_tensor tg_less_at(tg_site s, tg_tensor a, tg_tensor b) { return binary(s, "tg_less", OP_LESS, a, b); }
+tg_tensor tg_greater_at(tg_site s, tg_tensor a, tg_tensor b) { return binary(s, "tg_greater", OP_GREATER, a, b); }
+
+tg_tensor tg_where_at(tg_site s, tg_tensor c, tg_tensor a, tg_tensor b) {
+    if (!same_graph(s, "tg_where", a, b) || !same_graph(s, "tg_where", c, a)) return bad(a.g ? a.g : b.g);
+    b = adopt_dtype(s, b, node_of(a)->dtype);
+    a = adopt_dtype(s, a, node_of(b)->dtype);
+    if (node_of(a)->dtype != node_of(b)->dtype) { ir_fail(a.g, s, "tg_where: the two branches' dtypes differ"); return bad(a.g); }
+    tg_shape ab, out;
+    if (!shape_broadcast(a.g, s, "tg_where", node_of(a)->shape, node_of(b)->shape, &ab) ||
+        !shape_broadcast(a.g, s, "tg_where (condition)", node_of(c)->shape, ab, &out))
+        return bad(a.g);
+    int src[3] = { c.id, a.id, b.id };
+    return emit(a.g, s, OP_WHERE, node_of(a)->dtype, out, 3, src);
+}
+
+static tg_tensor unary(tg_site s, const char *name, tg_op op, tg_tensor x, bool float_only) {
+    if (!usable(s, name, x)) return bad(x.g);
+    if (float_only && !need_f32(s, name, x)) return bad(x.g);
+    return op_unary(s, op, x);
+}
+
+tg_tensor tg_neg_at(tg_site s, tg_tensor x) { return unary(s, "tg_neg", OP_NEG, x, false); }
+tg_tensor tg_abs_at(tg_site s, tg_tensor x) { return unary(s, "tg_abs", OP_ABS, x, false); }
+tg_tensor tg_square_at(tg_site s, tg_tensor x) { return unary(s, "tg_square", OP_SQUARE, x, false); }
+tg_tensor tg_sqrt_at(tg_site s, tg_tensor x) { return unary(s, "tg_sqrt", OP_SQRT, x, true); }
+tg_tensor tg_rsqrt_at(tg_site s, tg_tensor x) { return unary(s, "tg_rsqrt", OP_RSQRT, x, true); }
+tg_tensor tg_exp_at(tg_site s, tg_tensor x) { return unary(s, "tg_exp", OP_EXP, x, true); }
+tg_tensor tg_log_at(tg_site s, tg_tensor x) { return unary(s, "tg_log", OP_LOG, x, true); }
+tg_tensor tg_relu_at(tg_site s, tg_tensor x) { return unary(s, "tg_relu", OP_RELU, x, true); }
+tg_tensor tg_tanh_at(tg_site s, tg_tensor x) { return unary(s, "tg_tanh", OP_TANH, x, true); }
+tg_tensor tg_sigmoid_at(tg_site s, tg_tensor x) { return unary(s, "tg_sigmoid", OP_SIGMOID, x, true); }
+
+/* ----- reductions ----- */
+
+tg_tensor op_sum_keep(tg_site s, tg_tensor x, int axis) {
+    tg_shape out = node_of(x)->shape;
+    out.d[axis] = 1;
+    tg_tensor t = emit(x.g, s, OP_SUM, node_of(x)->dtype, out, 1, &x.id);
+    if (t.id >= 0) x.g->nodes[t.id].axis = axis;
+    return t;
+}
+
+static tg_shape drop_axis(tg_shape x, int axis) {
+    for (int i = axis; i + 1 < x.ndim; i++) x.d[i] = x.d[i + 1];
+    x.ndim--;
+    return x;
+}
+
+static tg_tensor reduce_sum(tg_site s, const char *name, tg_tensor x, int axis, int keepdims) {
+    if (!usable(s, name, x)) return bad(x.g);
+    tg_shape in = node_of(x)->shape;
+    if (axis == TG_ALL) {
+        tg_tensor flat = op_reshape(s, x, TG_SHAPE(shape_numel(in)));
+        tg_tensor r = op_sum_keep(s, flat, 0);
+        tg_shape out = in;
+        for (int i = 0; i < out.ndim; i++) out.d[i] = 1;
+        if (!keepdims) out.ndim = 0;
+        return r.id < 0 ? r : op_reshape(s, r, out);
+    }
+    int a;
+    if (!shape_axis(x.g, s, name, in, axis, &a)) return bad(x.g);
+    tg_tensor r = op_sum_keep(s, x, a);
+    return (keepdims || r.id < 0) ? r : op_reshape(s, r, drop_axis(in, a));
+}
+
+tg_tensor tg_sum_at(tg_site s, tg_tensor x, int axis, int keepdims) { return reduce_sum(s, "tg_sum", x, axis, keepdims); }
+
+tg_tensor tg_mean_at(tg_site s, tg_tensor x, int axis, int keepdims) {
+    if (!usable(s, "tg_mean", x) || !need_f32(s, "tg_mean", x)) return bad(x.g);
+    tg_shape in = node_of(x)->shape;
+    int64_t n = shape_numel(in);
+    if (axis != TG_ALL) {
+        int a;
+        if (!shape_axis(x.g, s, "tg_mean", in, axis, &a)) return bad(x.g);
+        n = in.d[a];
+    }
+    tg_tensor r = reduce_sum(s, "tg_mean", x, axis, keepdims);
+    if (r.id < 0) return r;
+    return op_binary(s, OP_MUL, r, op_const(x.g, s, 1.0 / (double)n, TG_FLOAT32));
+}
+
+/* ----- movement ----- */
+
+static bool same_shape(tg_shape a, tg_shape b) {
+    if (a.ndim != b.ndim) return false;
+    for (int i = 0; i < a.ndim; i++)
+        if (a.d[i] != b.d[i]) return false;
+    return true;
+}
+
+tg_tensor op_reshape(tg_site s, tg_tensor x, tg_shape shape) {
+    if (same_shape(node_of(x)->shape, shape)) return x;
+    return emit(x.g, s, OP_RESHAPE, node_of(x)->dtype, shape, 1, &x.id);
+}
+
+tg_tensor op_expand(tg_site s, tg_tensor x, tg_shape shape) {
+    if (same_shape(node_of(x)->shape, shape)) return x;
+    return emit(x.g, s, OP_EXPAND, node_of(x)->dtype, shape, 1, &x.id);
+}
+
+tg_tensor tg_reshape_at(tg_site s, tg_tensor x, tg_shape shape) {
+    tg_shape out;
+    if (!usable(s, "tg_reshape", x) || !shape_reshape(x.g, s, node_of(x)->shape, shape, &out)) return bad(x.g);
+    return op_reshape(s, x, out);
+}
+
+tg_tensor tg_permute_at(tg_site s, tg_tensor x, tg_shape order) {
+    tg_shape out;
+    if (!usable(s, "tg_permute", x) || !shape_permute(x.g, s, node_of(x)->shape, order, &out)) return bad(x.g);
+    bool identity = true;
+    for (int i = 0; i < order.ndim; i++) {
+        if (order.d[i] < 0) order.d[i] += order.ndim;
+        identity = identity && order.d[i] == i;
+    }
+    if (identity) return x;
+    tg_tensor t = emit(x.g, s, OP_PERMUTE, node_of(x)->dtype, out, 1, &x.id);
+    if (t.id >= 0)
+        for (int i = 0; i < order.ndim; i++) x.g->nodes[t.id].iarg[i] = order.d[i];
+    return t;
+}
+
+tg_tensor tg_swapaxes_at(tg_site s, tg_tensor x, int a, int b) {
+    if (!usable(s, "tg_swapaxes", x)) return bad(x.g);
+    tg_shape in = node_of(x)->shape;
+    int ia, ib;
+    if (!shape_axis(x.g, s, "tg_swapaxes", in, a, &ia) || !shape_axis(x.g, s, "tg_swapaxes", in, b, &ib)) return bad(x.g);
+    tg_shape order = { in.ndim, { 0 } };
+    for (int i = 0; i < in.ndim; i++) order.d[i] = i;
+    order.d[ia] = ib;
+    order.d[ib] = ia;
+    return tg_permute_at(s, x, order);
+}
+
+/* Sum x down to `shape`: over the leading axes broadcasting added and the axes it stretched
+ * from 1. */
+tg_tensor op_unbroadcast(tg_site s, tg_tensor x, tg_shape shape) {
+    tg_shape xs = node_of(x)->shape;
+    if (same_shape(xs, shape)) return x;
+    int lead = xs.ndim - shape.ndim;
+    for (int i = 0; i < xs.ndim && x.id >= 0; i++) {
+        bool stretched = i < lead || (shape.d[i - lead] == 1 && xs.d[i] != 1);
+        if (stretched) x = op_sum_keep(s, x, i);
+    }
+    return x.id < 0 ? x : op_reshape(s, x, shape);
+}
+
+/* ----- matrix product ----- */
+
+static tg_shape transpose_last2(tg_shape x) {
+    int64_t t = x.d[x.ndim - 1];
+    x.d[x.ndim - 1] = x.d[x.ndim - 2];
+    x.d[x.ndim - 2] = t;
+    return x;
+}
+
+tg_tensor op_matmul_t(tg_site s, tg_tensor a, tg_tensor b, int ta, int tb) {
+    tg_shape sa = node_of(a)->shape, sb = node_of(b)->shape, out;
+    if (ta) sa = transpose_last2(sa);
+    if (tb) sb = transpose_last2(sb);
+    if (!shape_matmul(a.g, s, sa, sb, &out)) return bad(a.g);
+    int src[2] = { a.id, b.id };
+    tg_tensor t = emit(a.g, s, OP_MATMUL, TG_FLOAT32, out, 2, src);
+    if (t.id >= 0) {
+        a.g->nodes[t.id].iarg[0] = ta;
+        a.g->nodes[t.id].iarg[1] = tb;
+    }
+    return t;
+}
+
+tg_tensor tg_matmul_at(tg_site s, tg_tensor a, tg_tensor b) {
+    if (!same_graph(s, "tg_matmul", a, b) || !need_f32(s, "tg_matmul", a) || !need_f32(s, "tg_matmul", b))
+        return bad(a.g ? a.g : b.g);
+    return op_matmul_t(s, a, b, 0, 0);
+}
+
+/* ----- indexing ----- */
+
+static bool append_dim(tg_graph *g, tg_site s, const char *op, tg_shape x, int64_t d, tg_shape *out) {
+    if (x.ndim >= TG_MAX_DIMS) { ir_fail(g, s, "%s: result would have more than %d dimensions", op, TG_MAX_DIMS); return false; }
+    *out = x;
+    out->d[out->ndim++] = d;
+    return true;
+}
+
+tg_tensor tg_one_hot_at(tg_site s, tg_tensor idx, int64_t n) {
+    tg_shape out;
+    if (!usable(s, "tg_one_hot", idx) || !need_i32(s, "tg_one_hot", "indices", idx)) return bad(idx.g);
+    if (n <= 0) { ir_fail(idx.g, s, "tg_one_hot: class count %lld must be positive", (long long)n); return bad(idx.g); }
+    if (!append_dim(idx.g, s, "tg_one_hot", node_of(idx)->shape, n, &out)) return bad(idx.g);
+    tg_tensor t = emit(idx.g, s, OP_ONE_HOT, TG_FLOAT32, out, 1, &idx.id);
+    if (t.id >= 0) idx.g->nodes[t.id].iarg[0] = n;
+    return t;
+}
+
+tg_tensor tg_embedding_at(tg_site s, tg_tensor table, tg_tensor idx) {
+    if (!same_graph(s, "tg_embedding", table, idx) || !need_f32(s, "tg_embedding", table) ||
+        !need_i32(s, "tg_embedding", "indices", idx))
+        return bad(table.g ? table.g : idx.g);
+    tg_shape ts = node_of(table)->shape, out;
+    char st[96];
+    if (ts.ndim != 2) { ir_fail(table.g, s, "tg_embedding: table %s must be 2-D [vocab, dim]", shape_str(ts, st)); return bad(table.g); }
+    if (!append_dim(table.g, s, "tg_embedding", node_of(idx)->shape, ts.d[1], &out)) return bad(table.g);
+    int src[2] = { table.id, idx.id };
+    return emit(table.g, s, OP_GATHER_ROWS, TG_FLOAT32, out, 2, src);
+}
+
+tg_tensor op_scatter_rows(tg_site s, tg_tensor vals, tg_tensor idx, int64_t rows) {
+    tg_shape vs = node_of(vals)->shape;
+    tg_shape out = TG_SHAPE(rows, vs.d[vs.ndim - 1]);
+    int src[2] = { vals.id, idx.id };
+    return emit(vals.g, s, OP_SCATTER_ROWS, TG_FLOAT32, out, 2, src);
+}
+
+/* ----- softmax and losses ----- */
+
+static tg_tensor softmax_like(tg_site s, const char *name, tg_op op, tg_tensor x, int axis) {
+    int a;
+    if (!usable(s, name, x) || !need_f32(s, name, x) || !shape_axis(x.g, s, name, node_of(x)->shape, axis, &a))
+        return bad(x.g);
+    tg_tensor t = op_unary(s, op, x);
+    if (t.id >= 0) x.g->nodes[t.id].axis = a;
+    return t;
+}
+
+tg_tensor tg_softmax_at(tg_site s, tg_tensor x, int axis) { return softmax_like(s, "tg_softmax", OP_SOFTMAX, x, axis); }
+tg_tensor tg_log_softmax_at(tg_site s, tg_tensor x, int axis) { return softmax_like(s, "tg_log_softmax", OP_LOG_SOFTMAX, x, axis); }
+
+/* logp [..., C] and targets [...] must agree on the leading dims. */
+static bool check_targets(tg_site s, const char *name, tg_tensor logp, tg_tensor targets) {
+    if (!same_graph(s, name, logp, targets) || !need_f32(s, name, logp) || !need_i32(s, name, "targets", targets))
+        return false;
+    tg_shape ls = node_of(logp)->shape, ts = node_of(targets)->shape;
+    bool ok = ls.ndim >= 1 && ts.ndim == ls.ndim - 1;
+    for (int i = 0; ok && i < ts.ndim; i++) ok = ls.d[i] == ts.d[i];
+    if (!ok) {
+        char a[96], b[96];
+        ir_fail(logp.g, s, "%s: scores %s and targets %s: targets must have the scores' shape without the class axis",
+                name, shape_str(ls, a), shape_str(ts, b));
+    }
+    return ok;
+}
+
+static tg_tensor reduce_loss(tg_site s, tg_tensor per_item, tg_reduction r) {
+    if (r == TG_NONE || per_item.id < 0) return per_item;
+    return r == TG_SUM ? tg_sum_at(s, per_item, TG_ALL, 0) : tg_mean_at(s, per_item, TG_ALL, 0);
+}
+
+static tg_tensor nll(tg_site s, tg_tensor logp, tg_tensor targets, tg_reduction r) {
+    tg_shape ls = node_of(logp)->shape;
+    tg_tensor hot = tg_one_hot_at(s, targets, ls.d[ls.ndim - 1]);
+    tg_tensor picked = hot.id < 0 ? hot : reduce_sum(s, "tg_nll_loss", op_binary(s, OP_MUL, logp, hot), -1, 0);
+    return picked.id < 0 ? picked : reduce_loss(s, op_unary(s, OP_NEG, picked), r);
+}
+
+tg_tensor tg_nll_loss_at(tg_site s, tg_tensor logp, tg_tensor targets, tg_reduction r) {
+    if (!check_targets(s, "tg_nll_loss", logp, targets)) return bad(logp.g ? logp.g : targets.g);
+    return nll(s, logp, targets, r);
+}
+
+tg_tensor tg_cross_entropy_at(tg_site s, tg_tensor logits, tg_tensor targets, tg_reduction r) {
+    if (!check_targets(s, "tg_cross_entropy", logits, targets)) return bad(logits.g ? logits.g : targets.g);
+    tg_tensor logp = softmax_like(s, "tg_cross_entropy", OP_LOG_SOFTMAX, logits, -1);
+    return logp.id < 0 ? logp : nll(s, logp, targets, r);
+}

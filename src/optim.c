@@ -1,0 +1,188 @@
+/* Optimizers inside the graph: gradient clipping and the Adam/AdamW/SGD updates are appended as
+ * ordinary nodes; new parameter and state values go back through write-backs (tg_assign). The
+ * per-step scalars (learning rate, bias corrections) are HYPER nodes the host fills each step,
+ * computed in double as PyTorch does in Python, so a schedule never needs a recompile. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+enum { H_LR, H_STEP_SIZE, H_BC2_SQRT, H_DECAY_FACTOR, N_HYPER };
+
+/* ----- schedules ----- */
+
+static tg_schedule sched(tg_lr_kind k, double peak) {
+    tg_schedule s = { 0 };
+    s.kind = k;
+    s.peak = peak;
+    s.final = peak;
+    s.gamma = 1;
+    return s;
+}
+
+tg_schedule tg_lr_constant(double lr) { return sched(TG_LR_CONSTANT, lr); }
+
+tg_schedule tg_lr_linear(double peak, double final, int64_t steps) {
+    tg_schedule s = sched(TG_LR_LINEAR, peak);
+    s.final = final;
+    s.steps = steps;
+    return s;
+}
+
+tg_schedule tg_lr_cosine(double peak, double final, int64_t steps) {
+    tg_schedule s = tg_lr_linear(peak, final, steps);
+    s.kind = TG_LR_COSINE;
+    return s;
+}
+
+tg_schedule tg_lr_warmup(double peak, int64_t steps, const tg_schedule *after) {
+    tg_schedule s = sched(TG_LR_WARMUP, peak);
+    s.steps = steps;
+    s.after = after;
+    return s;
+}
+
+tg_schedule tg_lr_staircase(double peak, int64_t every, double gamma) {
+    tg_schedule s = sched(TG_LR_STAIRCASE, peak);
+    s.every = every;
+    s.gamma = gamma;
+    return s;
+}
+
+tg_schedule tg_lr_multistep(double peak, const int64_t *milestones, int n, double gamma) {
+    tg_schedule s = sched(TG_LR_MULTISTEP, peak);
+    s.gamma = gamma;
+    for (int i = 0; i < n && i < TG_MAX_MILESTONES; i++) s.milestones[s.n_milestones++] = milestones[i];
+    return s;
+}
+
+double tg_schedule_at(const tg_schedule *s, int64_t t) {
+    if (!s) return 0;
+    int64_t c = t - 1;   /* steps completed before this one */
+    double frac = s->steps > 0 ? (double)(c < s->steps ? c : s->steps) / (double)s->steps : 1;
+    switch (s->kind) {
+    case TG_LR_CONSTANT: return s->peak;
+    case TG_LR_LINEAR: return s->peak + (s->final - s->peak) * frac;
+    case TG_LR_COSINE: return s->final + (s->peak - s->final) * (1 + cos(M_PI * frac)) / 2;
+    case TG_LR_WARMUP:
+        if (t <= s->steps) return s->peak * (double)t / (double)s->steps;
+        return s->after ? tg_schedule_at(s->after, t - s->steps) : s->peak;
+    case TG_LR_STAIRCASE: return s->peak * pow(s->gamma, (double)(s->every > 0 ? c / s->every : 0));
+    case TG_LR_MULTISTEP: {
+        int k = 0;
+        for (int i = 0; i < s->n_milestones; i++) k += s->milestones[i] <= c;
+        return s->peak * pow(s->gamma, k);
+    }
+    }
+    return s->peak;
+}
+
+/* ----- optimizers ----- */
+
+static tg_optimizer base(tg_opt_kind k, double lr) {
+    tg_optimizer o = { 0 };
+    o.kind = k;
+    o.lr = tg_lr_constant(lr);
+    o.b1 = 0.9;
+    o.b2 = 0.999;
+    o.eps = 1e-8;
+    return o;
+}
+
+tg_optimizer tg_adam(double lr) { return base(TG_OPT_ADAM, lr); }
+
+tg_optimizer tg_adamw(double lr, double weight_decay) {
+    tg_optimizer o = base(TG_OPT_ADAMW, lr);
+    o.weight_decay = weight_decay;
+    return o;
+}
+
+tg_optimizer tg_sgd(double lr, double momentum, int nesterov, double weight_decay) {
+    tg_optimizer o = base(TG_OPT_SGD, lr);
+    o.momentum = momentum;
+    o.nesterov = nesterov;
+    o.weight_decay = weight_decay;
+    return o;
+}
+
+void optim_hyper(const tg_optimizer *opt, int64_t t, double lr, double *hyper) {
+    hyper[H_LR] = lr;
+    hyper[H_STEP_SIZE] = lr / (1 - pow(opt->b1, (double)t));
+    hyper[H_BC2_SQRT] = sqrt(1 - pow(opt->b2, (double)t));
+    hyper[H_DECAY_FACTOR] = 1 - lr * opt->weight_decay;
+}
+
+/* Global L2-norm clipping (torch.nn.utils.clip_grad_norm_): one scale for every gradient. */
+static void clip(tg_graph *g, tg_site s, int *grads, int n, double max_norm) {
+    tg_tensor total = op_const(g, s, 0, TG_FLOAT32);
+    for (int i = 0; i < n; i++)
+        total = op_binary(s, OP_ADD, total, tg_sum_at(s, op_unary(s, OP_SQUARE, mk_tensor(g, grads[i])), TG_ALL, 0));
+    tg_tensor norm = op_unary(s, OP_SQRT, total);
+    tg_tensor coef = op_binary(s, OP_DIV, op_const(g, s, max_norm, TG_FLOAT32),
+                               op_binary(s, OP_ADD, norm, op_const(g, s, 1e-6, TG_FLOAT32)));
+    coef = op_binary(s, OP_MIN, coef, op_const(g, s, 1, TG_FLOAT32));
+    for (int i = 0; i < n; i++) grads[i] = op_binary(s, OP_MUL, mk_tensor(g, grads[i]), coef).id;
+}
+
+#define C(v) op_const(g, s, (v), TG_FLOAT32)
+#define ADD(a, b) op_binary(s, OP_ADD, a, b)
+#define SUB(a, b) op_binary(s, OP_SUB, a, b)
+#define MUL(a, b) op_binary(s, OP_MUL, a, b)
+#define DIV(a, b) op_binary(s, OP_DIV, a, b)
+
+/* torch.optim.Adam / AdamW, single-tensor path: m.lerp_(g, 1 - b1); v = b2 v + (1 - b2) g^2;
+ * p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps). */
+static void adam_update(tg_graph *g, const tg_optimizer *o, int pnode, tg_tensor grad, bool decoupled, bool decays) {
+    tg_site s = g->nodes[pnode].site;
+    tg_tensor p = mk_tensor(g, pnode);
+    if (!decoupled && o->weight_decay != 0) grad = ADD(grad, MUL(p, C(o->weight_decay)));
+    if (decoupled && decays && o->weight_decay != 0) p = MUL(p, op_hyper(g, H_DECAY_FACTOR));
+    tg_tensor m = op_state(g, pnode), v = op_state(g, pnode);
+    tg_tensor m1 = ADD(m, MUL(SUB(grad, m), C(1 - o->b1)));
+    tg_tensor v1 = ADD(MUL(v, C(o->b2)), MUL(op_unary(s, OP_SQUARE, grad), C(1 - o->b2)));
+    tg_tensor denom = ADD(DIV(op_unary(s, OP_SQRT, v1), op_hyper(g, H_BC2_SQRT)), C(o->eps));
+    tg_tensor p1 = SUB(p, MUL(DIV(m1, denom), op_hyper(g, H_STEP_SIZE)));
+    ir_add_assign(g, m.id, m1.id);
+    ir_add_assign(g, v.id, v1.id);
+    ir_add_assign(g, pnode, p1.id);
+}
+
+/* torch.optim.SGD with dampening 0: L2 decay, momentum buffer (equal to the gradient on step 1,
+ * which a zero buffer gives exactly), Nesterov. */
+static void sgd_update(tg_graph *g, const tg_optimizer *o, int pnode, tg_tensor grad) {
+    tg_site s = g->nodes[pnode].site;
+    tg_tensor p = mk_tensor(g, pnode);
+    if (o->weight_decay != 0) grad = ADD(grad, MUL(p, C(o->weight_decay)));
+    if (o->momentum != 0) {
+        tg_tensor buf = op_state(g, pnode);
+        tg_tensor buf1 = ADD(MUL(buf, C(o->momentum)), grad);
+        ir_add_assign(g, buf.id, buf1.id);
+        grad = o->nesterov ? ADD(grad, MUL(buf1, C(o->momentum))) : buf1;
+    }
+    ir_add_assign(g, pnode, SUB(p, MUL(grad, op_hyper(g, H_LR))).id);
+}
+
+bool optim_build(tg_graph *g, const tg_optimizer *opt) {
+    int n = 0;
+    int *params = malloc(sizeof(int) * (size_t)(g->n_params + 1));
+    int *grads = malloc(sizeof(int) * (size_t)(g->n_params + 1));
+    int *ids = malloc(sizeof(int) * (size_t)(g->n_params + 1));
+    for (int i = 0; i < g->n_params; i++) {
+        if (g->param_node[i] < 0) continue;
+        ids[n] = i;
+        params[n] = g->param_node[i];
+        grads[n++] = g->grad_of_param[i];
+    }
+    g->n_hyper = N_HYPER;
+    if (opt->clip_norm > 0 && n > 0) clip(g, TG_HERE, grads, n, opt->clip_norm);
+    for (int i = 0; i < n && ir_ok(g); i++) {
+        tg_tensor grad = mk_tensor(g, grads[i]);
+        bool decays = model_param(g->model, ids[i])->decay;
+        if (opt->kind == TG_OPT_SGD) sgd_update(g, opt, params[i], grad);
+        else adam_update(g, opt, params[i], grad, opt->kind == TG_OPT_ADAMW, decays);
+    }
+    free(params);
+    free(grads);
+    free(ids);
+    return ir_ok(g);
+}

@@ -1,0 +1,61 @@
+/* The buffer plan: every computed node gets a place in one arena, and two nodes share memory
+ * when their lifetimes (from their own step to their last consumer's) do not overlap. A node's
+ * output never overlaps its inputs, which are still live when it runs. */
+#include "internal.h"
+
+#include <stdlib.h>
+
+#define ALIGN 16   /* elements: keeps every buffer 64-byte aligned for vector loads of floats */
+
+static bool is_bound(tg_op op) { return op == OP_INPUT || op == OP_PARAM || op == OP_STATE; }
+
+typedef struct { size_t off, size; int last; } live_buf;
+
+/* Lowest offset where `size` fits between the live buffers (kept sorted by offset). */
+static size_t first_fit(const live_buf *live, int n, size_t size) {
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (live[i].off >= at + size) break;
+        if (live[i].off + live[i].size > at) at = live[i].off + live[i].size;
+    }
+    return at;
+}
+
+bool plan_build(const tg_graph *g, const int *keep, int n_keep, tg_plan *out) {
+    int n = g->n;
+    int *last = malloc(sizeof(int) * (size_t)(n + 1));
+    live_buf *live = malloc(sizeof(live_buf) * (size_t)(n + 1));
+    out->offset = malloc(sizeof(size_t) * (size_t)(n + 1));
+    out->arena = 0;
+    for (int i = 0; i < n; i++) last[i] = i;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < g->nodes[i].nsrc; k++) last[g->nodes[i].src[k]] = i;
+    for (int k = 0; k < n_keep; k++)
+        if (keep[k] >= 0) last[keep[k]] = n;
+    for (int k = 0; k < g->n_assigns; k++) last[g->assigns[k].src] = n;
+
+    int n_live = 0;
+    for (int i = 0; i < n; i++) {
+        if (is_bound(g->nodes[i].op)) { out->offset[i] = PLAN_BOUND; continue; }
+        int w = 0;   /* drop buffers whose last reader ran before this node */
+        for (int j = 0; j < n_live; j++)
+            if (live[j].last >= i) live[w++] = live[j];
+        n_live = w;
+        size_t size = ((size_t)g->nodes[i].numel + ALIGN - 1) / ALIGN * ALIGN;
+        size_t off = first_fit(live, n_live, size);
+        int pos = n_live;
+        while (pos > 0 && live[pos - 1].off > off) { live[pos] = live[pos - 1]; pos--; }
+        live[pos] = (live_buf){ off, size, last[i] };
+        n_live++;
+        out->offset[i] = off;
+        if (off + size > out->arena) out->arena = off + size;
+    }
+    free(last);
+    free(live);
+    return true;
+}
+
+void plan_free(tg_plan *p) {
+    free(p->offset);
+    p->offset = NULL;
+}

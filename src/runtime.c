@@ -1,0 +1,450 @@
+/* The runtime: compiling a training spec (trace, autograd, optimizer, plan, backend), running
+ * steps and forwards, and the parameter store that a training handle shares with the forward
+ * graphs attached to it. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A graph made ready to run: its plan, its executor and its input buffers. The first n_inputs
+ * nodes of the graph are its INPUT nodes, in declaration order. */
+typedef struct {
+    tg_graph *g;
+    tg_plan plan;
+    ref_exec *exec;
+    tg_input_decl *decls;     /* names owned (the graph's INPUT nodes' names) */
+    int n_inputs;
+    double **input_buf;
+} compiled;
+
+#define MAX_SCHEDULE_CHAIN 8
+
+struct tg_forward {
+    tg_train *train;
+    compiled c;
+    float *out;
+};
+
+struct tg_train {
+    tg_model *model;
+    int n_params;
+    double **param;           /* per model param id */
+    double **state;           /* per optimizer state slot */
+    compiled c;
+    int loss;
+    tg_optimizer opt;
+    tg_schedule chain[MAX_SCHEDULE_CHAIN];  /* opt.lr and the schedules it points to, owned */
+    int64_t sched_base;       /* the schedule's step 1 is step sched_base + 1 */
+    int64_t step;
+    double hyper[8];
+    tg_forward **fwd;
+    int n_fwd;
+    tg_forward *eval;         /* the loss as a forward graph, for tg_eval_loss */
+    tg_forward_fn loss_fn;
+    const void *loss_ctx;
+};
+
+static tg_result failed(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static tg_result failed(const char *fmt, ...) {
+    tg_result r;
+    memset(&r, 0, sizeof r);
+    r.status = TG_FAILED;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r.error, sizeof r.error, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+/* ----- tracing ----- */
+
+static bool check_decls(const tg_input_decl *in, int n, tg_error *err) {
+    if (n < 0 || (n > 0 && !in)) { tg_seterr(err, "inputs: %d declared but no array given", n); return false; }
+    for (int i = 0; i < n; i++) {
+        if (!in[i].name || !in[i].name[0]) { tg_seterr(err, "input %d has no name", i); return false; }
+        if (in[i].dtype != TG_FLOAT32 && in[i].dtype != TG_INT32) { tg_seterr(err, "input '%s': unknown dtype %d", in[i].name, (int)in[i].dtype); return false; }
+        for (int j = 0; j < i; j++)
+            if (strcmp(in[i].name, in[j].name) == 0) { tg_seterr(err, "input '%s' is declared twice", in[i].name); return false; }
+    }
+    return true;
+}
+
+/* Trace fn over fresh INPUT nodes (node i is input i) into a new graph; NULL with err set on
+ * failure, including the first shape error any op recorded. */
+tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *in, int n, tg_error *err) {
+    if (!m) { tg_seterr(err, "no model given"); return NULL; }
+    if (!fn) { tg_seterr(err, "no forward/loss function given"); return NULL; }
+    if (tg_model_error(m)) { tg_seterr(err, "%s", tg_model_error(m)); return NULL; }
+    if (!check_decls(in, n, err)) return NULL;
+    tg_graph *g = ir_new(m);
+    tg_input_decl *decls = tg_xmalloc(sizeof(tg_input_decl) * (size_t)(n + 1));
+    for (int i = 0; i < n && ir_ok(g); i++) {
+        char what[80];
+        snprintf(what, sizeof what, "input '%.60s'", in[i].name);
+        if (!shape_valid(g, TG_HERE, what, in[i].shape)) break;
+        int id = ir_add(g, (tg_site){ "(input)", 0 }, OP_INPUT, in[i].dtype, in[i].shape, 0, NULL);
+        g->nodes[id].name = tg_strdup(in[i].name);
+        g->nodes[id].iarg[0] = i;
+        tg_tensor t = mk_tensor(g, id);
+        decls[i] = in[i];
+        (void)t;
+    }
+    tg_tensor *args = tg_xmalloc(sizeof(tg_tensor) * (size_t)(n + 1));
+    for (int i = 0; i < n; i++) args[i] = mk_tensor(g, i < g->n ? i : -1);
+    tg_tensor out = { NULL, -1 };
+    if (ir_ok(g)) {
+        tg_graph *outer = tg__trace();
+        tg__set_trace(g);
+        out = fn(ctx, args);
+        tg__set_trace(outer);
+    }
+    free(args);
+    free(decls);
+    if (ir_ok(g) && (out.g != g || out.id < 0 || out.id >= g->n))
+        ir_fail(g, (tg_site){ "(trace)", 0 }, "the forward function returned an invalid tensor%s",
+                out.g && out.g != g ? " (from another graph)" : "");
+    if (!ir_ok(g)) {
+        tg_seterr(err, "%s", g->error);
+        ir_free(g);
+        return NULL;
+    }
+    g->output = out.id;
+    return g;
+}
+
+/* ----- compiled graphs ----- */
+
+static bool compile_graph(compiled *c, tg_graph *g, int n_inputs, const int *keep, int n_keep, bool round_f32) {
+    memset(c, 0, sizeof *c);
+    c->g = g;
+    c->n_inputs = n_inputs;
+    if (!plan_build(g, keep, n_keep, &c->plan)) return false;
+    c->exec = ref_exec_new(g, &c->plan, round_f32);
+    c->decls = tg_xmalloc(sizeof(tg_input_decl) * (size_t)(n_inputs + 1));
+    c->input_buf = tg_xmalloc(sizeof(double *) * (size_t)(n_inputs + 1));
+    for (int i = 0; i < n_inputs; i++) {
+        const tg_node *n = &g->nodes[i];
+        c->decls[i] = (tg_input_decl){ n->name, n->dtype, n->shape };
+        c->input_buf[i] = tg_xmalloc(sizeof(double) * (size_t)n->numel);
+        ref_exec_bind(c->exec, i, c->input_buf[i]);
+    }
+    return true;
+}
+
+static void compiled_free(compiled *c) {
+    for (int i = 0; i < c->n_inputs; i++) free(c->input_buf[i]);
+    free(c->input_buf);
+    free(c->decls);
+    ref_exec_free(c->exec);
+    plan_free(&c->plan);
+    ir_free(c->g);
+}
+
+static void bind_params(compiled *c, double **param) {
+    for (int i = 0; i < c->g->n_params; i++)
+        if (c->g->param_node[i] >= 0) ref_exec_bind(c->exec, c->g->param_node[i], param[i]);
+}
+
+static const char *dtype_name(tg_dtype d) { return d == TG_INT32 ? "i32" : "f32"; }
+
+/* Copy a call's data into the input buffers, checking names, dtypes and element counts. */
+static bool bind_inputs(compiled *c, const tg_data *data, int n, char *err, size_t errlen) {
+    if (n < 0 || (n > 0 && !data)) { snprintf(err, errlen, "inputs: %d given but no array", n); return false; }
+    for (int k = 0; k < n; k++) {
+        int i = 0;
+        while (i < c->n_inputs && !(data[k].name && strcmp(data[k].name, c->decls[i].name) == 0)) i++;
+        if (i == c->n_inputs) { snprintf(err, errlen, "unknown input '%s'", data[k].name ? data[k].name : "(null)"); return false; }
+        for (int j = 0; j < k; j++)
+            if (data[j].name && strcmp(data[j].name, data[k].name) == 0) { snprintf(err, errlen, "input '%s' given twice", data[k].name); return false; }
+        const tg_node *node = &c->g->nodes[i];
+        if (data[k].dtype != node->dtype) {
+            snprintf(err, errlen, "input '%s': expected %s data, got %s", node->name, dtype_name(node->dtype), dtype_name(data[k].dtype));
+            return false;
+        }
+        if (data[k].n != (size_t)node->numel || !data[k].data) {
+            char sh[96];
+            snprintf(err, errlen, "input '%s': expected %lld elements (shape %s), got %zu%s", node->name,
+                     (long long)node->numel, shape_str(node->shape, sh), data[k].n, data[k].data ? "" : " (NULL data)");
+            return false;
+        }
+    }
+    if (n != c->n_inputs) {
+        for (int i = 0; i < c->n_inputs; i++) {
+            int k = 0;
+            while (k < n && strcmp(data[k].name, c->decls[i].name) != 0) k++;
+            if (k == n) { snprintf(err, errlen, "missing input '%s'", c->decls[i].name); return false; }
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        int i = 0;
+        while (strcmp(data[k].name, c->decls[i].name) != 0) i++;
+        double *dst = c->input_buf[i];
+        if (data[k].dtype == TG_FLOAT32) {
+            const float *src = data[k].data;
+            for (size_t e = 0; e < data[k].n; e++) dst[e] = src[e];
+        } else {
+            const int32_t *src = data[k].data;
+            for (size_t e = 0; e < data[k].n; e++) dst[e] = src[e];
+        }
+    }
+    return true;
+}
+
+/* ----- training handles ----- */
+
+static void copy_schedule(tg_train *t, const tg_schedule *s) {
+    int k = 0;
+    for (const tg_schedule *p = s; p && k < MAX_SCHEDULE_CHAIN; p = p->after) t->chain[k++] = *p;
+    for (int i = 0; i < k; i++) t->chain[i].after = i + 1 < k ? &t->chain[i + 1] : NULL;
+    t->opt.lr = t->chain[0];
+}
+
+static bool backend_known(const char *name, tg_error *err) {
+    if (!name || strcmp(name, "reference") == 0) return true;
+    tg_seterr(err, "backend '%s' is not available (this build has: reference)", name);
+    return false;
+}
+
+tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
+    if (!spec) { tg_seterr(err, "tg_compile: no spec"); return NULL; }
+    if (!backend_known(spec->backend, err)) return NULL;
+    tg_graph *g = rt_trace(spec->model, spec->loss, spec->ctx, spec->inputs, spec->n_inputs, err);
+    if (!g) return NULL;
+    int loss = g->output;
+    int *wrt = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 1));
+    int *grads = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 1));
+    int n_wrt = 0;
+    for (int i = 0; i < g->n_params; i++)
+        if (g->param_node[i] >= 0) wrt[n_wrt++] = g->param_node[i];
+    bool ok = grad_build(g, loss, wrt, n_wrt, grads);
+    for (int i = 0, k = 0; ok && i < g->n_params; i++)
+        if (g->param_node[i] >= 0) g->grad_of_param[i] = grads[k++];
+    ok = ok && optim_build(g, &spec->optimizer);
+    if (!ok) {
+        tg_seterr(err, "%s", g->error);
+        free(wrt);
+        free(grads);
+        ir_free(g);
+        return NULL;
+    }
+    tg_train *t = tg_xmalloc(sizeof *t);
+    t->model = spec->model;
+    t->loss = loss;
+    t->loss_fn = spec->loss;
+    t->loss_ctx = spec->ctx;
+    t->opt = spec->optimizer;
+    copy_schedule(t, &spec->optimizer.lr);
+    grads[n_wrt] = loss;
+    compile_graph(&t->c, g, spec->n_inputs, grads, n_wrt + 1, true);
+    free(wrt);
+    free(grads);
+
+    t->n_params = g->n_params;
+    t->param = tg_xmalloc(sizeof(double *) * (size_t)(t->n_params + 1));
+    for (int i = 0; i < t->n_params; i++) {
+        t->param[i] = tg_xmalloc(sizeof(double) * (size_t)shape_numel(model_param(t->model, i)->shape));
+        model_init_param(t->model, i, t->param[i]);
+    }
+    bind_params(&t->c, t->param);
+    t->state = tg_xmalloc(sizeof(double *) * (size_t)(g->n_state + 1));
+    for (int i = 0; i < g->n_state; i++) {
+        t->state[i] = tg_xmalloc(sizeof(double) * (size_t)g->nodes[g->state_shape_node[i]].numel);
+    }
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i].op == OP_STATE) ref_exec_bind(t->c.exec, i, t->state[g->nodes[i].iarg[0]]);
+    return t;
+}
+
+static double *leaf_storage(tg_train *t, const tg_node *n) {
+    return n->op == OP_PARAM ? t->param[n->iarg[0]] : t->state[n->iarg[0]];
+}
+
+static int64_t sched_step(const tg_train *t) { return t->step + 1 - t->sched_base; }
+
+double tg_train_lr(const tg_train *t) { return t ? tg_schedule_at(&t->opt.lr, sched_step(t)) : 0; }
+int64_t tg_train_step_count(const tg_train *t) { return t ? t->step : 0; }
+
+tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs) {
+    if (!t) return failed("tg_step: NULL training handle");
+    tg_result r;
+    memset(&r, 0, sizeof r);
+    if (!bind_inputs(&t->c, inputs, n_inputs, r.error, sizeof r.error)) { r.status = TG_FAILED; return r; }
+    optim_hyper(&t->opt, t->step + 1, tg_train_lr(t), t->hyper);
+    ref_exec_run(t->c.exec, t->hyper);
+    double loss = ref_exec_value(t->c.exec, t->loss)[0];
+    if (!isfinite(loss))
+        return failed("loss is %s at step %lld; parameters were left unchanged", isnan(loss) ? "NaN" : "infinite",
+                      (long long)t->step + 1);
+    const tg_graph *g = t->c.g;
+    for (int k = 0; k < g->n_assigns; k++) {
+        const tg_node *dst = &g->nodes[g->assigns[k].dst];
+        memcpy(leaf_storage(t, dst), ref_exec_value(t->c.exec, g->assigns[k].src), sizeof(double) * (size_t)dst->numel);
+    }
+    t->step++;
+    r.status = TG_OK;
+    r.loss = (float)loss;
+    r.step = t->step;
+    return r;
+}
+
+/* ----- forward graphs ----- */
+
+tg_forward *tg_attach(tg_train *t, const tg_forward_spec *spec, tg_error *err) {
+    if (!t || !spec) { tg_seterr(err, "tg_attach: NULL %s", t ? "spec" : "training handle"); return NULL; }
+    tg_graph *g = rt_trace(t->model, spec->forward, spec->ctx, spec->inputs, spec->n_inputs, err);
+    if (!g) return NULL;
+    if (g->nodes[g->output].dtype != TG_FLOAT32) {
+        tg_seterr(err, "tg_attach: the forward output must be f32");
+        ir_free(g);
+        return NULL;
+    }
+    tg_forward *f = tg_xmalloc(sizeof *f);
+    f->train = t;
+    compile_graph(&f->c, g, spec->n_inputs, &g->output, 1, true);
+    bind_params(&f->c, t->param);
+    f->out = tg_xmalloc(sizeof(float) * (size_t)g->nodes[g->output].numel);
+    t->fwd = realloc(t->fwd, sizeof(tg_forward *) * (size_t)(t->n_fwd + 1));
+    t->fwd[t->n_fwd++] = f;
+    return f;
+}
+
+tg_result tg_run(tg_forward *f, const tg_data *inputs, int n_inputs) {
+    if (!f) return failed("tg_run: NULL forward handle");
+    tg_result r;
+    memset(&r, 0, sizeof r);
+    if (!bind_inputs(&f->c, inputs, n_inputs, r.error, sizeof r.error)) { r.status = TG_FAILED; return r; }
+    ref_exec_run(f->c.exec, NULL);
+    const tg_node *out = &f->c.g->nodes[f->c.g->output];
+    const double *v = ref_exec_value(f->c.exec, f->c.g->output);
+    for (int64_t i = 0; i < out->numel; i++) f->out[i] = (float)v[i];
+    r.status = TG_OK;
+    r.output = f->out;
+    r.output_len = (size_t)out->numel;
+    r.output_shape = out->shape;
+    return r;
+}
+
+tg_result tg_eval_loss(tg_train *t, const tg_data *inputs, int n_inputs) {
+    if (!t) return failed("tg_eval_loss: NULL training handle");
+    if (!t->eval) {
+        tg_error err;
+        tg_forward_spec spec = { t->loss_fn, t->loss_ctx, t->c.decls, t->c.n_inputs };
+        t->eval = tg_attach(t, &spec, &err);
+        if (!t->eval) return failed("tg_eval_loss: %s", err.msg);
+    }
+    tg_result r = tg_run(t->eval, inputs, n_inputs);
+    if (r.status == TG_OK) {
+        r.loss = r.output[0];
+        r.step = t->step;
+        r.output = NULL;
+        r.output_len = 0;
+    }
+    return r;
+}
+
+void tg_destroy(tg_train *t) {
+    if (!t) return;
+    for (int i = 0; i < t->n_fwd; i++) {
+        compiled_free(&t->fwd[i]->c);
+        free(t->fwd[i]->out);
+        free(t->fwd[i]);
+    }
+    free(t->fwd);
+    for (int i = 0; i < t->c.g->n_state; i++) free(t->state[i]);
+    free(t->state);
+    for (int i = 0; i < t->n_params; i++) free(t->param[i]);
+    free(t->param);
+    compiled_free(&t->c);
+    free(t);
+}
+
+/* ----- parameters ----- */
+
+int tg_train_n_params(const tg_train *t) { return t ? t->n_params : 0; }
+const char *tg_train_param_name(const tg_train *t, int i) { return t ? tg_model_param_name(t->model, i) : NULL; }
+tg_shape tg_train_param_shape(const tg_train *t, int i) { return t ? tg_model_param_shape(t->model, i) : TG_SHAPE0; }
+
+/* The param named `name` with exactly n elements, or -1 with err set. */
+static int find_param(const tg_train *t, const char *what, const char *name, size_t n, tg_error *err) {
+    if (!t) { tg_seterr(err, "%s: NULL training handle", what); return -1; }
+    int id = model_find(t->model, name);
+    if (id < 0) { tg_seterr(err, "%s: no parameter named '%s'", what, name ? name : "(null)"); return -1; }
+    int64_t numel = shape_numel(model_param(t->model, id)->shape);
+    if ((int64_t)n != numel) {
+        tg_seterr(err, "%s: parameter '%s' has %lld elements, not %zu", what, name, (long long)numel, n);
+        return -1;
+    }
+    return id;
+}
+
+static void to_float(float *dst, const double *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = (float)src[i];
+}
+
+tg_status tg_download_param(tg_train *t, const char *name, float *dst, size_t n, tg_error *err) {
+    int id = find_param(t, "tg_download_param", name, n, err);
+    if (id < 0) return TG_FAILED;
+    if (!dst) { tg_seterr(err, "tg_download_param: NULL destination"); return TG_FAILED; }
+    to_float(dst, t->param[id], n);
+    return TG_OK;
+}
+
+tg_status tg_download_param_grad(tg_train *t, const char *name, float *dst, size_t n, tg_error *err) {
+    int id = find_param(t, "tg_download_param_grad", name, n, err);
+    if (id < 0) return TG_FAILED;
+    if (!dst) { tg_seterr(err, "tg_download_param_grad: NULL destination"); return TG_FAILED; }
+    int node = t->c.g->grad_of_param[id];
+    if (node < 0) { tg_seterr(err, "tg_download_param_grad: '%s' does not affect the loss", name); return TG_FAILED; }
+    to_float(dst, ref_exec_value(t->c.exec, node), n);
+    return TG_OK;
+}
+
+tg_status tg_upload_params(tg_train *t, const tg_data *params, int n, tg_error *err) {
+    if (n < 0 || (n > 0 && !params)) { tg_seterr(err, "tg_upload_params: %d given but no array", n); return TG_FAILED; }
+    for (int k = 0; k < n; k++) {   /* check every entry first, so a bad one changes nothing */
+        if (find_param(t, "tg_upload_params", params[k].name, params[k].n, err) < 0) return TG_FAILED;
+        if (params[k].dtype != TG_FLOAT32 || !params[k].data) {
+            tg_seterr(err, "tg_upload_params: '%s' needs f32 data", params[k].name);
+            return TG_FAILED;
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        double *dst = t->param[model_find(t->model, params[k].name)];
+        const float *src = params[k].data;
+        for (size_t i = 0; i < params[k].n; i++) dst[i] = src[i];
+    }
+    return TG_OK;
+}
+
+void tg_reset(tg_train *t, int params, int optimizer) {
+    if (!t) return;
+    if (params)
+        for (int i = 0; i < t->n_params; i++) model_init_param(t->model, i, t->param[i]);
+    if (optimizer) {
+        const tg_graph *g = t->c.g;
+        for (int i = 0; i < g->n_state; i++)
+            memset(t->state[i], 0, sizeof(double) * (size_t)g->nodes[g->state_shape_node[i]].numel);
+        t->step = 0;
+        t->sched_base = 0;
+    }
+}
+
+void tg_set_lr(tg_train *t, double lr) {
+    if (!t) return;
+    tg_schedule s = tg_lr_constant(lr);
+    tg_set_schedule(t, &s);
+}
+
+void tg_set_schedule(tg_train *t, const tg_schedule *s) {
+    if (!t || !s) return;
+    copy_schedule(t, s);
+    t->sched_base = t->step;
+}
+
+/* ----- inspection ----- */
+
+const tg_graph *tg_train_graph(const tg_train *t) { return t ? t->c.g : NULL; }
+const tg_graph *tg_forward_graph(const tg_forward *f) { return f ? f->c.g : NULL; }
+size_t tg_train_planned_bytes(const tg_train *t) { return t ? t->c.plan.arena * sizeof(float) : 0; }
