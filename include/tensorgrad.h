@@ -205,6 +205,93 @@ tg_tensor tg_nll_loss_at(tg_site s, tg_tensor logp, tg_tensor targets, tg_reduct
 #define tg_cross_entropy(logits, targets, r) tg_cross_entropy_at(TG_HERE, logits, targets, r)
 #define tg_nll_loss(logp, targets, r) tg_nll_loss_at(TG_HERE, logp, targets, r)
 
+/* More elementwise. gelu: the exact erf form, PyTorch's default; gelu_tanh: the tanh
+ * approximation (F.gelu(x, approximate="tanh")). silu: x * sigmoid(x). clamp: min(max(x, lo), hi)
+ * as torch.clamp (gradient passes where lo <= x <= hi; lo > hi gives hi everywhere). */
+tg_tensor tg_sin_at(tg_site s, tg_tensor x);
+tg_tensor tg_cos_at(tg_site s, tg_tensor x);
+tg_tensor tg_gelu_at(tg_site s, tg_tensor x);
+tg_tensor tg_gelu_tanh_at(tg_site s, tg_tensor x);
+tg_tensor tg_silu_at(tg_site s, tg_tensor x);
+tg_tensor tg_clamp_at(tg_site s, tg_tensor x, double lo, double hi);
+#define tg_sin(x) tg_sin_at(TG_HERE, x)
+#define tg_cos(x) tg_cos_at(TG_HERE, x)
+#define tg_gelu(x) tg_gelu_at(TG_HERE, x)
+#define tg_gelu_tanh(x) tg_gelu_tanh_at(TG_HERE, x)
+#define tg_silu(x) tg_silu_at(TG_HERE, x)
+#define tg_clamp(x, lo, hi) tg_clamp_at(TG_HERE, x, lo, hi)
+
+/* argmax/argmin: i32 index of the first extreme along axis (the axis is removed), or of the
+ * flattened tensor with TG_ALL (a scalar). No gradient. Ties: the first index, as PyTorch on CPU. */
+tg_tensor tg_argmax_at(tg_site s, tg_tensor x, int axis);
+tg_tensor tg_argmin_at(tg_site s, tg_tensor x, int axis);
+#define tg_argmax(x, axis) tg_argmax_at(TG_HERE, x, axis)
+#define tg_argmin(x, axis) tg_argmin_at(TG_HERE, x, axis)
+
+/* flatten: axes start.. merged into one (torch.flatten(x, start)). split_heads: [..., T, H*Dh] ->
+ * [..., H, T, Dh]; merge_heads is its inverse. */
+tg_tensor tg_flatten_at(tg_site s, tg_tensor x, int start);
+tg_tensor tg_split_heads_at(tg_site s, tg_tensor x, int n_heads);
+tg_tensor tg_merge_heads_at(tg_site s, tg_tensor x);
+#define tg_flatten(x, start) tg_flatten_at(TG_HERE, x, start)
+#define tg_split_heads(x, n_heads) tg_split_heads_at(TG_HERE, x, n_heads)
+#define tg_merge_heads(x) tg_merge_heads_at(TG_HERE, x)
+
+/* take_along_axis (torch.take_along_dim / gather): idx i32 of x's rank, equal to x's shape except
+ * along axis; out-of-range indices give 0. */
+tg_tensor tg_take_along_axis_at(tg_site s, tg_tensor x, tg_tensor idx, int axis);
+#define tg_take_along_axis(x, idx, axis) tg_take_along_axis_at(TG_HERE, x, idx, axis)
+
+/* Builders. arange: [n] holding 0..n-1. randn: N(0, 1) drawn anew each step (or run) from the
+ * model seed and the step number; no gradient. */
+tg_tensor tg_arange_at(tg_site s, int64_t n, tg_dtype dt);
+tg_tensor tg_zeros_at(tg_site s, tg_shape shape, tg_dtype dt);
+tg_tensor tg_ones_at(tg_site s, tg_shape shape, tg_dtype dt);
+tg_tensor tg_randn_at(tg_site s, tg_shape shape);
+#define tg_arange(n, dt) tg_arange_at(TG_HERE, n, dt)
+#define tg_zeros(dt, ...) tg_zeros_at(TG_HERE, TG_SHAPE(__VA_ARGS__), dt)
+#define tg_ones(dt, ...) tg_ones_at(TG_HERE, TG_SHAPE(__VA_ARGS__), dt)
+#define tg_randn(...) tg_randn_at(TG_HERE, TG_SHAPE(__VA_ARGS__))
+
+/* Structure. narrow: length elements from start along axis. concat: along an existing axis, any
+ * number of inputs. stack: along a new axis. split: into pieces of the given sizes (which must
+ * add up to the axis length); writes n tensors to out. */
+tg_tensor tg_narrow_at(tg_site s, tg_tensor x, int axis, int64_t start, int64_t length);
+tg_tensor tg_concat_at(tg_site s, const tg_tensor *xs, int n, int axis);
+tg_tensor tg_stack_at(tg_site s, const tg_tensor *xs, int n, int axis);
+void tg_split_at(tg_site s, tg_tensor x, const int64_t *sizes, int n, int axis, tg_tensor *out);
+#define tg_narrow(x, axis, start, length) tg_narrow_at(TG_HERE, x, axis, start, length)
+#define tg_concat(xs, n, axis) tg_concat_at(TG_HERE, xs, n, axis)
+#define tg_stack(xs, n, axis) tg_stack_at(TG_HERE, xs, n, axis)
+#define tg_split(x, sizes, n, axis, out) tg_split_at(TG_HERE, x, sizes, n, axis, out)
+
+/* Attention helpers over the last two axes [.., T, T] (row = query, column = key).
+ * softmax_causal: softmax along the last axis of the entries with column <= row; 0 above the
+ * diagonal (PyTorch: masked_fill(~tril, -inf).softmax(-1)). where_causal: fill above the diagonal. */
+tg_tensor tg_softmax_causal_at(tg_site s, tg_tensor x);
+tg_tensor tg_where_causal_at(tg_site s, tg_tensor x, double fill);
+#define tg_softmax_causal(x) tg_softmax_causal_at(TG_HERE, x)
+#define tg_where_causal(x, fill) tg_where_causal_at(TG_HERE, x, fill)
+
+/* stop_gradient: x, through which no gradient flows (x.detach()). dropout: inverted (kept values
+ * scaled by 1/(1-p)); the mask is a hash of the step's seed, this call's place in the graph and
+ * the element index, so backward recomputes it; p = 0 adds no node; 0 <= p < 1. No train/eval
+ * flag: trace a forward without dropout for evaluation. */
+tg_tensor tg_stop_gradient_at(tg_site s, tg_tensor x);
+tg_tensor tg_dropout_at(tg_site s, tg_tensor x, double p);
+#define tg_stop_gradient(x) tg_stop_gradient_at(TG_HERE, x)
+#define tg_dropout(x, p) tg_dropout_at(TG_HERE, x, p)
+
+/* Images, NCHW. conv2d: x [N,C,H,W], w [O,C,kh,kw] -> [N,O,Ho,Wo] (F.conv2d without bias; zero
+ * padding). max_pool2d: k x k windows (F.max_pool2d; padding counts as -inf, padding <= k/2).
+ * nearest_upsample2d: each pixel repeated factor x factor times (F.interpolate mode="nearest"). */
+tg_tensor tg_conv2d_at(tg_site s, tg_tensor x, tg_tensor w, int stride, int padding);
+tg_tensor tg_max_pool2d_at(tg_site s, tg_tensor x, int k, int stride, int padding);
+tg_tensor tg_nearest_upsample2d_at(tg_site s, tg_tensor x, int factor);
+#define tg_conv2d(x, w, stride, padding) tg_conv2d_at(TG_HERE, x, w, stride, padding)
+#define tg_max_pool2d(x, k, stride, padding) tg_max_pool2d_at(TG_HERE, x, k, stride, padding)
+#define tg_nearest_upsample2d(x, factor) tg_nearest_upsample2d_at(TG_HERE, x, factor)
+
 /* Inspecting a tensor while tracing (for the forward function's own asserts). */
 tg_shape tg_shape_of(tg_tensor t);
 tg_dtype tg_dtype_of(tg_tensor t);
@@ -231,6 +318,21 @@ typedef struct { tg_param g, b; int has_bias; double eps; } tg_layernorm;
 tg_layernorm tg_layernorm_new(tg_model *m, const char *name, int64_t dim, double eps, int bias);
 tg_tensor tg_layernorm_at(tg_site s, const tg_layernorm *ln, tg_tensor x);
 #define tg_layernorm(ln, x) tg_layernorm_at(TG_HERE, ln, x)
+
+/* RMSNorm over the last axis: x * rsqrt(mean(x^2) + eps) * g; g ones, no decay; eps default 1e-6
+ * (eps <= 0: default). */
+typedef struct { tg_param g; double eps; } tg_rmsnorm;
+tg_rmsnorm tg_rmsnorm_new(tg_model *m, const char *name, int64_t dim, double eps);
+tg_tensor tg_rmsnorm_at(tg_site s, const tg_rmsnorm *l, tg_tensor x);
+#define tg_rmsnorm(l, x) tg_rmsnorm_at(TG_HERE, l, x)
+
+/* Conv2d: W [out, in, k, k] drawn N(0, 2 / (in k k)) (He init over the true fan-in), b [out]
+ * zeros (bias != 0). */
+typedef struct { tg_param W, b; int has_bias, stride, padding; } tg_conv2d_layer;
+tg_conv2d_layer tg_conv2d_new(tg_model *m, const char *name, int64_t in, int64_t out, int k, int stride,
+                              int padding, int bias);
+tg_tensor tg_conv_at(tg_site s, const tg_conv2d_layer *l, tg_tensor x);
+#define tg_conv(l, x) tg_conv_at(TG_HERE, l, x)
 
 /* ---------------------------------------------------------------------------------------------
  * Optimizers and learning-rate schedules (values, copied at compile).
@@ -266,8 +368,9 @@ double tg_schedule_at(const tg_schedule *s, int64_t t);   /* the lr at step t (t
 typedef enum { TG_OPT_ADAM, TG_OPT_ADAMW, TG_OPT_SGD } tg_opt_kind;
 
 /* PyTorch's update formulas (torch.optim.Adam, AdamW, SGD with dampening 0).
- * Adam weight_decay is L2 (added to the gradient); AdamW's is decoupled (p *= 1 - lr * wd) and
- * applies only to parameters whose decay flag is set. SGD weight_decay is L2.
+ * Adam and SGD weight_decay is L2 (wd * p added to the gradient); AdamW's is decoupled
+ * (p *= 1 - lr * wd). Every form applies only to parameters whose decay flag is set (so biases
+ * and norm gains, zeros/ones-initialised, are not decayed unless asked).
  * clip_norm > 0 scales all gradients by min(1, clip_norm / (global L2 norm + 1e-6)) first. */
 typedef struct {
     tg_opt_kind kind;
@@ -275,6 +378,10 @@ typedef struct {
     double b1, b2, eps, weight_decay, momentum;
     int nesterov;
     double clip_norm;
+    /* Per-parameter decay by name, overriding the param's decay flag. Returns 1
+     * (decay), 0 (don't) or -1 (keep the flag). NULL: the flags decide. */
+    int (*decay_filter)(const char *name, void *ctx);
+    void *decay_ctx;
 } tg_optimizer;
 
 tg_optimizer tg_adam(double lr);                       /* b1 0.9, b2 0.999, eps 1e-8 */

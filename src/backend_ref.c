@@ -132,6 +132,12 @@ static double sigmoid(double x)
     return e / (1.0 + e);
 }
 
+static void fill(double *out, int64_t n, double v)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = v;
+}
+
 static double sign(double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0; }
 
 /* NaN-propagating, like torch.minimum/maximum (fmin/fmax would drop the NaN). */
@@ -158,9 +164,34 @@ static void unary(tg_op op, double *restrict o, const double *restrict x, int64_
     case OP_SIGMOID: EACH(sigmoid(v)); break;
     case OP_SIGN:    EACH(sign(v)); break;
     case OP_STEP:    EACH(v > 0 ? 1.0 : 0.0); break;
+    case OP_SIN:     EACH(sin(v)); break;
+    case OP_COS:     EACH(cos(v)); break;
     default:         abort();
     }
 #undef EACH
+}
+
+#define SQRT_2 1.41421356237309504880
+#define INV_SQRT_2PI 0.39894228040143267794     /* 1 / sqrt(2 pi) */
+#define SQRT_2_OVER_PI 0.79788456080286535588   /* sqrt(2 / pi) */
+#define GELU_C 0.044715
+
+/* GELU and its derivative; tanh_form picks the tanh approximation over the exact erf form. */
+static void gelu(bool grad, bool tanh_form, double *restrict o, const double *restrict x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i];
+        if (tanh_form) {
+            double t = tanh(SQRT_2_OVER_PI * (v + GELU_C * v * v * v));
+            o[i] = grad ? 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * SQRT_2_OVER_PI *
+                              (1.0 + 3.0 * GELU_C * v * v)
+                        : 0.5 * v * (1.0 + t);
+        } else {
+            double e = erf(v / SQRT_2);
+            o[i] = grad ? 0.5 * (1.0 + e) + v * INV_SQRT_2PI * exp(-0.5 * v * v)
+                        : 0.5 * v * (1.0 + e);
+        }
+    }
 }
 
 /* One run of a binary op: o[j] = f(a[j*sa], b[j*sb]). */
@@ -273,6 +304,79 @@ static void softmax(const tg_node *n, double *out, const double *in)
                 for (int64_t j = 0; j < len; j++)
                     y[j * inner] = x[j * inner] - lse;
             }
+        }
+    }
+}
+
+/* Index of the first maximum (or, with want_min, minimum) along `axis`. A NaN counts as the
+ * extreme, like max2/min2 (and torch.argmax): the first NaN wins. */
+static void argmax(const tg_node *x, int axis, bool want_min, double *restrict out,
+                   const double *restrict in)
+{
+    int64_t outer, len, inner;
+    split_axis(x->shape, axis, &outer, &len, &inner);
+    for (int64_t o = 0; o < outer; o++) {
+        for (int64_t i = 0; i < inner; i++) {
+            const double *v = in + o * len * inner + i;
+            int64_t best = 0;
+            for (int64_t j = 1; j < len && !isnan(v[best * inner]); j++) {
+                double a = v[j * inner], b = v[best * inner];
+                if (isnan(a) || (want_min ? a < b : a > b))
+                    best = j;
+            }
+            out[o * inner + i] = (double)best;
+        }
+    }
+}
+
+/* SLICE and PAD: the longer tensor along the axis (SLICE's source, PAD's output) is
+ * [outer, len, inner], the shorter [outer, m, inner]; the shorter one is the longer one's
+ * positions start .. start + m - 1 along the axis. */
+static void slice_pad(const tg_node *n, const tg_node *x, double *out, const double *in)
+{
+    bool pad = n->op == OP_PAD;
+    int64_t outer, len, inner, m = (pad ? x : n)->shape.d[n->axis], start = n->iarg[0];
+    split_axis((pad ? n : x)->shape, n->axis, &outer, &len, &inner);
+    size_t run = (size_t)(m * inner) * sizeof *out;
+    if (pad)
+        memset(out, 0, (size_t)n->numel * sizeof *out);
+    if (run == 0)   /* an empty source may have no storage at all */
+        return;
+    for (int64_t o = 0; o < outer; o++) {
+        if (pad)
+            memcpy(out + (o * len + start) * inner, in + o * m * inner, run);
+        else
+            memcpy(out + o * m * inner, in + (o * len + start) * inner, run);
+    }
+}
+
+/* Over the last two axes [.., R, C]: SOFTMAX_CAUSAL of row r over its columns c <= r (0 above
+ * the diagonal), WHERE_CAUSAL (c > r ? farg : x). */
+static void causal(const tg_node *n, double *out, const double *in)
+{
+    int nd = n->shape.ndim;
+    int64_t R = n->shape.d[nd - 2], C = n->shape.d[nd - 1];
+    int64_t mats = n->numel / (R * C);
+    for (int64_t b = 0; b < mats; b++) {
+        for (int64_t r = 0; r < R; r++) {
+            const double *x = in + (b * R + r) * C;
+            double *y = out + (b * R + r) * C;
+            int64_t keep = r + 1 < C ? r + 1 : C;     /* columns c <= r */
+            if (n->op == OP_WHERE_CAUSAL) {
+                memcpy(y, x, (size_t)keep * sizeof *y);
+                fill(y + keep, C - keep, n->farg);
+                continue;
+            }
+            double mx = -INFINITY, sum = 0;
+            for (int64_t c = 0; c < keep; c++)
+                mx = fmax(mx, x[c]);
+            for (int64_t c = 0; c < keep; c++) {
+                y[c] = exp(x[c] - mx);
+                sum += y[c];
+            }
+            for (int64_t c = 0; c < keep; c++)
+                y[c] /= sum;
+            fill(y + keep, C - keep, 0.0);
         }
     }
 }
@@ -397,15 +501,176 @@ static void scatter_rows(const tg_node *n, const tg_node *idx, double *out, cons
     }
 }
 
+/* TAKE_ALONG and SCATTER_ALONG around `axis`: idx (and TAKE's output, SCATTER's values) is
+ * [outer, m, inner], x (TAKE's source, SCATTER's output) is [outer, len, inner].
+ * TAKE: out[o, j, i] = x[o, idx[o, j, i], i]. SCATTER, its adjoint: out zero-filled, then
+ * out[o, idx[o, j, i], i] += vals[o, j, i]. */
+static void take_along(const tg_node *n, const tg_node *x, double *restrict out,
+                       const double *restrict in, const double *restrict ix)
+{
+    int64_t outer, m, inner, len = x->shape.d[n->axis];
+    split_axis(n->shape, n->axis, &outer, &m, &inner);
+    for (int64_t o = 0; o < outer; o++) {
+        const double *src = in + o * len * inner;
+        for (int64_t j = 0; j < m; j++) {
+            int64_t at = (o * m + j) * inner;
+            for (int64_t i = 0; i < inner; i++)
+                out[at + i] = in_range(ix[at + i], len) ? src[(int64_t)ix[at + i] * inner + i] : 0.0;
+        }
+    }
+}
+
+static void scatter_along(const tg_node *n, const tg_node *idx, double *restrict out,
+                          const double *restrict vals, const double *restrict ix)
+{
+    int64_t outer, m, inner, len = n->shape.d[n->axis];
+    split_axis(idx->shape, n->axis, &outer, &m, &inner);
+    memset(out, 0, (size_t)n->numel * sizeof *out);
+    for (int64_t o = 0; o < outer; o++) {
+        double *dst = out + o * len * inner;
+        for (int64_t j = 0; j < m; j++) {
+            int64_t at = (o * m + j) * inner;
+            for (int64_t i = 0; i < inner; i++)
+                if (in_range(ix[at + i], len))
+                    dst[(int64_t)ix[at + i] * inner + i] += vals[at + i];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Random numbers (counter-based, see internal.h): element i depends only on seed, salt and i.
+ * ------------------------------------------------------------------------------------------- */
+
+static void randn(const tg_node *n, double *out, const double *hyper)
+{
+    uint64_t seed = (uint64_t)hyper[HYPER_SEED], salt = (uint64_t)n->iarg[0];
+    for (int64_t i = 0; i < n->numel; i++)
+        out[i] = rng_normal(seed, salt, (uint64_t)i);
+}
+
+static void dropout(const tg_node *n, double *restrict out, const double *restrict in,
+                    const double *hyper)
+{
+    uint64_t seed = (uint64_t)hyper[HYPER_SEED], salt = (uint64_t)n->iarg[0];
+    double p = n->farg;
+    for (int64_t i = 0; i < n->numel; i++)
+        out[i] = rng_uniform(seed, salt, (uint64_t)i) >= p ? in[i] / (1.0 - p) : 0.0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Images, NCHW. Window position i (of kernel size k) of output position oy reads input row
+ * oy * s - p + i; for each (kernel offset, axis) the outputs whose reads land inside the image
+ * form one contiguous range [lo, hi), so the inner loops need no bounds checks.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The output positions o in [0, n_out) with 0 <= o * s - p + i < n_in. */
+static void valid_range(int64_t i, int64_t s, int64_t p, int64_t n_in, int64_t n_out, int64_t *lo,
+                        int64_t *hi)
+{
+    int64_t off = i - p;    /* reads o * s + off */
+    int64_t a = off >= 0 ? 0 : (-off + s - 1) / s;                  /* first o with o*s+off >= 0 */
+    int64_t b = n_in - off <= 0 ? 0 : (n_in - off - 1) / s + 1;     /* first o with o*s+off >= n_in */
+    *lo = a < n_out ? a : n_out;
+    *hi = b < n_out ? b : n_out;
+    if (*hi < *lo)
+        *hi = *lo;
+}
+
+/* IM2COL (adjoint false): cols [N, C*kh*kw, Ho*Wo] from x [N, C, H, W].
+ * COL2IM (adjoint true): x zero-filled, then every column entry added back to its pixel. */
+static void im2col(const tg_node *n, const tg_node *src, bool adjoint, double *restrict out,
+                   const double *restrict in)
+{
+    const tg_node *img = adjoint ? n : src;
+    int64_t N = img->shape.d[0], C = img->shape.d[1], H = img->shape.d[2], W = img->shape.d[3];
+    int64_t kh = n->iarg[0], kw = n->iarg[1], s = n->iarg[2], p = n->iarg[3];
+    int64_t Ho = (H + 2 * p - kh) / s + 1, Wo = (W + 2 * p - kw) / s + 1;
+    if (adjoint)
+        memset(out, 0, (size_t)n->numel * sizeof *out);
+    for (int64_t b = 0; b < N; b++) {
+        for (int64_t c = 0; c < C; c++) {
+            int64_t plane = (b * C + c) * H * W;
+            for (int64_t i = 0; i < kh; i++) {
+                int64_t ylo, yhi;
+                valid_range(i, s, p, H, Ho, &ylo, &yhi);
+                for (int64_t j = 0; j < kw; j++) {
+                    int64_t xlo, xhi;
+                    valid_range(j, s, p, W, Wo, &xlo, &xhi);
+                    int64_t row = ((b * C + c) * kh + i) * kw + j;   /* of [N * C*kh*kw, Ho*Wo] */
+                    for (int64_t oy = 0; oy < Ho; oy++) {
+                        int64_t at = (row * Ho + oy) * Wo;
+                        bool inside = oy >= ylo && oy < yhi;
+                        int64_t pix = plane + (oy * s - p + i) * W - p + j;   /* + ox * s */
+                        if (adjoint) {
+                            if (inside)
+                                for (int64_t ox = xlo; ox < xhi; ox++)
+                                    out[pix + ox * s] += in[at + ox];
+                            continue;
+                        }
+                        if (!inside) {
+                            fill(out + at, Wo, 0.0);
+                            continue;
+                        }
+                        fill(out + at, xlo, 0.0);
+                        for (int64_t ox = xlo; ox < xhi; ox++)
+                            out[at + ox] = in[pix + ox * s];
+                        fill(out + at + xhi, Wo - xhi, 0.0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Flat index (in the [H, W] plane) of the first maximum of the window of output (oy, ox), in
+ * row-major order; padding never wins (a NaN does, like max2). -1 if the window lies wholly in
+ * the padding. */
+static int64_t window_argmax(const double *plane, int64_t H, int64_t W, int64_t k, int64_t s,
+                             int64_t p, int64_t oy, int64_t ox)
+{
+    int64_t y0 = oy * s - p, x0 = ox * s - p, best = -1;
+    int64_t y1 = y0 + k < H ? y0 + k : H, x1 = x0 + k < W ? x0 + k : W;
+    for (int64_t y = y0 > 0 ? y0 : 0; y < y1; y++) {
+        for (int64_t x = x0 > 0 ? x0 : 0; x < x1; x++) {
+            double v = plane[y * W + x];
+            if (best < 0 || v > plane[best] || (isnan(v) && !isnan(plane[best])))
+                best = y * W + x;
+        }
+    }
+    return best;
+}
+
+/* MAXPOOL2D (bwd false): out [N, C, Ho, Wo] = the max of each window of x.
+ * MAXPOOL2D_BWD (bwd true): out shaped like x, zero-filled, then each window's upstream
+ * gradient added at the window's first maximum. */
+static void maxpool2d(const tg_node *n, const tg_node *x, bool bwd, double *restrict out,
+                      const double *restrict in, const double *restrict grad)
+{
+    int64_t N = x->shape.d[0], C = x->shape.d[1], H = x->shape.d[2], W = x->shape.d[3];
+    int64_t k = n->iarg[0], s = n->iarg[1], p = n->iarg[2];
+    int64_t Ho = (H + 2 * p - k) / s + 1, Wo = (W + 2 * p - k) / s + 1;
+    if (bwd)
+        memset(out, 0, (size_t)n->numel * sizeof *out);
+    for (int64_t pl = 0; pl < N * C; pl++) {
+        const double *plane = in + pl * H * W;
+        for (int64_t oy = 0; oy < Ho; oy++) {
+            for (int64_t ox = 0; ox < Wo; ox++) {
+                int64_t at = (pl * Ho + oy) * Wo + ox;
+                int64_t best = window_argmax(plane, H, W, k, s, p, oy, ox);
+                if (bwd) {
+                    if (best >= 0)
+                        out[pl * H * W + best] += grad[at];
+                } else {
+                    out[at] = best >= 0 ? plane[best] : -INFINITY;
+                }
+            }
+        }
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Dispatch and the executor
  * ------------------------------------------------------------------------------------------- */
-
-static void fill(double *out, int64_t n, double v)
-{
-    for (int64_t i = 0; i < n; i++)
-        out[i] = v;
-}
 
 void ref_eval_node(const tg_graph *g, int id, double *const *bufs, const double *hyper)
 {
@@ -459,6 +724,46 @@ void ref_eval_node(const tg_graph *g, int id, double *const *bufs, const double 
         break;
     case OP_SOFTMAX: case OP_LOG_SOFTMAX:
         softmax(n, out, in0);
+        break;
+    case OP_SIN: case OP_COS:
+        unary(n->op, out, in0, n->numel);
+        break;
+    case OP_GELU: case OP_GELU_GRAD:
+        gelu(n->op == OP_GELU_GRAD, n->iarg[0] != 0, out, in0, n->numel);
+        break;
+    case OP_IDENTITY:
+        memcpy(out, in0, (size_t)n->numel * sizeof *out);
+        break;
+    case OP_ARGMAX:
+        argmax(s0, n->axis, n->iarg[0] != 0, out, in0);
+        break;
+    case OP_TAKE_ALONG:
+        take_along(n, s0, out, in0, in1);
+        break;
+    case OP_SCATTER_ALONG:
+        scatter_along(n, s1, out, in0, in1);
+        break;
+    case OP_IOTA:
+        for (int64_t i = 0; i < n->numel; i++)
+            out[i] = (double)i;
+        break;
+    case OP_RANDN:
+        randn(n, out, hyper);
+        break;
+    case OP_DROPOUT:
+        dropout(n, out, in0, hyper);
+        break;
+    case OP_SLICE: case OP_PAD:
+        slice_pad(n, s0, out, in0);
+        break;
+    case OP_SOFTMAX_CAUSAL: case OP_WHERE_CAUSAL:
+        causal(n, out, in0);
+        break;
+    case OP_IM2COL: case OP_COL2IM:
+        im2col(n, s0, n->op == OP_COL2IM, out, in0);
+        break;
+    case OP_MAXPOOL2D: case OP_MAXPOOL2D_BWD:
+        maxpool2d(n, s0, n->op == OP_MAXPOOL2D_BWD, out, in0, in1);
         break;
     case OP_COUNT:
         abort();

@@ -10,9 +10,13 @@
 static bool flows(const tg_node *n, int k) {
     switch (n->op) {
     case OP_SIGN: case OP_STEP: case OP_LESS: case OP_GREATER: case OP_EQUAL: case OP_ONE_HOT:
+    case OP_IDENTITY: case OP_ARGMAX:
+        return false;
+    /* Gradients of gradient ops (second order) are not supported. */
+    case OP_GELU_GRAD: case OP_MAXPOOL2D_BWD:
         return false;
     case OP_WHERE: return k != 0;
-    case OP_GATHER_ROWS: case OP_SCATTER_ROWS: return k == 0;
+    case OP_GATHER_ROWS: case OP_SCATTER_ROWS: case OP_TAKE_ALONG: case OP_SCATTER_ALONG: return k == 0;
     default: return true;
     }
 }
@@ -36,6 +40,8 @@ static tg_tensor num(tg_graph *g, tg_site s, double v) { return op_const(g, s, v
 #define DIV(a, b) op_binary(s, OP_DIV, a, b)
 #define SUB(a, b) op_binary(s, OP_SUB, a, b)
 #define ADD(a, b) op_binary(s, OP_ADD, a, b)
+/* The adjoint op of this node, with its parameters. */
+#define MIRROR(op, shape, nsrc, srcs) op_mirror(g, s, op, id, shape, nsrc, srcs)
 
 /* Gradient of A' @ B' (A' = A or A^T by ta, B' likewise by tb) with respect to A and B. */
 static void matmul_rule(grad_ctx *c, tg_site s, const tg_node *n, tg_tensor go) {
@@ -132,6 +138,40 @@ static void rule(grad_ctx *c, int id) {
     case OP_LOG_SOFTMAX: {
         tg_tensor total = op_sum_keep(s, go, n.axis);
         accumulate(c, s, src0, SUB(go, MUL(op_unary(s, OP_EXP, y), total)));
+        break;
+    }
+    case OP_SIN: accumulate(c, s, src0, MUL(go, op_unary(s, OP_COS, x))); break;
+    case OP_COS: accumulate(c, s, src0, op_unary(s, OP_NEG, MUL(go, op_unary(s, OP_SIN, x)))); break;
+    case OP_GELU: accumulate(c, s, src0, MUL(go, MIRROR(OP_GELU_GRAD, g->nodes[src0].shape, 1, &src0))); break;
+    case OP_TAKE_ALONG: {
+        int srcs[2] = { go.id, src1 };
+        accumulate(c, s, src0, MIRROR(OP_SCATTER_ALONG, g->nodes[src0].shape, 2, srcs));
+        break;
+    }
+    case OP_SCATTER_ALONG: {
+        int srcs[2] = { go.id, src1 };
+        accumulate(c, s, src0, MIRROR(OP_TAKE_ALONG, g->nodes[src1].shape, 2, srcs));
+        break;
+    }
+    case OP_DROPOUT: accumulate(c, s, src0, MIRROR(OP_DROPOUT, n.shape, 1, &go.id)); break;  /* same mask */
+    case OP_SLICE: accumulate(c, s, src0, MIRROR(OP_PAD, g->nodes[src0].shape, 1, &go.id)); break;
+    case OP_PAD: accumulate(c, s, src0, MIRROR(OP_SLICE, g->nodes[src0].shape, 1, &go.id)); break;
+    case OP_SOFTMAX_CAUSAL: {
+        tg_tensor dot = op_sum_keep(s, MUL(go, y), n.shape.ndim - 1);
+        accumulate(c, s, src0, MUL(y, SUB(go, dot)));
+        break;
+    }
+    case OP_WHERE_CAUSAL: {
+        tg_tensor gx = MIRROR(OP_WHERE_CAUSAL, n.shape, 1, &go.id);
+        if (gx.id >= 0) g->nodes[gx.id].farg = 0;   /* masked entries pass no gradient */
+        accumulate(c, s, src0, gx);
+        break;
+    }
+    case OP_IM2COL: accumulate(c, s, src0, MIRROR(OP_COL2IM, g->nodes[src0].shape, 1, &go.id)); break;
+    case OP_COL2IM: accumulate(c, s, src0, MIRROR(OP_IM2COL, g->nodes[src0].shape, 1, &go.id)); break;
+    case OP_MAXPOOL2D: {
+        int srcs[2] = { src0, go.id };
+        accumulate(c, s, src0, MIRROR(OP_MAXPOOL2D_BWD, g->nodes[src0].shape, 2, srcs));
         break;
     }
     default: break;   /* leaves and ops without a gradient */

@@ -4,6 +4,7 @@
 #define TG_INTERNAL_H
 
 #include "tensorgrad.h"
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 
@@ -52,8 +53,74 @@ typedef enum {
     /* Softmax and log-softmax of src0 along `axis`, stabilised by the max along the axis. */
     OP_SOFTMAX, OP_LOG_SOFTMAX,
 
+    /* More elementwise unary. GELU: iarg[0] = 0 exact 0.5 x (1 + erf(x / sqrt 2)); iarg[0] = 1
+     * the tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). GELU_GRAD: d GELU / dx of
+     * the same form: exact Phi(x) + x phi(x); tanh 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi)
+     * (1 + 3 * 0.044715 x^2) with t the tanh above. IDENTITY: a copy (stop_gradient). */
+    OP_SIN, OP_COS, OP_GELU, OP_GELU_GRAD, OP_IDENTITY,
+
+    /* ARGMAX: index (i32) of the first maximum of src0 along `axis` (iarg[0] = 1: minimum);
+     * node shape = src0's with that dim = 1. */
+    OP_ARGMAX,
+
+    /* TAKE_ALONG: src0 x, src1 i32 idx of x's rank, equal to x's shape except along `axis`;
+     * node shape = idx shape; out[..i..] = x[..idx[..i..]..] along axis (out of range -> 0).
+     * SCATTER_ALONG: its adjoint: src0 values (idx shape), src1 idx; node shape = x's shape;
+     * zero-filled, then out[..idx[..i..]..] += values[..i..] for in-range indices. */
+    OP_TAKE_ALONG, OP_SCATTER_ALONG,
+
+    /* IOTA: 1-D [n], out[i] = i. RANDN: standard normals, element i = rng_normal(seed, iarg[0],
+     * i) with seed = hyper[HYPER_SEED]. DROPOUT: out[i] = rng_uniform(seed, iarg[0], i) >= farg
+     * ? src0[i] / (1 - farg) : 0 (so backward recomputes the same mask from the same salt). */
+    OP_IOTA, OP_RANDN, OP_DROPOUT,
+
+    /* SLICE: src0 narrowed along `axis` to the node's length, starting at iarg[0].
+     * PAD: its adjoint: node shape is larger along `axis`; zeros except out[..start + j..] =
+     * src0[..j..] with start = iarg[0]. */
+    OP_SLICE, OP_PAD,
+
+    /* Over the last two axes [.., R, C] (row r, column c): SOFTMAX_CAUSAL is the softmax along
+     * the last axis of the entries with c <= r, and 0 where c > r. WHERE_CAUSAL: c > r ? farg :
+     * src0. */
+    OP_SOFTMAX_CAUSAL, OP_WHERE_CAUSAL,
+
+    /* Images, NCHW. iarg for IM2COL/COL2IM: [0] kh, [1] kw, [2] stride, [3] padding.
+     * IM2COL: src0 x [N,C,H,W] -> [N, C*kh*kw, Ho*Wo], Ho = (H + 2p - kh) / s + 1 (Wo alike);
+     * row (c*kh + i)*kw + j, column oy*Wo + ox holds x[n, c, oy*s - p + i, ox*s - p + j], or 0
+     * where that falls in the padding. COL2IM: its adjoint; node shape [N,C,H,W]; zero-filled,
+     * then every column entry is added back to the pixel it was read from.
+     * MAXPOOL2D: iarg [0] k, [1] stride, [2] padding; src0 [N,C,H,W] -> [N,C,Ho,Wo], the max
+     * over each k x k window (padding never wins: it counts as -inf). MAXPOOL2D_BWD: src0 x,
+     * src1 upstream gradient [N,C,Ho,Wo]; node shape = x's; zero-filled, then each window's
+     * gradient is added at the position of the window's first maximum in row-major order. */
+    OP_IM2COL, OP_COL2IM, OP_MAXPOOL2D, OP_MAXPOOL2D_BWD,
+
     OP_COUNT
 } tg_op;
+
+/* The hyper slot every graph reserves for its per-call random seed (RANDN, DROPOUT). */
+#define HYPER_SEED 0
+
+/* Counter-based random numbers shared by every backend: element i of a call with seed `seed`
+ * and per-op salt `salt` is a pure function of the three, so a backward pass recomputes a
+ * dropout mask rather than storing it. */
+static inline uint64_t rng_mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline uint64_t rng_bits(uint64_t seed, uint64_t salt, uint64_t i) {
+    return rng_mix(rng_mix(seed * 0x9E3779B97F4A7C15ull + salt) + i * 0xD1B54A32D192ED03ull);
+}
+/* Uniform in (0, 1), exactly representable as a float. */
+static inline double rng_uniform(uint64_t seed, uint64_t salt, uint64_t i) {
+    return ((double)(rng_bits(seed, salt, i) >> 40) + 0.5) * (1.0 / 16777216.0);
+}
+/* Standard normal by Box-Muller on the uniforms of indices 2i and 2i+1. */
+static inline double rng_normal(uint64_t seed, uint64_t salt, uint64_t i) {
+    double u1 = rng_uniform(seed, salt, 2 * i), u2 = rng_uniform(seed, salt, 2 * i + 1);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
 
 typedef struct {
     tg_op op;
@@ -124,6 +191,9 @@ tg_tensor op_const(tg_graph *g, tg_site s, double v, tg_dtype dt);
 tg_tensor op_hyper(tg_graph *g, int slot);
 tg_tensor op_state(tg_graph *g, int like_param_node);
 tg_tensor op_scatter_rows(tg_site s, tg_tensor vals, tg_tensor idx, int64_t rows);
+/* An f32 node of op `op` carrying the axis/iarg/farg of node `like` (gradient rules use it to
+ * emit adjoints: slice for pad, col2im for im2col, the same dropout mask). */
+tg_tensor op_mirror(tg_graph *g, tg_site s, tg_op op, int like, tg_shape shape, int nsrc, const int *src);
 /* Sum x down to `shape` over the axes NumPy broadcasting added or stretched (gradient of a
  * broadcast). */
 tg_tensor op_unbroadcast(tg_site s, tg_tensor x, tg_shape shape);
@@ -182,21 +252,50 @@ tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_inpu
                    tg_error *err);
 
 /* probe.c: for tests. Traces fn like tg_compile does, optionally adds gradients with respect to
- * every f32 input and every parameter the graph uses, and runs it on the reference interpreter
- * in double precision (round_f32 false) or emulated f32. Parameter storage starts from the
- * model's init; tests may overwrite it. */
+ * every f32 input and every parameter the graph uses, and runs it on a backend: tg_probe_new on
+ * the reference in double precision (round_f32 false) or emulated f32, tg_probe_new_on on any
+ * backend by name. Values are exchanged as host doubles: fill the input and parameter arrays
+ * (parameters start from the model's init), run, then read outputs and gradients. */
 typedef struct tg_probe tg_probe;
 tg_probe *tg_probe_new(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *inputs,
                        int n_inputs, bool grads, bool round_f32, tg_error *err);
+tg_probe *tg_probe_new_on(const char *backend, tg_model *m, tg_forward_fn fn, const void *ctx,
+                          const tg_input_decl *inputs, int n_inputs, bool grads, tg_error *err);
 double *tg_probe_input(tg_probe *p, int i);         /* numel doubles to fill before run */
 double *tg_probe_param(tg_probe *p, int param_id);  /* NULL if the graph does not use it */
-void tg_probe_run(tg_probe *p);
+bool tg_probe_run(tg_probe *p);                     /* false if the backend failed */
+void tg_probe_set_seed(tg_probe *p, uint64_t seed); /* for randn/dropout; default 0 */
 const double *tg_probe_output(tg_probe *p);
 tg_shape tg_probe_output_shape(tg_probe *p);
 const double *tg_probe_input_grad(tg_probe *p, int i);        /* NULL for i32 inputs */
 const double *tg_probe_param_grad(tg_probe *p, int param_id); /* NULL if unused */
 const tg_graph *tg_probe_graph(tg_probe *p);
 void tg_probe_free(tg_probe *p);
+
+/* A backend: where buffers live and how a planned graph runs. The runtime talks only to this
+ * table, so the reference interpreter, the compiled CPU backend and CUDA plug in alike.
+ * Buffers hold `numel` elements of the backend's own type (doubles in the reference); all host
+ * transfers go through write/read (doubles) or upload (the caller's f32/i32 data). */
+typedef struct tg_backend {
+    const char *name;
+    void *(*alloc)(size_t numel);                                    /* zero-filled, NULL on failure */
+    void (*free)(void *buf);
+    void (*write)(void *buf, const double *src, size_t n);
+    void (*upload)(void *buf, tg_dtype dt, const void *src, size_t n);
+    void (*read)(const void *buf, double *dst, size_t n);
+    void (*copy)(void *dst, const void *src, size_t n);
+    /* A graph made ready to run with its plan (the backend may keep pointers to both). */
+    void *(*prepare)(const tg_graph *g, const tg_plan *plan, tg_error *err);
+    void (*bind)(void *exec, int node, void *buf);                   /* INPUT/PARAM/STATE leaves */
+    bool (*run)(void *exec, const double *hyper, tg_error *err);
+    void *(*node_buf)(void *exec, int node);                         /* a node's values after run */
+    void (*release)(void *exec);
+} tg_backend;
+
+/* By name: "reference" (f32, the default), "reference-f64" (double, for gradient checks). NULL
+ * with err set for an unknown or unavailable backend. */
+const tg_backend *backend_find(const char *name, tg_error *err);
+extern const tg_backend backend_reference, backend_reference_f64;
 
 /* util */
 void *tg_xmalloc(size_t n);   /* calloc that never returns NULL (aborts on OOM for now) */

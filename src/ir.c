@@ -16,7 +16,12 @@ static const char *const OP_NAMES[OP_COUNT] = {
     [OP_EQUAL] = "equal", [OP_WHERE] = "where", [OP_SUM] = "sum", [OP_RESHAPE] = "reshape",
     [OP_PERMUTE] = "permute", [OP_EXPAND] = "expand", [OP_MATMUL] = "matmul",
     [OP_ONE_HOT] = "one_hot", [OP_GATHER_ROWS] = "gather_rows", [OP_SCATTER_ROWS] = "scatter_rows",
-    [OP_SOFTMAX] = "softmax", [OP_LOG_SOFTMAX] = "log_softmax",
+    [OP_SOFTMAX] = "softmax", [OP_LOG_SOFTMAX] = "log_softmax", [OP_SIN] = "sin", [OP_COS] = "cos",
+    [OP_GELU] = "gelu", [OP_GELU_GRAD] = "gelu_grad", [OP_IDENTITY] = "identity", [OP_ARGMAX] = "argmax",
+    [OP_TAKE_ALONG] = "take_along_axis", [OP_SCATTER_ALONG] = "scatter_along_axis", [OP_IOTA] = "arange",
+    [OP_RANDN] = "randn", [OP_DROPOUT] = "dropout", [OP_SLICE] = "narrow", [OP_PAD] = "pad",
+    [OP_SOFTMAX_CAUSAL] = "softmax_causal", [OP_WHERE_CAUSAL] = "where_causal", [OP_IM2COL] = "im2col",
+    [OP_COL2IM] = "col2im", [OP_MAXPOOL2D] = "max_pool2d", [OP_MAXPOOL2D_BWD] = "max_pool2d_backward",
 };
 
 const char *op_name(tg_op op) { return (op >= 0 && op < OP_COUNT) ? OP_NAMES[op] : "?"; }

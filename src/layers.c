@@ -2,6 +2,8 @@
  * with the public ops (so shape errors name the caller's line). */
 #include "internal.h"
 
+#include <math.h>
+
 tg_linear tg_linear_new(tg_model *m, const char *name, int64_t in, int64_t out, const tg_linear_opts *opts) {
     tg_linear l = { { m, -1 }, { m, -1 }, !(opts && opts->no_bias) };
     tg_init w_init = opts && opts->has_init ? opts->init : tg_init_randn(0.02);
@@ -45,4 +47,35 @@ tg_tensor tg_layernorm_at(tg_site s, const tg_layernorm *ln, tg_tensor x) {
     tg_tensor var = tg_mean_at(s, tg_square_at(s, xc), -1, 1);
     tg_tensor y = tg_mul_at(s, tg_mul_at(s, xc, tg_rsqrt_at(s, tg_add_at(s, var, tg_scalar_at(s, ln->eps)))), tg_p_at(s, ln->g));
     return ln->has_bias ? tg_add_at(s, y, tg_p_at(s, ln->b)) : y;
+}
+
+tg_rmsnorm tg_rmsnorm_new(tg_model *m, const char *name, int64_t dim, double eps) {
+    tg_rmsnorm l = { { m, -1 }, eps > 0 ? eps : 1e-6 };
+    tg_model_push(m, "%s", name);
+    l.g = tg_param_new(m, "g", TG_SHAPE(dim), tg_init_ones());
+    tg_model_pop(m);
+    return l;
+}
+
+tg_tensor tg_rmsnorm_at(tg_site s, const tg_rmsnorm *l, tg_tensor x) {
+    tg_tensor ms = tg_mean_at(s, tg_square_at(s, x), -1, 1);
+    tg_tensor scale = tg_rsqrt_at(s, tg_add_at(s, ms, tg_scalar_at(s, l->eps)));
+    return tg_mul_at(s, tg_mul_at(s, x, scale), tg_p_at(s, l->g));
+}
+
+tg_conv2d_layer tg_conv2d_new(tg_model *m, const char *name, int64_t in, int64_t out, int k, int stride,
+                              int padding, int bias) {
+    tg_conv2d_layer l = { { m, -1 }, { m, -1 }, bias != 0, stride, padding };
+    tg_model_push(m, "%s", name);
+    l.W = tg_param_new(m, "W", TG_SHAPE(out, in, k, k), tg_init_randn(sqrt(2.0 / (double)(in * k * k))));
+    if (l.has_bias) l.b = tg_param_new(m, "b", TG_SHAPE(out), tg_init_zeros());
+    tg_model_pop(m);
+    return l;
+}
+
+tg_tensor tg_conv_at(tg_site s, const tg_conv2d_layer *l, tg_tensor x) {
+    tg_tensor y = tg_conv2d_at(s, x, tg_p_at(s, l->W), l->stride, l->padding);
+    if (!l->has_bias) return y;
+    tg_shape bs = tg_model_param_shape(l->b.model, l->b.id);
+    return tg_add_at(s, y, tg_reshape_at(s, tg_p_at(s, l->b), TG_SHAPE(1, bs.d[0], 1, 1)));
 }

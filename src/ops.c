@@ -112,7 +112,9 @@ static tg_tensor adopt_dtype(tg_site s, tg_tensor num, tg_dtype dt) {
 
 tg_tensor op_binary(tg_site s, tg_op op, tg_tensor a, tg_tensor b) {
     tg_shape out;
-    if (!shape_broadcast(a.g, s, op_name(op), node_of(a)->shape, node_of(b)->shape, &out)) return bad(a.g);
+    char name[40];
+    snprintf(name, sizeof name, "tg_%s", op_name(op));
+    if (!shape_broadcast(a.g, s, name, node_of(a)->shape, node_of(b)->shape, &out)) return bad(a.g);
     tg_dtype dt = (op == OP_LESS || op == OP_GREATER || op == OP_EQUAL) ? TG_FLOAT32 : node_of(a)->dtype;
     int src[2] = { a.id, b.id };
     return emit(a.g, s, op, dt, out, 2, src);
@@ -401,4 +403,420 @@ tg_tensor tg_cross_entropy_at(tg_site s, tg_tensor logits, tg_tensor targets, tg
     if (!check_targets(s, "tg_cross_entropy", logits, targets)) return bad(logits.g ? logits.g : targets.g);
     tg_tensor logp = softmax_like(s, "tg_cross_entropy", OP_LOG_SOFTMAX, logits, -1);
     return logp.id < 0 ? logp : nll(s, logp, targets, r);
+}
+
+/* A node of op `op` that carries the parameters (axis, iarg, farg) of `like`: how gradient rules
+ * emit the adjoint of a forward op (slice for pad, col2im for im2col, the same dropout mask). */
+tg_tensor op_mirror(tg_graph *g, tg_site s, tg_op op, int like, tg_shape shape, int nsrc, const int *src) {
+    tg_tensor t = emit(g, s, op, TG_FLOAT32, shape, nsrc, src);
+    if (t.id < 0) return t;
+    const tg_node *l = &g->nodes[like];
+    tg_node *n = &g->nodes[t.id];
+    n->axis = l->axis;
+    n->farg = l->farg;
+    for (int i = 0; i < TG_MAX_DIMS; i++) n->iarg[i] = l->iarg[i];
+    return t;
+}
+
+/* ----- more elementwise ----- */
+
+tg_tensor tg_sin_at(tg_site s, tg_tensor x) { return unary(s, "tg_sin", OP_SIN, x, true); }
+tg_tensor tg_cos_at(tg_site s, tg_tensor x) { return unary(s, "tg_cos", OP_COS, x, true); }
+
+static tg_tensor op_gelu(tg_site s, tg_op op, tg_tensor x, int tanh_form) {
+    tg_tensor t = op_unary(s, op, x);
+    if (t.id >= 0) x.g->nodes[t.id].iarg[0] = tanh_form;
+    return t;
+}
+
+tg_tensor tg_gelu_at(tg_site s, tg_tensor x) {
+    return usable(s, "tg_gelu", x) && need_f32(s, "tg_gelu", x) ? op_gelu(s, OP_GELU, x, 0) : bad(x.g);
+}
+
+tg_tensor tg_gelu_tanh_at(tg_site s, tg_tensor x) {
+    return usable(s, "tg_gelu_tanh", x) && need_f32(s, "tg_gelu_tanh", x) ? op_gelu(s, OP_GELU, x, 1) : bad(x.g);
+}
+
+tg_tensor tg_silu_at(tg_site s, tg_tensor x) {
+    if (!usable(s, "tg_silu", x) || !need_f32(s, "tg_silu", x)) return bad(x.g);
+    return op_binary(s, OP_MUL, x, op_unary(s, OP_SIGMOID, x));
+}
+
+tg_tensor tg_clamp_at(tg_site s, tg_tensor x, double lo, double hi) {
+    if (!usable(s, "tg_clamp", x)) return bad(x.g);
+    tg_dtype dt = node_of(x)->dtype;
+    tg_tensor lo_t = op_const(x.g, s, lo, dt), hi_t = op_const(x.g, s, hi, dt);
+    tg_tensor low = tg_where_at(s, op_binary(s, OP_LESS, x, lo_t), lo_t, x);
+    return tg_where_at(s, op_binary(s, OP_GREATER, low, hi_t), hi_t, low);
+}
+
+/* ----- argmax / argmin ----- */
+
+static tg_tensor arg_extreme(tg_site s, const char *name, tg_tensor x, int axis, int is_min) {
+    if (!usable(s, name, x)) return bad(x.g);
+    tg_shape in = node_of(x)->shape, out;
+    int a = 0;
+    if (axis == TG_ALL) {
+        x = op_reshape(s, x, TG_SHAPE(shape_numel(in)));
+        out = TG_SHAPE0;
+    } else {
+        if (!shape_axis(x.g, s, name, in, axis, &a)) return bad(x.g);
+        out = drop_axis(in, a);
+    }
+    tg_shape keep = node_of(x)->shape;
+    keep.d[a] = 1;
+    tg_tensor t = emit(x.g, s, OP_ARGMAX, TG_INT32, keep, 1, &x.id);
+    if (t.id < 0) return t;
+    x.g->nodes[t.id].axis = a;
+    x.g->nodes[t.id].iarg[0] = is_min;
+    return op_reshape(s, t, out);
+}
+
+tg_tensor tg_argmax_at(tg_site s, tg_tensor x, int axis) { return arg_extreme(s, "tg_argmax", x, axis, 0); }
+tg_tensor tg_argmin_at(tg_site s, tg_tensor x, int axis) { return arg_extreme(s, "tg_argmin", x, axis, 1); }
+
+/* ----- layout helpers ----- */
+
+tg_tensor tg_flatten_at(tg_site s, tg_tensor x, int start) {
+    int a;
+    if (!usable(s, "tg_flatten", x)) return bad(x.g);
+    tg_shape in = node_of(x)->shape;
+    if (in.ndim == 0) return op_reshape(s, x, TG_SHAPE(1));
+    if (!shape_axis(x.g, s, "tg_flatten", in, start, &a)) return bad(x.g);
+    tg_shape out = in;
+    out.ndim = a + 1;
+    for (int i = a + 1; i < in.ndim; i++) out.d[a] *= in.d[i];
+    return op_reshape(s, x, out);
+}
+
+tg_tensor tg_split_heads_at(tg_site s, tg_tensor x, int n_heads) {
+    if (!usable(s, "tg_split_heads", x)) return bad(x.g);
+    tg_shape in = node_of(x)->shape;
+    char sh[96];
+    if (in.ndim < 2 || in.ndim >= TG_MAX_DIMS || n_heads <= 0 || in.d[in.ndim - 1] % n_heads) {
+        ir_fail(x.g, s, "tg_split_heads: %s cannot be split into %d heads (needs [..., T, D] with D divisible)",
+                shape_str(in, sh), n_heads);
+        return bad(x.g);
+    }
+    tg_shape mid = in;   /* [..., T, H, Dh] */
+    mid.d[in.ndim - 1] = n_heads;
+    mid.d[in.ndim] = in.d[in.ndim - 1] / n_heads;
+    mid.ndim++;
+    return tg_swapaxes_at(s, op_reshape(s, x, mid), -3, -2);
+}
+
+tg_tensor tg_merge_heads_at(tg_site s, tg_tensor x) {
+    if (!usable(s, "tg_merge_heads", x)) return bad(x.g);
+    tg_shape in = node_of(x)->shape;
+    char sh[96];
+    if (in.ndim < 3) { ir_fail(x.g, s, "tg_merge_heads: %s needs [..., H, T, Dh]", shape_str(in, sh)); return bad(x.g); }
+    tg_tensor t = tg_swapaxes_at(s, x, -3, -2);   /* [..., T, H, Dh] */
+    tg_shape out = node_of(t)->shape;
+    out.d[out.ndim - 2] *= out.d[out.ndim - 1];
+    out.ndim--;
+    return op_reshape(s, t, out);
+}
+
+/* ----- take_along_axis ----- */
+
+static tg_tensor op_along(tg_site s, tg_op op, tg_tensor vals, tg_tensor idx, int axis, tg_shape out) {
+    int src[2] = { vals.id, idx.id };
+    tg_tensor t = emit(vals.g, s, op, node_of(vals)->dtype, out, 2, src);
+    if (t.id >= 0) vals.g->nodes[t.id].axis = axis;
+    return t;
+}
+
+tg_tensor tg_take_along_axis_at(tg_site s, tg_tensor x, tg_tensor idx, int axis) {
+    const char *name = "tg_take_along_axis";
+    if (!same_graph(s, name, x, idx) || !need_i32(s, name, "indices", idx)) return bad(x.g ? x.g : idx.g);
+    tg_shape xs = node_of(x)->shape, is = node_of(idx)->shape;
+    int a;
+    if (!shape_axis(x.g, s, name, xs, axis, &a)) return bad(x.g);
+    bool ok = xs.ndim == is.ndim;
+    for (int i = 0; ok && i < xs.ndim; i++) ok = i == a || xs.d[i] == is.d[i];
+    if (!ok) {
+        char sa[96], sb[96];
+        ir_fail(x.g, s, "%s: input %s and indices %s must agree except along axis %d", name, shape_str(xs, sa),
+                shape_str(is, sb), axis);
+        return bad(x.g);
+    }
+    return op_along(s, OP_TAKE_ALONG, x, idx, a, is);
+}
+
+/* ----- builders ----- */
+
+/* The graph a builder with no tensor operand appends to, if tracing and still error-free. */
+static tg_graph *trace_ok(void) {
+    tg_graph *g = tg__trace();
+    return g && ir_ok(g) ? g : NULL;
+}
+
+tg_tensor tg_arange_at(tg_site s, int64_t n, tg_dtype dt) {
+    tg_graph *g = trace_ok();
+    if (!g) return bad(tg__trace());
+    if (n <= 0) { ir_fail(g, s, "tg_arange: length %lld must be positive", (long long)n); return bad(g); }
+    return emit(g, s, OP_IOTA, dt, TG_SHAPE(n), 0, NULL);
+}
+
+static tg_tensor filled(tg_site s, const char *name, tg_shape shape, tg_dtype dt, double v) {
+    tg_graph *g = trace_ok();
+    if (!g || !shape_valid(g, s, name, shape)) return bad(tg__trace());
+    tg_tensor t = emit(g, s, OP_CONST, dt, shape, 0, NULL);
+    if (t.id >= 0) g->nodes[t.id].farg = v;
+    return t;
+}
+
+tg_tensor tg_zeros_at(tg_site s, tg_shape shape, tg_dtype dt) { return filled(s, "tg_zeros", shape, dt, 0); }
+tg_tensor tg_ones_at(tg_site s, tg_shape shape, tg_dtype dt) { return filled(s, "tg_ones", shape, dt, 1); }
+
+/* Random ops are salted with their node id: unique in the graph and the same at every trace. */
+static tg_tensor salted(tg_tensor t) {
+    if (t.id >= 0) t.g->nodes[t.id].iarg[0] = t.id;
+    return t;
+}
+
+tg_tensor tg_randn_at(tg_site s, tg_shape shape) {
+    tg_graph *g = trace_ok();
+    if (!g || !shape_valid(g, s, "tg_randn", shape)) return bad(tg__trace());
+    return salted(emit(g, s, OP_RANDN, TG_FLOAT32, shape, 0, NULL));
+}
+
+/* ----- structure ----- */
+
+static tg_tensor op_slice_pad(tg_site s, tg_op op, tg_tensor x, int axis, int64_t start, int64_t length) {
+    tg_shape out = node_of(x)->shape;
+    out.d[axis] = length;
+    tg_tensor t = emit(x.g, s, op, node_of(x)->dtype, out, 1, &x.id);
+    if (t.id >= 0) {
+        x.g->nodes[t.id].axis = axis;
+        x.g->nodes[t.id].iarg[0] = start;
+    }
+    return t;
+}
+
+tg_tensor tg_narrow_at(tg_site s, tg_tensor x, int axis, int64_t start, int64_t length) {
+    int a;
+    if (!usable(s, "tg_narrow", x) || !shape_axis(x.g, s, "tg_narrow", node_of(x)->shape, axis, &a)) return bad(x.g);
+    tg_shape in = node_of(x)->shape;
+    if (start < 0 || length <= 0 || start + length > in.d[a]) {
+        char sh[96];
+        ir_fail(x.g, s, "tg_narrow: [%lld, %lld) is outside axis %d of %s", (long long)start,
+                (long long)(start + length), axis, shape_str(in, sh));
+        return bad(x.g);
+    }
+    if (length == in.d[a]) return x;
+    return op_slice_pad(s, OP_SLICE, x, a, start, length);
+}
+
+/* Concatenation as a sum of zero-padded inputs: each pad is index arithmetic a fused backend
+ * folds into one loop, and the gradient of each input is a plain slice. */
+tg_tensor tg_concat_at(tg_site s, const tg_tensor *xs, int n, int axis) {
+    const char *name = "tg_concat";
+    tg_graph *g = tg__trace();
+    if (n <= 0 || !xs) {
+        if (g) ir_fail(g, s, "%s: needs at least one tensor", name);
+        return bad(g);
+    }
+    for (int i = 0; i < n; i++)
+        if (!same_graph(s, name, xs[0], xs[i])) return bad(xs[0].g);
+    tg_shape first = node_of(xs[0])->shape;
+    int a;
+    if (!shape_axis(xs[0].g, s, name, first, axis, &a)) return bad(xs[0].g);
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        tg_shape si = node_of(xs[i])->shape;
+        bool ok = si.ndim == first.ndim && node_of(xs[i])->dtype == node_of(xs[0])->dtype;
+        for (int k = 0; ok && k < si.ndim; k++) ok = k == a || si.d[k] == first.d[k];
+        if (!ok) {
+            char sa[96], sb[96];
+            ir_fail(xs[0].g, s, "%s: input %d %s does not match input 0 %s except along axis %d", name, i,
+                    shape_str(si, sa), shape_str(first, sb), axis);
+            return bad(xs[0].g);
+        }
+        total += si.d[a];
+    }
+    if (n == 1) return xs[0];
+    tg_tensor sum = { xs[0].g, -1 };
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        tg_tensor padded = op_slice_pad(s, OP_PAD, xs[i], a, at, total);
+        at += node_of(xs[i])->shape.d[a];
+        sum = sum.id < 0 ? padded : op_binary(s, OP_ADD, sum, padded);
+    }
+    return sum;
+}
+
+tg_tensor tg_stack_at(tg_site s, const tg_tensor *xs, int n, int axis) {
+    tg_graph *g = tg__trace();
+    if (n <= 0 || !xs || !usable(s, "tg_stack", xs[0])) {
+        if (g && (n <= 0 || !xs)) ir_fail(g, s, "tg_stack: needs at least one tensor");
+        return bad(g);
+    }
+    tg_shape in = node_of(xs[0])->shape;
+    int a = axis < 0 ? axis + in.ndim + 1 : axis;
+    if (a < 0 || a > in.ndim || in.ndim >= TG_MAX_DIMS) {
+        char sh[96];
+        ir_fail(xs[0].g, s, "tg_stack: axis %d is out of range for stacking %s", axis, shape_str(in, sh));
+        return bad(xs[0].g);
+    }
+    tg_tensor *ys = tg_xmalloc(sizeof(tg_tensor) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        if (!same_graph(s, "tg_stack", xs[0], xs[i])) { free(ys); return bad(xs[0].g); }
+        tg_shape si = node_of(xs[i])->shape, up = { si.ndim + 1, { 0 } };
+        for (int k = 0, j = 0; k < up.ndim; k++) up.d[k] = k == a ? 1 : si.d[j++];
+        ys[i] = si.ndim == in.ndim ? op_reshape(s, xs[i], up) : xs[i];   /* concat reports a rank mismatch */
+    }
+    tg_tensor r = tg_concat_at(s, ys, n, a);
+    free(ys);
+    return r;
+}
+
+void tg_split_at(tg_site s, tg_tensor x, const int64_t *sizes, int n, int axis, tg_tensor *out) {
+    for (int i = 0; out && i < n; i++) out[i] = bad(x.g);
+    int a;
+    if (!out || !usable(s, "tg_split", x) || !shape_axis(x.g, s, "tg_split", node_of(x)->shape, axis, &a)) return;
+    int64_t total = 0;
+    bool ok = sizes && n > 0;
+    for (int i = 0; ok && i < n; i++) {
+        ok = sizes[i] > 0;
+        total += sizes[i];
+    }
+    if (!ok || total != node_of(x)->shape.d[a]) {
+        char sh[96];
+        ir_fail(x.g, s, "tg_split: sizes must be positive and add up to %lld (axis %d of %s)",
+                (long long)node_of(x)->shape.d[a], axis, shape_str(node_of(x)->shape, sh));
+        return;
+    }
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        out[i] = tg_narrow_at(s, x, a, at, sizes[i]);
+        at += sizes[i];
+    }
+}
+
+/* ----- attention helpers ----- */
+
+static bool need_square_tail(tg_site s, const char *name, tg_tensor x) {
+    tg_shape in = node_of(x)->shape;
+    if (in.ndim >= 2) return true;
+    char sh[96];
+    ir_fail(x.g, s, "%s: %s needs at least 2 dimensions [.., T, T]", name, shape_str(in, sh));
+    return false;
+}
+
+tg_tensor tg_softmax_causal_at(tg_site s, tg_tensor x) {
+    const char *name = "tg_softmax_causal";
+    if (!usable(s, name, x) || !need_f32(s, name, x) || !need_square_tail(s, name, x)) return bad(x.g);
+    return op_unary(s, OP_SOFTMAX_CAUSAL, x);
+}
+
+static tg_tensor op_where_causal(tg_site s, tg_tensor x, double fill) {
+    tg_tensor t = op_unary(s, OP_WHERE_CAUSAL, x);
+    if (t.id >= 0) x.g->nodes[t.id].farg = fill;
+    return t;
+}
+
+tg_tensor tg_where_causal_at(tg_site s, tg_tensor x, double fill) {
+    const char *name = "tg_where_causal";
+    if (!usable(s, name, x) || !need_square_tail(s, name, x)) return bad(x.g);
+    return op_where_causal(s, x, fill);
+}
+
+/* ----- autograd control and dropout ----- */
+
+tg_tensor tg_stop_gradient_at(tg_site s, tg_tensor x) {
+    return usable(s, "tg_stop_gradient", x) ? op_unary(s, OP_IDENTITY, x) : bad(x.g);
+}
+
+static tg_tensor op_dropout(tg_site s, tg_tensor x, double p, int64_t salt) {
+    tg_tensor t = op_unary(s, OP_DROPOUT, x);
+    if (t.id >= 0) {
+        x.g->nodes[t.id].farg = p;
+        x.g->nodes[t.id].iarg[0] = salt;
+    }
+    return t;
+}
+
+tg_tensor tg_dropout_at(tg_site s, tg_tensor x, double p) {
+    if (!usable(s, "tg_dropout", x) || !need_f32(s, "tg_dropout", x)) return bad(x.g);
+    if (!(p >= 0 && p < 1)) { ir_fail(x.g, s, "tg_dropout: p = %g must be in [0, 1)", p); return bad(x.g); }
+    if (p == 0) return x;
+    tg_tensor t = op_dropout(s, x, p, 0);
+    return t.id < 0 ? t : salted(t);
+}
+
+/* ----- images ----- */
+
+static bool need_nchw(tg_site s, const char *name, tg_tensor x) {
+    if (node_of(x)->shape.ndim == 4) return true;
+    char sh[96];
+    ir_fail(x.g, s, "%s: input %s must be 4-D [N, C, H, W]", name, shape_str(node_of(x)->shape, sh));
+    return false;
+}
+
+/* The output extent of a window of size k sliding with stride over n + 2 pad; <= 0 if none fits. */
+static int64_t window_out(int64_t n, int64_t k, int64_t stride, int64_t pad) {
+    return n + 2 * pad < k ? 0 : (n + 2 * pad - k) / stride + 1;
+}
+
+static tg_tensor op_im2col(tg_site s, tg_op op, tg_tensor x, const int64_t *args, tg_shape out) {
+    tg_tensor t = emit(x.g, s, op, TG_FLOAT32, out, 1, &x.id);
+    for (int i = 0; t.id >= 0 && i < 4; i++) x.g->nodes[t.id].iarg[i] = args[i];
+    return t;
+}
+
+tg_tensor tg_conv2d_at(tg_site s, tg_tensor x, tg_tensor w, int stride, int padding) {
+    const char *name = "tg_conv2d";
+    if (!same_graph(s, name, x, w) || !need_f32(s, name, x) || !need_f32(s, name, w) || !need_nchw(s, name, x))
+        return bad(x.g ? x.g : w.g);
+    tg_shape xs = node_of(x)->shape, ws = node_of(w)->shape;
+    char sa[96], sb[96];
+    if (ws.ndim != 4 || ws.d[1] != xs.d[1]) {
+        ir_fail(x.g, s, "%s: input %s and weight %s: the weight must be [O, %lld, kh, kw]", name, shape_str(xs, sa),
+                shape_str(ws, sb), (long long)xs.d[1]);
+        return bad(x.g);
+    }
+    int64_t ho = window_out(xs.d[2], ws.d[2], stride, padding), wo = window_out(xs.d[3], ws.d[3], stride, padding);
+    if (stride <= 0 || padding < 0 || ho <= 0 || wo <= 0) {
+        ir_fail(x.g, s, "%s: input %s, weight %s, stride %d, padding %d give no output", name, shape_str(xs, sa),
+                shape_str(ws, sb), stride, padding);
+        return bad(x.g);
+    }
+    int64_t args[4] = { ws.d[2], ws.d[3], stride, padding };
+    int64_t ckk = xs.d[1] * ws.d[2] * ws.d[3];
+    tg_tensor cols = op_im2col(s, OP_IM2COL, x, args, TG_SHAPE(xs.d[0], ckk, ho * wo));
+    tg_tensor out = op_matmul_t(s, op_reshape(s, w, TG_SHAPE(ws.d[0], ckk)), cols, 0, 0);
+    return out.id < 0 ? out : op_reshape(s, out, TG_SHAPE(xs.d[0], ws.d[0], ho, wo));
+}
+
+tg_tensor tg_max_pool2d_at(tg_site s, tg_tensor x, int k, int stride, int padding) {
+    const char *name = "tg_max_pool2d";
+    if (!usable(s, name, x) || !need_f32(s, name, x) || !need_nchw(s, name, x)) return bad(x.g);
+    tg_shape xs = node_of(x)->shape;
+    int64_t ho = window_out(xs.d[2], k, stride, padding), wo = window_out(xs.d[3], k, stride, padding);
+    if (k <= 0 || stride <= 0 || padding < 0 || 2 * padding > k || ho <= 0 || wo <= 0) {
+        char sh[96];
+        ir_fail(x.g, s, "%s: input %s with k %d, stride %d, padding %d: needs k, stride > 0, padding <= k/2 "
+                "and at least one window", name, shape_str(xs, sh), k, stride, padding);
+        return bad(x.g);
+    }
+    tg_tensor t = emit(x.g, s, OP_MAXPOOL2D, TG_FLOAT32, TG_SHAPE(xs.d[0], xs.d[1], ho, wo), 1, &x.id);
+    if (t.id >= 0) {
+        x.g->nodes[t.id].iarg[0] = k;
+        x.g->nodes[t.id].iarg[1] = stride;
+        x.g->nodes[t.id].iarg[2] = padding;
+    }
+    return t;
+}
+
+/* Upsampling as a broadcast: [N,C,H,1,W,1] expanded to [N,C,H,f,W,f]; its gradient is the
+ * broadcast's, a sum over each f x f block. */
+tg_tensor tg_nearest_upsample2d_at(tg_site s, tg_tensor x, int factor) {
+    const char *name = "tg_nearest_upsample2d";
+    if (!usable(s, name, x) || !need_nchw(s, name, x)) return bad(x.g);
+    if (factor <= 0) { ir_fail(x.g, s, "%s: factor %d must be positive", name, factor); return bad(x.g); }
+    tg_shape xs = node_of(x)->shape;
+    int64_t n = xs.d[0], c = xs.d[1], h = xs.d[2], w = xs.d[3];
+    tg_tensor up = op_expand(s, op_reshape(s, x, TG_SHAPE(n, c, h, 1, w, 1)), TG_SHAPE(n, c, h, factor, w, factor));
+    return op_reshape(s, up, TG_SHAPE(n, c, h * factor, w * factor));
 }

@@ -7,7 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-enum { H_LR, H_STEP_SIZE, H_BC2_SQRT, H_DECAY_FACTOR, N_HYPER };
+enum { H_LR = HYPER_SEED + 1, H_STEP_SIZE, H_BC2_SQRT, H_DECAY_FACTOR, N_HYPER };
 
 /* ----- schedules ----- */
 
@@ -106,7 +106,7 @@ tg_optimizer tg_sgd(double lr, double momentum, int nesterov, double weight_deca
 }
 
 void optim_hyper(const tg_optimizer *opt, int64_t t, double lr, double *hyper) {
-    hyper[H_LR] = lr;
+    hyper[H_LR] = lr;   /* hyper[HYPER_SEED] is the caller's */
     hyper[H_STEP_SIZE] = lr / (1 - pow(opt->b1, (double)t));
     hyper[H_BC2_SQRT] = sqrt(1 - pow(opt->b2, (double)t));
     hyper[H_DECAY_FACTOR] = 1 - lr * opt->weight_decay;
@@ -135,7 +135,7 @@ static void clip(tg_graph *g, tg_site s, int *grads, int n, double max_norm) {
 static void adam_update(tg_graph *g, const tg_optimizer *o, int pnode, tg_tensor grad, bool decoupled, bool decays) {
     tg_site s = g->nodes[pnode].site;
     tg_tensor p = mk_tensor(g, pnode);
-    if (!decoupled && o->weight_decay != 0) grad = ADD(grad, MUL(p, C(o->weight_decay)));
+    if (!decoupled && decays && o->weight_decay != 0) grad = ADD(grad, MUL(p, C(o->weight_decay)));
     if (decoupled && decays && o->weight_decay != 0) p = MUL(p, op_hyper(g, H_DECAY_FACTOR));
     tg_tensor m = op_state(g, pnode), v = op_state(g, pnode);
     tg_tensor m1 = ADD(m, MUL(SUB(grad, m), C(1 - o->b1)));
@@ -149,10 +149,10 @@ static void adam_update(tg_graph *g, const tg_optimizer *o, int pnode, tg_tensor
 
 /* torch.optim.SGD with dampening 0: L2 decay, momentum buffer (equal to the gradient on step 1,
  * which a zero buffer gives exactly), Nesterov. */
-static void sgd_update(tg_graph *g, const tg_optimizer *o, int pnode, tg_tensor grad) {
+static void sgd_update(tg_graph *g, const tg_optimizer *o, int pnode, tg_tensor grad, bool decays) {
     tg_site s = g->nodes[pnode].site;
     tg_tensor p = mk_tensor(g, pnode);
-    if (o->weight_decay != 0) grad = ADD(grad, MUL(p, C(o->weight_decay)));
+    if (decays && o->weight_decay != 0) grad = ADD(grad, MUL(p, C(o->weight_decay)));
     if (o->momentum != 0) {
         tg_tensor buf = op_state(g, pnode);
         tg_tensor buf1 = ADD(MUL(buf, C(o->momentum)), grad);
@@ -177,8 +177,10 @@ bool optim_build(tg_graph *g, const tg_optimizer *opt) {
     if (opt->clip_norm > 0 && n > 0) clip(g, TG_HERE, grads, n, opt->clip_norm);
     for (int i = 0; i < n && ir_ok(g); i++) {
         tg_tensor grad = mk_tensor(g, grads[i]);
-        bool decays = model_param(g->model, ids[i])->decay;
-        if (opt->kind == TG_OPT_SGD) sgd_update(g, opt, params[i], grad);
+        const tg_param_spec *ps = model_param(g->model, ids[i]);
+        int filtered = opt->decay_filter ? opt->decay_filter(ps->name, opt->decay_ctx) : -1;
+        bool decays = filtered < 0 ? ps->decay : filtered != 0;
+        if (opt->kind == TG_OPT_SGD) sgd_update(g, opt, params[i], grad, decays);
         else adam_update(g, opt, params[i], grad, opt->kind == TG_OPT_ADAMW, decays);
     }
     free(params);

@@ -1,97 +1,166 @@
 /* A test hook: one traced graph, with optional gradients with respect to every f32 input and
- * every parameter, run on the reference interpreter in double (or emulated f32) precision. It
- * is how op tests compare with float64 expectations and finite differences. */
+ * every parameter, run on any backend with values exchanged as doubles. Op tests use it on the
+ * reference in double precision (against float64 expectations and finite differences) and to
+ * compare another backend with the reference. */
 #include "internal.h"
 
 #include <stdlib.h>
 
 struct tg_probe {
+    const tg_backend *be;
     tg_graph *g;
     tg_plan plan;
-    ref_exec *exec;
+    void *exec;
     int n_inputs;
-    double **input;       /* per input */
-    double **param;       /* per model param id, NULL if unused */
-    int *input_grad;      /* per input: gradient node or -1 */
+    double **input, **param;            /* host values, written to the backend at each run */
+    void **input_buf, **param_buf;      /* backend buffers; param entries NULL if unused */
+    int *input_grad;                    /* per input: gradient node or -1 */
+    double *output, **input_grad_host, **param_grad_host;
+    double hyper[1];                    /* the random seed */
 };
 
-tg_probe *tg_probe_new(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *inputs,
-                       int n_inputs, bool grads, bool round_f32, tg_error *err) {
+static double *host_array(int64_t n) { return tg_xmalloc(sizeof(double) * (size_t)(n > 0 ? n : 1)); }
+
+/* Gradient nodes w.r.t. every f32 input and used parameter; false with err set on failure. */
+static bool add_grads(tg_probe *p, tg_error *err) {
+    tg_graph *g = p->g;
+    int *wrt = tg_xmalloc(sizeof(int) * (size_t)(p->n_inputs + g->n_params + 1));
+    int *grad = tg_xmalloc(sizeof(int) * (size_t)(p->n_inputs + g->n_params + 1));
+    int n_wrt = 0;
+    for (int i = 0; i < p->n_inputs; i++)
+        if (g->nodes[i].dtype == TG_FLOAT32) wrt[n_wrt++] = i;
+    for (int i = 0; i < g->n_params; i++)
+        if (g->param_node[i] >= 0) wrt[n_wrt++] = g->param_node[i];
+    bool ok = grad_build(g, g->output, wrt, n_wrt, grad);
+    if (ok) {
+        int k = 0;
+        for (int i = 0; i < p->n_inputs; i++)
+            if (g->nodes[i].dtype == TG_FLOAT32) p->input_grad[i] = grad[k++];
+        for (int i = 0; i < g->n_params; i++)
+            if (g->param_node[i] >= 0) g->grad_of_param[i] = grad[k++];
+    } else {
+        tg_seterr(err, "%s", g->error);
+    }
+    free(wrt);
+    free(grad);
+    return ok;
+}
+
+tg_probe *tg_probe_new_on(const char *backend, tg_model *m, tg_forward_fn fn, const void *ctx,
+                          const tg_input_decl *inputs, int n_inputs, bool grads, tg_error *err) {
+    const tg_backend *be = backend_find(backend, err);
+    if (!be) return NULL;
     tg_graph *g = rt_trace(m, fn, ctx, inputs, n_inputs, err);
     if (!g) return NULL;
     tg_probe *p = tg_xmalloc(sizeof *p);
+    p->be = be;
     p->g = g;
     p->n_inputs = n_inputs;
     p->input_grad = tg_xmalloc(sizeof(int) * (size_t)(n_inputs + 1));
     for (int i = 0; i < n_inputs; i++) p->input_grad[i] = -1;
+    if (grads && !add_grads(p, err)) {
+        tg_probe_free(p);
+        return NULL;
+    }
     int *keep = tg_xmalloc(sizeof(int) * (size_t)(n_inputs + g->n_params + 1));
     int n_keep = 0;
-    if (grads) {
-        int *wrt = tg_xmalloc(sizeof(int) * (size_t)(n_inputs + g->n_params + 1));
-        int n_wrt = 0;
-        for (int i = 0; i < n_inputs; i++)
-            if (g->nodes[i].dtype == TG_FLOAT32) wrt[n_wrt++] = i;
-        for (int i = 0; i < g->n_params; i++)
-            if (g->param_node[i] >= 0) wrt[n_wrt++] = g->param_node[i];
-        bool ok = grad_build(g, g->output, wrt, n_wrt, keep);
-        free(wrt);
-        if (!ok) {
-            tg_seterr(err, "%s", g->error);
-            free(keep);
-            p->n_inputs = 0;
-            tg_probe_free(p);
-            return NULL;
-        }
-        int k = 0;
-        for (int i = 0; i < n_inputs; i++)
-            if (g->nodes[i].dtype == TG_FLOAT32) p->input_grad[i] = keep[k++];
-        for (int i = 0; i < g->n_params; i++)
-            if (g->param_node[i] >= 0) g->grad_of_param[i] = keep[k++];
-        n_keep = k;
-    }
     keep[n_keep++] = g->output;
+    for (int i = 0; i < n_inputs; i++)
+        if (p->input_grad[i] >= 0) keep[n_keep++] = p->input_grad[i];
+    for (int i = 0; i < g->n_params; i++)
+        if (g->grad_of_param[i] >= 0) keep[n_keep++] = g->grad_of_param[i];
     plan_build(g, keep, n_keep, &p->plan);
     free(keep);
-    p->exec = ref_exec_new(g, &p->plan, round_f32);
+    p->exec = be->prepare(g, &p->plan, err);
+    if (!p->exec) {
+        tg_probe_free(p);
+        return NULL;
+    }
     p->input = tg_xmalloc(sizeof(double *) * (size_t)(n_inputs + 1));
+    p->input_buf = tg_xmalloc(sizeof(void *) * (size_t)(n_inputs + 1));
+    p->input_grad_host = tg_xmalloc(sizeof(double *) * (size_t)(n_inputs + 1));
     for (int i = 0; i < n_inputs; i++) {
-        p->input[i] = tg_xmalloc(sizeof(double) * (size_t)g->nodes[i].numel);
-        ref_exec_bind(p->exec, i, p->input[i]);
+        p->input[i] = host_array(g->nodes[i].numel);
+        p->input_buf[i] = be->alloc((size_t)g->nodes[i].numel);
+        be->bind(p->exec, i, p->input_buf[i]);
+        if (p->input_grad[i] >= 0) p->input_grad_host[i] = host_array(g->nodes[i].numel);
     }
     p->param = tg_xmalloc(sizeof(double *) * (size_t)(g->n_params + 1));
+    p->param_buf = tg_xmalloc(sizeof(void *) * (size_t)(g->n_params + 1));
+    p->param_grad_host = tg_xmalloc(sizeof(double *) * (size_t)(g->n_params + 1));
     for (int i = 0; i < g->n_params; i++) {
         if (g->param_node[i] < 0) continue;
-        p->param[i] = tg_xmalloc(sizeof(double) * (size_t)g->nodes[g->param_node[i]].numel);
+        int64_t n = g->nodes[g->param_node[i]].numel;
+        p->param[i] = host_array(n);
         model_init_param(m, i, p->param[i]);
-        ref_exec_bind(p->exec, g->param_node[i], p->param[i]);
+        p->param_buf[i] = be->alloc((size_t)n);
+        be->bind(p->exec, g->param_node[i], p->param_buf[i]);
+        if (g->grad_of_param[i] >= 0) p->param_grad_host[i] = host_array(n);
     }
+    p->output = host_array(g->nodes[g->output].numel);
     return p;
+}
+
+tg_probe *tg_probe_new(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *inputs,
+                       int n_inputs, bool grads, bool round_f32, tg_error *err) {
+    return tg_probe_new_on(round_f32 ? "reference" : "reference-f64", m, fn, ctx, inputs, n_inputs, grads, err);
 }
 
 double *tg_probe_input(tg_probe *p, int i) { return i >= 0 && i < p->n_inputs ? p->input[i] : NULL; }
 double *tg_probe_param(tg_probe *p, int id) { return id >= 0 && id < p->g->n_params ? p->param[id] : NULL; }
-void tg_probe_run(tg_probe *p) { ref_exec_run(p->exec, NULL); }
-const double *tg_probe_output(tg_probe *p) { return ref_exec_value(p->exec, p->g->output); }
+void tg_probe_set_seed(tg_probe *p, uint64_t seed) { p->hyper[HYPER_SEED] = (double)(seed >> 11); }
+const double *tg_probe_output(tg_probe *p) { return p->output; }
 tg_shape tg_probe_output_shape(tg_probe *p) { return p->g->nodes[p->g->output].shape; }
 const tg_graph *tg_probe_graph(tg_probe *p) { return p->g; }
 
+static void read_back(tg_probe *p, int node, double *dst) {
+    p->be->read(p->be->node_buf(p->exec, node), dst, (size_t)p->g->nodes[node].numel);
+}
+
+bool tg_probe_run(tg_probe *p) {
+    const tg_graph *g = p->g;
+    for (int i = 0; i < p->n_inputs; i++) p->be->write(p->input_buf[i], p->input[i], (size_t)g->nodes[i].numel);
+    for (int i = 0; i < g->n_params; i++)
+        if (p->param_buf[i]) p->be->write(p->param_buf[i], p->param[i], (size_t)g->nodes[g->param_node[i]].numel);
+    tg_error err;
+    if (!p->be->run(p->exec, p->hyper, &err)) return false;
+    read_back(p, g->output, p->output);
+    for (int i = 0; i < p->n_inputs; i++)
+        if (p->input_grad[i] >= 0) read_back(p, p->input_grad[i], p->input_grad_host[i]);
+    for (int i = 0; i < g->n_params; i++)
+        if (p->param_grad_host[i]) read_back(p, g->grad_of_param[i], p->param_grad_host[i]);
+    return true;
+}
+
 const double *tg_probe_input_grad(tg_probe *p, int i) {
-    return i >= 0 && i < p->n_inputs && p->input_grad[i] >= 0 ? ref_exec_value(p->exec, p->input_grad[i]) : NULL;
+    return i >= 0 && i < p->n_inputs && p->input_grad[i] >= 0 ? p->input_grad_host[i] : NULL;
 }
 
 const double *tg_probe_param_grad(tg_probe *p, int id) {
-    return id >= 0 && id < p->g->n_params && p->g->grad_of_param[id] >= 0 ? ref_exec_value(p->exec, p->g->grad_of_param[id]) : NULL;
+    return id >= 0 && id < p->g->n_params ? p->param_grad_host[id] : NULL;
 }
 
 void tg_probe_free(tg_probe *p) {
     if (!p) return;
-    for (int i = 0; i < p->n_inputs; i++) free(p->input[i]);
+    for (int i = 0; p->input && i < p->n_inputs; i++) {
+        free(p->input[i]);
+        free(p->input_grad_host[i]);
+        if (p->input_buf[i]) p->be->free(p->input_buf[i]);
+    }
+    for (int i = 0; p->param && i < p->g->n_params; i++) {
+        free(p->param[i]);
+        free(p->param_grad_host[i]);
+        if (p->param_buf[i]) p->be->free(p->param_buf[i]);
+    }
     free(p->input);
-    if (p->param)
-        for (int i = 0; i < p->g->n_params; i++) free(p->param[i]);
+    free(p->input_buf);
+    free(p->input_grad_host);
     free(p->param);
+    free(p->param_buf);
+    free(p->param_grad_host);
     free(p->input_grad);
-    ref_exec_free(p->exec);
+    free(p->output);
+    if (p->exec) p->be->release(p->exec);
     plan_free(&p->plan);
     ir_free(p->g);
     free(p);

@@ -11,12 +11,13 @@
 /* A graph made ready to run: its plan, its executor and its input buffers. The first n_inputs
  * nodes of the graph are its INPUT nodes, in declaration order. */
 typedef struct {
+    const tg_backend *be;
     tg_graph *g;
     tg_plan plan;
-    ref_exec *exec;
-    tg_input_decl *decls;     /* names owned (the graph's INPUT nodes' names) */
+    void *exec;
+    tg_input_decl *decls;     /* names owned by the graph's INPUT nodes */
     int n_inputs;
-    double **input_buf;
+    void **input_buf;
 } compiled;
 
 #define MAX_SCHEDULE_CHAIN 8
@@ -25,13 +26,16 @@ struct tg_forward {
     tg_train *train;
     compiled c;
     float *out;
+    double *host;             /* the output read back, before rounding to float */
+    int64_t calls;            /* seeds randn/dropout: a new draw per call */
 };
 
 struct tg_train {
     tg_model *model;
+    const tg_backend *be;
     int n_params;
-    double **param;           /* per model param id */
-    double **state;           /* per optimizer state slot */
+    void **param;             /* per model param id: backend buffers */
+    void **state;             /* per optimizer state slot */
     compiled c;
     int loss;
     tg_optimizer opt;
@@ -116,35 +120,46 @@ tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_inpu
 
 /* ----- compiled graphs ----- */
 
-static bool compile_graph(compiled *c, tg_graph *g, int n_inputs, const int *keep, int n_keep, bool round_f32) {
+static bool compile_graph(compiled *c, const tg_backend *be, tg_graph *g, int n_inputs, const int *keep, int n_keep,
+                          tg_error *err) {
     memset(c, 0, sizeof *c);
+    c->be = be;
     c->g = g;
     c->n_inputs = n_inputs;
-    if (!plan_build(g, keep, n_keep, &c->plan)) return false;
-    c->exec = ref_exec_new(g, &c->plan, round_f32);
     c->decls = tg_xmalloc(sizeof(tg_input_decl) * (size_t)(n_inputs + 1));
-    c->input_buf = tg_xmalloc(sizeof(double *) * (size_t)(n_inputs + 1));
+    c->input_buf = tg_xmalloc(sizeof(void *) * (size_t)(n_inputs + 1));
+    if (!plan_build(g, keep, n_keep, &c->plan)) { tg_seterr(err, "buffer planning failed"); return false; }
+    c->exec = be->prepare(g, &c->plan, err);
+    if (!c->exec) return false;
     for (int i = 0; i < n_inputs; i++) {
         const tg_node *n = &g->nodes[i];
         c->decls[i] = (tg_input_decl){ n->name, n->dtype, n->shape };
-        c->input_buf[i] = tg_xmalloc(sizeof(double) * (size_t)n->numel);
-        ref_exec_bind(c->exec, i, c->input_buf[i]);
+        c->input_buf[i] = be->alloc((size_t)n->numel);
+        if (!c->input_buf[i]) { tg_seterr(err, "out of memory for input '%s'", n->name); return false; }
+        be->bind(c->exec, i, c->input_buf[i]);
     }
     return true;
 }
 
+/* Frees what compile_graph made, also after it failed halfway. */
 static void compiled_free(compiled *c) {
-    for (int i = 0; i < c->n_inputs; i++) free(c->input_buf[i]);
+    for (int i = 0; i < c->n_inputs && c->input_buf; i++)
+        if (c->input_buf[i]) c->be->free(c->input_buf[i]);
     free(c->input_buf);
     free(c->decls);
-    ref_exec_free(c->exec);
+    if (c->exec) c->be->release(c->exec);
     plan_free(&c->plan);
     ir_free(c->g);
 }
 
-static void bind_params(compiled *c, double **param) {
+static void bind_params(compiled *c, void **param) {
     for (int i = 0; i < c->g->n_params; i++)
-        if (c->g->param_node[i] >= 0) ref_exec_bind(c->exec, c->g->param_node[i], param[i]);
+        if (c->g->param_node[i] >= 0) c->be->bind(c->exec, c->g->param_node[i], param[i]);
+}
+
+/* One node's values on the host (n doubles). */
+static void read_node(const compiled *c, int node, double *dst) {
+    c->be->read(c->be->node_buf(c->exec, node), dst, (size_t)c->g->nodes[node].numel);
 }
 
 static const char *dtype_name(tg_dtype d) { return d == TG_INT32 ? "i32" : "f32"; }
@@ -180,14 +195,7 @@ static bool bind_inputs(compiled *c, const tg_data *data, int n, char *err, size
     for (int k = 0; k < n; k++) {
         int i = 0;
         while (strcmp(data[k].name, c->decls[i].name) != 0) i++;
-        double *dst = c->input_buf[i];
-        if (data[k].dtype == TG_FLOAT32) {
-            const float *src = data[k].data;
-            for (size_t e = 0; e < data[k].n; e++) dst[e] = src[e];
-        } else {
-            const int32_t *src = data[k].data;
-            for (size_t e = 0; e < data[k].n; e++) dst[e] = src[e];
-        }
+        c->be->upload(c->input_buf[i], data[k].dtype, data[k].data, data[k].n);
     }
     return true;
 }
@@ -201,15 +209,36 @@ static void copy_schedule(tg_train *t, const tg_schedule *s) {
     t->opt.lr = t->chain[0];
 }
 
-static bool backend_known(const char *name, tg_error *err) {
-    if (!name || strcmp(name, "reference") == 0) return true;
-    tg_seterr(err, "backend '%s' is not available (this build has: reference)", name);
-    return false;
+/* Persistent buffers for parameters (from the model's init) and optimizer state (zeros). */
+static bool alloc_store(tg_train *t, tg_error *err) {
+    const tg_graph *g = t->c.g;
+    t->param = tg_xmalloc(sizeof(void *) * (size_t)(t->n_params + 1));
+    t->state = tg_xmalloc(sizeof(void *) * (size_t)(g->n_state + 1));
+    for (int i = 0; i < t->n_params; i++) {
+        t->param[i] = t->be->alloc((size_t)shape_numel(model_param(t->model, i)->shape));
+        if (!t->param[i]) { tg_seterr(err, "out of memory for parameter '%s'", model_param(t->model, i)->name); return false; }
+    }
+    for (int i = 0; i < g->n_state; i++) {
+        t->state[i] = t->be->alloc((size_t)g->nodes[g->state_shape_node[i]].numel);
+        if (!t->state[i]) { tg_seterr(err, "out of memory for optimizer state"); return false; }
+    }
+    return true;
+}
+
+static void init_params(tg_train *t) {
+    for (int i = 0; i < t->n_params; i++) {
+        size_t n = (size_t)shape_numel(model_param(t->model, i)->shape);
+        double *v = tg_xmalloc(sizeof(double) * n);
+        model_init_param(t->model, i, v);
+        t->be->write(t->param[i], v, n);
+        free(v);
+    }
 }
 
 tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
     if (!spec) { tg_seterr(err, "tg_compile: no spec"); return NULL; }
-    if (!backend_known(spec->backend, err)) return NULL;
+    const tg_backend *be = backend_find(spec->backend, err);
+    if (!be) return NULL;
     tg_graph *g = rt_trace(spec->model, spec->loss, spec->ctx, spec->inputs, spec->n_inputs, err);
     if (!g) return NULL;
     int loss = g->output;
@@ -222,43 +251,45 @@ tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
     for (int i = 0, k = 0; ok && i < g->n_params; i++)
         if (g->param_node[i] >= 0) g->grad_of_param[i] = grads[k++];
     ok = ok && optim_build(g, &spec->optimizer);
+    free(wrt);
     if (!ok) {
         tg_seterr(err, "%s", g->error);
-        free(wrt);
         free(grads);
         ir_free(g);
         return NULL;
     }
     tg_train *t = tg_xmalloc(sizeof *t);
     t->model = spec->model;
+    t->be = be;
     t->loss = loss;
     t->loss_fn = spec->loss;
     t->loss_ctx = spec->ctx;
     t->opt = spec->optimizer;
+    t->n_params = g->n_params;
     copy_schedule(t, &spec->optimizer.lr);
     grads[n_wrt] = loss;
-    compile_graph(&t->c, g, spec->n_inputs, grads, n_wrt + 1, true);
-    free(wrt);
+    ok = compile_graph(&t->c, be, g, spec->n_inputs, grads, n_wrt + 1, err) && alloc_store(t, err);
     free(grads);
-
-    t->n_params = g->n_params;
-    t->param = tg_xmalloc(sizeof(double *) * (size_t)(t->n_params + 1));
-    for (int i = 0; i < t->n_params; i++) {
-        t->param[i] = tg_xmalloc(sizeof(double) * (size_t)shape_numel(model_param(t->model, i)->shape));
-        model_init_param(t->model, i, t->param[i]);
+    if (!ok) {
+        tg_destroy(t);
+        return NULL;
     }
+    init_params(t);
     bind_params(&t->c, t->param);
-    t->state = tg_xmalloc(sizeof(double *) * (size_t)(g->n_state + 1));
-    for (int i = 0; i < g->n_state; i++) {
-        t->state[i] = tg_xmalloc(sizeof(double) * (size_t)g->nodes[g->state_shape_node[i]].numel);
-    }
     for (int i = 0; i < g->n; i++)
-        if (g->nodes[i].op == OP_STATE) ref_exec_bind(t->c.exec, i, t->state[g->nodes[i].iarg[0]]);
+        if (g->nodes[i].op == OP_STATE) be->bind(t->c.exec, i, t->state[g->nodes[i].iarg[0]]);
     return t;
 }
 
-static double *leaf_storage(tg_train *t, const tg_node *n) {
+static void *leaf_storage(tg_train *t, const tg_node *n) {
     return n->op == OP_PARAM ? t->param[n->iarg[0]] : t->state[n->iarg[0]];
+}
+
+/* The random seed of one call: a function of the model's seed, the kind of handle and the call
+ * number, kept below 2^53 so a double (the hyper slot) holds it exactly. */
+static double call_seed(const tg_model *m, uint64_t kind, int64_t call) {
+    uint64_t z = rng_mix(tg_model_seed(m) * 2 + kind) ^ rng_mix((uint64_t)call);
+    return (double)(z >> 11);
 }
 
 static int64_t sched_step(const tg_train *t) { return t->step + 1 - t->sched_base; }
@@ -272,15 +303,18 @@ tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs) {
     memset(&r, 0, sizeof r);
     if (!bind_inputs(&t->c, inputs, n_inputs, r.error, sizeof r.error)) { r.status = TG_FAILED; return r; }
     optim_hyper(&t->opt, t->step + 1, tg_train_lr(t), t->hyper);
-    ref_exec_run(t->c.exec, t->hyper);
-    double loss = ref_exec_value(t->c.exec, t->loss)[0];
+    t->hyper[HYPER_SEED] = call_seed(t->model, 0, t->step + 1);
+    tg_error err;
+    if (!t->be->run(t->c.exec, t->hyper, &err)) return failed("tg_step: %s", err.msg);
+    double loss;
+    read_node(&t->c, t->loss, &loss);
     if (!isfinite(loss))
         return failed("loss is %s at step %lld; parameters were left unchanged", isnan(loss) ? "NaN" : "infinite",
                       (long long)t->step + 1);
     const tg_graph *g = t->c.g;
     for (int k = 0; k < g->n_assigns; k++) {
         const tg_node *dst = &g->nodes[g->assigns[k].dst];
-        memcpy(leaf_storage(t, dst), ref_exec_value(t->c.exec, g->assigns[k].src), sizeof(double) * (size_t)dst->numel);
+        t->be->copy(leaf_storage(t, dst), t->be->node_buf(t->c.exec, g->assigns[k].src), (size_t)dst->numel);
     }
     t->step++;
     r.status = TG_OK;
@@ -302,9 +336,14 @@ tg_forward *tg_attach(tg_train *t, const tg_forward_spec *spec, tg_error *err) {
     }
     tg_forward *f = tg_xmalloc(sizeof *f);
     f->train = t;
-    compile_graph(&f->c, g, spec->n_inputs, &g->output, 1, true);
+    if (!compile_graph(&f->c, t->be, g, spec->n_inputs, &g->output, 1, err)) {
+        compiled_free(&f->c);
+        free(f);
+        return NULL;
+    }
     bind_params(&f->c, t->param);
     f->out = tg_xmalloc(sizeof(float) * (size_t)g->nodes[g->output].numel);
+    f->host = tg_xmalloc(sizeof(double) * (size_t)g->nodes[g->output].numel);
     t->fwd = realloc(t->fwd, sizeof(tg_forward *) * (size_t)(t->n_fwd + 1));
     t->fwd[t->n_fwd++] = f;
     return f;
@@ -315,10 +354,12 @@ tg_result tg_run(tg_forward *f, const tg_data *inputs, int n_inputs) {
     tg_result r;
     memset(&r, 0, sizeof r);
     if (!bind_inputs(&f->c, inputs, n_inputs, r.error, sizeof r.error)) { r.status = TG_FAILED; return r; }
-    ref_exec_run(f->c.exec, NULL);
+    double hyper[1] = { call_seed(f->train->model, 1, ++f->calls) };
+    tg_error err;
+    if (!f->c.be->run(f->c.exec, hyper, &err)) return failed("tg_run: %s", err.msg);
     const tg_node *out = &f->c.g->nodes[f->c.g->output];
-    const double *v = ref_exec_value(f->c.exec, f->c.g->output);
-    for (int64_t i = 0; i < out->numel; i++) f->out[i] = (float)v[i];
+    read_node(&f->c, f->c.g->output, f->host);
+    for (int64_t i = 0; i < out->numel; i++) f->out[i] = (float)f->host[i];
     r.status = TG_OK;
     r.output = f->out;
     r.output_len = (size_t)out->numel;
@@ -344,17 +385,22 @@ tg_result tg_eval_loss(tg_train *t, const tg_data *inputs, int n_inputs) {
     return r;
 }
 
+static void forward_free(tg_forward *f) {
+    compiled_free(&f->c);
+    free(f->out);
+    free(f->host);
+    free(f);
+}
+
 void tg_destroy(tg_train *t) {
     if (!t) return;
-    for (int i = 0; i < t->n_fwd; i++) {
-        compiled_free(&t->fwd[i]->c);
-        free(t->fwd[i]->out);
-        free(t->fwd[i]);
-    }
+    for (int i = 0; i < t->n_fwd; i++) forward_free(t->fwd[i]);
     free(t->fwd);
-    for (int i = 0; i < t->c.g->n_state; i++) free(t->state[i]);
+    for (int i = 0; t->state && i < t->c.g->n_state; i++)
+        if (t->state[i]) t->be->free(t->state[i]);
     free(t->state);
-    for (int i = 0; i < t->n_params; i++) free(t->param[i]);
+    for (int i = 0; t->param && i < t->n_params; i++)
+        if (t->param[i]) t->be->free(t->param[i]);
     free(t->param);
     compiled_free(&t->c);
     free(t);
@@ -379,15 +425,19 @@ static int find_param(const tg_train *t, const char *what, const char *name, siz
     return id;
 }
 
-static void to_float(float *dst, const double *src, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = (float)src[i];
+/* A backend buffer of n values into the caller's floats. */
+static void read_floats(const tg_backend *be, const void *buf, float *dst, size_t n) {
+    double *v = tg_xmalloc(sizeof(double) * n);
+    be->read(buf, v, n);
+    for (size_t i = 0; i < n; i++) dst[i] = (float)v[i];
+    free(v);
 }
 
 tg_status tg_download_param(tg_train *t, const char *name, float *dst, size_t n, tg_error *err) {
     int id = find_param(t, "tg_download_param", name, n, err);
     if (id < 0) return TG_FAILED;
     if (!dst) { tg_seterr(err, "tg_download_param: NULL destination"); return TG_FAILED; }
-    to_float(dst, t->param[id], n);
+    read_floats(t->be, t->param[id], dst, n);
     return TG_OK;
 }
 
@@ -397,7 +447,7 @@ tg_status tg_download_param_grad(tg_train *t, const char *name, float *dst, size
     if (!dst) { tg_seterr(err, "tg_download_param_grad: NULL destination"); return TG_FAILED; }
     int node = t->c.g->grad_of_param[id];
     if (node < 0) { tg_seterr(err, "tg_download_param_grad: '%s' does not affect the loss", name); return TG_FAILED; }
-    to_float(dst, ref_exec_value(t->c.exec, node), n);
+    read_floats(t->be, t->be->node_buf(t->c.exec, node), dst, n);
     return TG_OK;
 }
 
@@ -410,22 +460,22 @@ tg_status tg_upload_params(tg_train *t, const tg_data *params, int n, tg_error *
             return TG_FAILED;
         }
     }
-    for (int k = 0; k < n; k++) {
-        double *dst = t->param[model_find(t->model, params[k].name)];
-        const float *src = params[k].data;
-        for (size_t i = 0; i < params[k].n; i++) dst[i] = src[i];
-    }
+    for (int k = 0; k < n; k++)
+        t->be->upload(t->param[model_find(t->model, params[k].name)], TG_FLOAT32, params[k].data, params[k].n);
     return TG_OK;
 }
 
 void tg_reset(tg_train *t, int params, int optimizer) {
     if (!t) return;
-    if (params)
-        for (int i = 0; i < t->n_params; i++) model_init_param(t->model, i, t->param[i]);
+    if (params) init_params(t);
     if (optimizer) {
         const tg_graph *g = t->c.g;
-        for (int i = 0; i < g->n_state; i++)
-            memset(t->state[i], 0, sizeof(double) * (size_t)g->nodes[g->state_shape_node[i]].numel);
+        for (int i = 0; i < g->n_state; i++) {
+            size_t n = (size_t)g->nodes[g->state_shape_node[i]].numel;
+            double *zeros = tg_xmalloc(sizeof(double) * n);
+            t->be->write(t->state[i], zeros, n);
+            free(zeros);
+        }
         t->step = 0;
         t->sched_base = 0;
     }

@@ -1,0 +1,40 @@
+/* The backend registry, and the reference interpreter seen through the backend table: its
+ * buffers are arrays of doubles, and the f32 variant rounds every f32 result to float. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void *ref_alloc(size_t numel) { return calloc(numel ? numel : 1, sizeof(double)); }
+static void ref_free(void *buf) { free(buf); }
+static void ref_write(void *buf, const double *src, size_t n) { memcpy(buf, src, n * sizeof(double)); }
+static void ref_read(const void *buf, double *dst, size_t n) { memcpy(dst, buf, n * sizeof(double)); }
+static void ref_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n * sizeof(double)); }
+
+static void ref_upload(void *buf, tg_dtype dt, const void *src, size_t n) {
+    double *d = buf;
+    if (dt == TG_FLOAT32)
+        for (size_t i = 0; i < n; i++) d[i] = ((const float *)src)[i];
+    else
+        for (size_t i = 0; i < n; i++) d[i] = ((const int32_t *)src)[i];
+}
+
+static void *prepare(const tg_graph *g, const tg_plan *plan, bool round_f32) { return ref_exec_new(g, plan, round_f32); }
+static void *ref_prepare_f32(const tg_graph *g, const tg_plan *plan, tg_error *err) { return prepare(g, plan, true); }
+static void *ref_prepare_f64(const tg_graph *g, const tg_plan *plan, tg_error *err) { return prepare(g, plan, false); }
+static void ref_bind(void *exec, int node, void *buf) { ref_exec_bind(exec, node, buf); }
+static bool ref_run(void *exec, const double *hyper, tg_error *err) { ref_exec_run(exec, hyper); return true; }
+static void *ref_node_buf(void *exec, int node) { return ref_exec_value(exec, node); }
+static void ref_release(void *exec) { ref_exec_free(exec); }
+
+#define REFERENCE_TABLE(NAME, PREPARE) { NAME, ref_alloc, ref_free, ref_write, ref_upload, ref_read, ref_copy, \
+                                         PREPARE, ref_bind, ref_run, ref_node_buf, ref_release }
+const tg_backend backend_reference = REFERENCE_TABLE("reference", ref_prepare_f32);
+const tg_backend backend_reference_f64 = REFERENCE_TABLE("reference-f64", ref_prepare_f64);
+
+const tg_backend *backend_find(const char *name, tg_error *err) {
+    if (!name || strcmp(name, "reference") == 0) return &backend_reference;
+    if (strcmp(name, "reference-f64") == 0) return &backend_reference_f64;
+    tg_seterr(err, "backend '%s' is not available (this build has: reference, reference-f64)", name);
+    return NULL;
+}
