@@ -4,17 +4,17 @@ CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
-           -Iinclude -fPIC $(SAN)
-LDLIBS  += -lm -lz -lpthread -ldl
+           -Iinclude -fPIC -fopenmp $(SAN)
+LDLIBS  += -lopenblas -lm -lz -lpthread -ldl
 
 SRC     := $(wildcard src/*.c)
 OBJ     := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
 EXAMPLES:= $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 
-all: $(BUILD)/libtensorgrad.a $(BUILD)/libtensorgrad.so $(EXAMPLES)
+all: $(BUILD)/libtensorgrad.a $(BUILD)/libtensorgrad.so $(EXAMPLES) $(BUILD)/bench/bench
 
-$(BUILD)/obj/%.o: src/%.c src/internal.h include/tensorgrad.h
+$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/tensorgrad.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -27,6 +27,10 @@ $(BUILD)/libtensorgrad.so: $(OBJ)
 $(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libtensorgrad.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc $< -o $@ $(BUILD)/libtensorgrad.a $(LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libtensorgrad.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/libtensorgrad.a $(LDLIBS)
 
 $(BUILD)/examples/%: examples/%.c $(BUILD)/libtensorgrad.a
 	@mkdir -p $(dir $@)

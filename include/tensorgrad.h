@@ -392,10 +392,12 @@ tg_optimizer tg_sgd(double lr, double momentum, int nesterov, double weight_deca
  * Compiling and running.
  * ------------------------------------------------------------------------------------------- */
 
-/* Inputs are declared by name; TG_F32("x", 64, 784) and TG_I32("y", 64) build declarations. */
+/* Inputs are declared by name; TG_F32("x", 64, 784) and TG_I32("y", 64) are initializers, usable
+ * in static arrays and in compound literals: (tg_input_decl[]){ TG_F32("x", 64, 784), ... }. */
 typedef struct { const char *name; tg_dtype dtype; tg_shape shape; } tg_input_decl;
-#define TG_F32(name, ...) ((tg_input_decl){ name, TG_FLOAT32, TG_SHAPE(__VA_ARGS__) })
-#define TG_I32(name, ...) ((tg_input_decl){ name, TG_INT32, TG_SHAPE(__VA_ARGS__) })
+#define TG_SHAPE_INIT(...) { (int)(sizeof((int64_t[]){ __VA_ARGS__ }) / sizeof(int64_t)), { __VA_ARGS__ } }
+#define TG_F32(name, ...) { name, TG_FLOAT32, TG_SHAPE_INIT(__VA_ARGS__) }
+#define TG_I32(name, ...) { name, TG_INT32, TG_SHAPE_INIT(__VA_ARGS__) }
 
 /* Data for a call (or for tg_upload_params), by name. */
 typedef struct { const char *name; tg_dtype dtype; const void *data; size_t n; } tg_data;

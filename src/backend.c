@@ -7,8 +7,8 @@
 
 static void *ref_alloc(size_t numel) { return calloc(numel ? numel : 1, sizeof(double)); }
 static void ref_free(void *buf) { free(buf); }
-static void ref_write(void *buf, const double *src, size_t n) { memcpy(buf, src, n * sizeof(double)); }
-static void ref_read(const void *buf, double *dst, size_t n) { memcpy(dst, buf, n * sizeof(double)); }
+static void ref_write(void *buf, tg_dtype dt, const double *src, size_t n) { memcpy(buf, src, n * sizeof(double)); }
+static void ref_read(const void *buf, tg_dtype dt, double *dst, size_t n) { memcpy(dst, buf, n * sizeof(double)); }
 static void ref_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n * sizeof(double)); }
 
 static void ref_upload(void *buf, tg_dtype dt, const void *src, size_t n) {
@@ -19,22 +19,38 @@ static void ref_upload(void *buf, tg_dtype dt, const void *src, size_t n) {
         for (size_t i = 0; i < n; i++) d[i] = ((const int32_t *)src)[i];
 }
 
-static void *prepare(const tg_graph *g, const tg_plan *plan, bool round_f32) { return ref_exec_new(g, plan, round_f32); }
-static void *ref_prepare_f32(const tg_graph *g, const tg_plan *plan, tg_error *err) { return prepare(g, plan, true); }
-static void *ref_prepare_f64(const tg_graph *g, const tg_plan *plan, tg_error *err) { return prepare(g, plan, false); }
-static void ref_bind(void *exec, int node, void *buf) { ref_exec_bind(exec, node, buf); }
-static bool ref_run(void *exec, const double *hyper, tg_error *err) { ref_exec_run(exec, hyper); return true; }
-static void *ref_node_buf(void *exec, int node) { return ref_exec_value(exec, node); }
-static void ref_release(void *exec) { ref_exec_free(exec); }
+/* The interpreter gives every node memory: it fuses nothing. */
+typedef struct { ref_exec *exec; size_t arena; } ref_handle;
+
+static void *prepare(const tg_graph *g, const int *keep, int n_keep, bool round_f32) {
+    tg_plan plan;
+    if (!plan_build(g, keep, n_keep, NULL, &plan)) return NULL;
+    ref_handle *h = tg_xmalloc(sizeof *h);
+    h->exec = ref_exec_new(g, &plan, round_f32);
+    h->arena = plan.arena;
+    plan_free(&plan);
+    return h;
+}
+static void *ref_prepare_f32(const tg_graph *g, const int *keep, int n_keep, tg_error *err) { return prepare(g, keep, n_keep, true); }
+static void *ref_prepare_f64(const tg_graph *g, const int *keep, int n_keep, tg_error *err) { return prepare(g, keep, n_keep, false); }
+static size_t ref_planned_bytes(void *h) { return ((ref_handle *)h)->arena * sizeof(float); }
+static void ref_bind(void *h, int node, void *buf) { ref_exec_bind(((ref_handle *)h)->exec, node, buf); }
+static bool ref_run(void *h, const double *hyper, tg_error *err) { ref_exec_run(((ref_handle *)h)->exec, hyper); return true; }
+static void *ref_node_buf(void *h, int node) { return ref_exec_value(((ref_handle *)h)->exec, node); }
+static void ref_release(void *h) {
+    ref_exec_free(((ref_handle *)h)->exec);
+    free(h);
+}
 
 #define REFERENCE_TABLE(NAME, PREPARE) { NAME, ref_alloc, ref_free, ref_write, ref_upload, ref_read, ref_copy, \
-                                         PREPARE, ref_bind, ref_run, ref_node_buf, ref_release }
+                                         PREPARE, ref_planned_bytes, ref_bind, ref_run, ref_node_buf, ref_release }
 const tg_backend backend_reference = REFERENCE_TABLE("reference", ref_prepare_f32);
 const tg_backend backend_reference_f64 = REFERENCE_TABLE("reference-f64", ref_prepare_f64);
 
 const tg_backend *backend_find(const char *name, tg_error *err) {
     if (!name || strcmp(name, "reference") == 0) return &backend_reference;
     if (strcmp(name, "reference-f64") == 0) return &backend_reference_f64;
-    tg_seterr(err, "backend '%s' is not available (this build has: reference, reference-f64)", name);
+    if (strcmp(name, "cpu") == 0) return &backend_cpu;
+    tg_seterr(err, "backend '%s' is not available (this build has: cpu, reference, reference-f64)", name);
     return NULL;
 }

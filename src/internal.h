@@ -230,8 +230,25 @@ typedef struct {
     size_t *offset;     /* per node */
     size_t arena;       /* elements */
 } tg_plan;
-bool plan_build(const tg_graph *g, const int *keep, int n_keep, tg_plan *out);
+/* `materialized` (NULL: every node) marks the nodes that get memory; the others are computed
+ * inside the kernels that read them, so a buffer they read stays live until those kernels ran.
+ * Nodes not materialized get PLAN_BOUND too. */
+bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, tg_plan *out);
 void plan_free(tg_plan *p);
+
+/* fuse.c: the scheduler of compiled backends. materialized[i] says whether node i gets memory
+ * (computed by a kernel of its own) or is computed inside the kernels that read it. fuse =
+ * false materializes every node (the unfused schedule, for tests). */
+bool fuse_pointwise(tg_op op);
+void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bool *materialized);
+
+/* codegen_c.c: the C source of a scheduled, planned graph (entry point tg_entry); the caller
+ * frees it. Pointwise kernels of fewer than parallel_min elements run on one thread. */
+char *codegen_c(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min);
+
+/* kernels_cpu.c: the library kernels generated C calls, indexed by its TGK_* ids; threads. */
+extern void *const cpu_kernels[];
+void cpu_set_threads(int n);
 
 /* backend_ref.c: the reference interpreter. Every value is a double; with round_f32 set, each
  * f32 node's result is rounded to float after its kernel, so it computes what an f32 machine
@@ -274,18 +291,22 @@ void tg_probe_free(tg_probe *p);
 
 /* A backend: where buffers live and how a planned graph runs. The runtime talks only to this
  * table, so the reference interpreter, the compiled CPU backend and CUDA plug in alike.
- * Buffers hold `numel` elements of the backend's own type (doubles in the reference); all host
- * transfers go through write/read (doubles) or upload (the caller's f32/i32 data). */
+ * Buffers hold `numel` elements of the backend's own type (doubles in the reference; float or
+ * int32 by the tensor's dtype in compiled backends); host transfers go through write/read
+ * (doubles) or upload (the caller's f32/i32 data). */
 typedef struct tg_backend {
     const char *name;
     void *(*alloc)(size_t numel);                                    /* zero-filled, NULL on failure */
     void (*free)(void *buf);
-    void (*write)(void *buf, const double *src, size_t n);
+    void (*write)(void *buf, tg_dtype dt, const double *src, size_t n);
     void (*upload)(void *buf, tg_dtype dt, const void *src, size_t n);
-    void (*read)(const void *buf, double *dst, size_t n);
+    void (*read)(const void *buf, tg_dtype dt, double *dst, size_t n);
     void (*copy)(void *dst, const void *src, size_t n);
-    /* A graph made ready to run with its plan (the backend may keep pointers to both). */
-    void *(*prepare)(const tg_graph *g, const tg_plan *plan, tg_error *err);
+    /* A graph made ready to run (the backend may keep a pointer to it). `keep` lists the nodes
+     * whose values must stay readable after a run (outputs, gradients); the backend plans its
+     * own buffers, since its fusion decides which nodes get memory at all. */
+    void *(*prepare)(const tg_graph *g, const int *keep, int n_keep, tg_error *err);
+    size_t (*planned_bytes)(void *exec);                             /* intermediate memory */
     void (*bind)(void *exec, int node, void *buf);                   /* INPUT/PARAM/STATE leaves */
     bool (*run)(void *exec, const double *hyper, tg_error *err);
     void *(*node_buf)(void *exec, int node);                         /* a node's values after run */
@@ -297,7 +318,14 @@ typedef struct tg_backend {
 const tg_backend *backend_find(const char *name, tg_error *err);
 extern const tg_backend backend_reference, backend_reference_f64;
 
+/* backend_cpu.c: the compiled CPU backend; the generated source of a prepared graph. */
+extern const tg_backend backend_cpu;
+const char *cpu_source(void *exec);
+
+
 /* util */
+typedef struct { char *s; size_t len, cap; } strbuf;   /* a growable string; {0} is empty */
+void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void *tg_xmalloc(size_t n);   /* calloc that never returns NULL (aborts on OOM for now) */
 char *tg_strdup(const char *s);
 void tg_seterr(tg_error *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -128,10 +128,11 @@ tg_node_info tg_graph_node(const tg_graph *g, int id) {
     return info;
 }
 
-/* A growable string for the DOT dump. */
-typedef struct { char *s; size_t len, cap; } strbuf;
-static void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(strbuf *b, const char *fmt, ...) {
+void sb_printf(strbuf *b, const char *fmt, ...) {
+    if (!b->s) {
+        b->cap = 256;
+        b->s = tg_xmalloc(b->cap);
+    }
     for (;;) {
         va_list ap;
         va_start(ap, fmt);
@@ -145,7 +146,7 @@ static void sb_printf(strbuf *b, const char *fmt, ...) {
 
 char *tg_graph_dot(const tg_graph *g) {
     if (!g) return NULL;
-    strbuf b = { tg_xmalloc(256), 0, 256 };
+    strbuf b = { 0 };
     sb_printf(&b, "digraph tensorgrad {\n  node [shape=box, fontname=\"monospace\"];\n");
     char sh[128];
     for (int i = 0; i < g->n; i++) {

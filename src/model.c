@@ -127,7 +127,7 @@ tg_init tg_init_literal(const float *data, size_t n) {
     i.n = n;
     return i;
 }
-tg_init tg_init_decay(tg_init init, int decay) { init.decay = decay != 0; return init; }
+tg_init tg_init_decay(tg_init init, int decay) { init.decay = decay < 0 ? -1 : decay != 0; return init; }
 
 /* ----- seeded values: splitmix64 per parameter, keyed by the model seed and the name, so adding
  * a parameter never changes the values of the others. ----- */

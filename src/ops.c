@@ -610,8 +610,7 @@ tg_tensor tg_narrow_at(tg_site s, tg_tensor x, int axis, int64_t start, int64_t 
 
 /* Concatenation as a sum of zero-padded inputs: each pad is index arithmetic a fused backend
  * folds into one loop, and the gradient of each input is a plain slice. */
-tg_tensor tg_concat_at(tg_site s, const tg_tensor *xs, int n, int axis) {
-    const char *name = "tg_concat";
+static tg_tensor concat(tg_site s, const char *name, const tg_tensor *xs, int n, int axis) {
     tg_graph *g = tg__trace();
     if (n <= 0 || !xs) {
         if (g) ir_fail(g, s, "%s: needs at least one tensor", name);
@@ -625,7 +624,12 @@ tg_tensor tg_concat_at(tg_site s, const tg_tensor *xs, int n, int axis) {
     int64_t total = 0;
     for (int i = 0; i < n; i++) {
         tg_shape si = node_of(xs[i])->shape;
-        bool ok = si.ndim == first.ndim && node_of(xs[i])->dtype == node_of(xs[0])->dtype;
+        if (node_of(xs[i])->dtype != node_of(xs[0])->dtype) {
+            ir_fail(xs[0].g, s, "%s: input %d is %s but input 0 is %s", name, i, node_of(xs[i])->dtype == TG_INT32 ? "i32" : "f32",
+                    node_of(xs[0])->dtype == TG_INT32 ? "i32" : "f32");
+            return bad(xs[0].g);
+        }
+        bool ok = si.ndim == first.ndim;
         for (int k = 0; ok && k < si.ndim; k++) ok = k == a || si.d[k] == first.d[k];
         if (!ok) {
             char sa[96], sb[96];
@@ -646,6 +650,8 @@ tg_tensor tg_concat_at(tg_site s, const tg_tensor *xs, int n, int axis) {
     return sum;
 }
 
+tg_tensor tg_concat_at(tg_site s, const tg_tensor *xs, int n, int axis) { return concat(s, "tg_concat", xs, n, axis); }
+
 tg_tensor tg_stack_at(tg_site s, const tg_tensor *xs, int n, int axis) {
     tg_graph *g = tg__trace();
     if (n <= 0 || !xs || !usable(s, "tg_stack", xs[0])) {
@@ -663,10 +669,18 @@ tg_tensor tg_stack_at(tg_site s, const tg_tensor *xs, int n, int axis) {
     for (int i = 0; i < n; i++) {
         if (!same_graph(s, "tg_stack", xs[0], xs[i])) { free(ys); return bad(xs[0].g); }
         tg_shape si = node_of(xs[i])->shape, up = { si.ndim + 1, { 0 } };
+        bool same = si.ndim == in.ndim;
+        for (int k = 0; same && k < in.ndim; k++) same = si.d[k] == in.d[k];
+        if (!same) {
+            char sa[96], sb[96];
+            ir_fail(xs[0].g, s, "tg_stack: input %d %s differs from input 0 %s", i, shape_str(si, sa), shape_str(in, sb));
+            free(ys);
+            return bad(xs[0].g);
+        }
         for (int k = 0, j = 0; k < up.ndim; k++) up.d[k] = k == a ? 1 : si.d[j++];
-        ys[i] = si.ndim == in.ndim ? op_reshape(s, xs[i], up) : xs[i];   /* concat reports a rank mismatch */
+        ys[i] = op_reshape(s, xs[i], up);
     }
-    tg_tensor r = tg_concat_at(s, ys, n, a);
+    tg_tensor r = concat(s, "tg_stack", ys, n, a);
     free(ys);
     return r;
 }
@@ -756,7 +770,7 @@ static bool need_nchw(tg_site s, const char *name, tg_tensor x) {
 
 /* The output extent of a window of size k sliding with stride over n + 2 pad; <= 0 if none fits. */
 static int64_t window_out(int64_t n, int64_t k, int64_t stride, int64_t pad) {
-    return n + 2 * pad < k ? 0 : (n + 2 * pad - k) / stride + 1;
+    return (stride <= 0 || k <= 0 || n + 2 * pad < k) ? 0 : (n + 2 * pad - k) / stride + 1;
 }
 
 static tg_tensor op_im2col(tg_site s, tg_op op, tg_tensor x, const int64_t *args, tg_shape out) {

@@ -21,22 +21,28 @@ static size_t first_fit(const live_buf *live, int n, size_t size) {
     return at;
 }
 
-bool plan_build(const tg_graph *g, const int *keep, int n_keep, tg_plan *out) {
+bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, tg_plan *out) {
     int n = g->n;
     int *last = malloc(sizeof(int) * (size_t)(n + 1));
     live_buf *live = malloc(sizeof(live_buf) * (size_t)(n + 1));
     out->offset = malloc(sizeof(size_t) * (size_t)(n + 1));
     out->arena = 0;
+    /* A buffer is read last by the last kernel that reads it, directly or through nodes
+     * computed inside that kernel; consumers come after their sources, so one backward sweep
+     * settles it. */
     for (int i = 0; i < n; i++) last[i] = i;
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < g->nodes[i].nsrc; k++) last[g->nodes[i].src[k]] = i;
     for (int k = 0; k < n_keep; k++)
         if (keep[k] >= 0) last[keep[k]] = n;
     for (int k = 0; k < g->n_assigns; k++) last[g->assigns[k].src] = n;
+    for (int i = n - 1; i >= 0; i--) {
+        int reader = (!materialized || materialized[i]) ? i : last[i];
+        for (int k = 0; k < g->nodes[i].nsrc; k++)
+            if (last[g->nodes[i].src[k]] < reader) last[g->nodes[i].src[k]] = reader;
+    }
 
     int n_live = 0;
     for (int i = 0; i < n; i++) {
-        if (is_bound(g->nodes[i].op)) { out->offset[i] = PLAN_BOUND; continue; }
+        if (is_bound(g->nodes[i].op) || (materialized && !materialized[i])) { out->offset[i] = PLAN_BOUND; continue; }
         int w = 0;   /* drop buffers whose last reader ran before this node */
         for (int j = 0; j < n_live; j++)
             if (live[j].last >= i) live[w++] = live[j];

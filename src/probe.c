@@ -9,7 +9,6 @@
 struct tg_probe {
     const tg_backend *be;
     tg_graph *g;
-    tg_plan plan;
     void *exec;
     int n_inputs;
     double **input, **param;            /* host values, written to the backend at each run */
@@ -69,9 +68,8 @@ tg_probe *tg_probe_new_on(const char *backend, tg_model *m, tg_forward_fn fn, co
         if (p->input_grad[i] >= 0) keep[n_keep++] = p->input_grad[i];
     for (int i = 0; i < g->n_params; i++)
         if (g->grad_of_param[i] >= 0) keep[n_keep++] = g->grad_of_param[i];
-    plan_build(g, keep, n_keep, &p->plan);
+    p->exec = be->prepare(g, keep, n_keep, err);
     free(keep);
-    p->exec = be->prepare(g, &p->plan, err);
     if (!p->exec) {
         tg_probe_free(p);
         return NULL;
@@ -108,20 +106,22 @@ tg_probe *tg_probe_new(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_
 
 double *tg_probe_input(tg_probe *p, int i) { return i >= 0 && i < p->n_inputs ? p->input[i] : NULL; }
 double *tg_probe_param(tg_probe *p, int id) { return id >= 0 && id < p->g->n_params ? p->param[id] : NULL; }
-void tg_probe_set_seed(tg_probe *p, uint64_t seed) { p->hyper[HYPER_SEED] = (double)(seed >> 11); }
+void tg_probe_set_seed(tg_probe *p, uint64_t seed) { p->hyper[HYPER_SEED] = (double)(seed & ((1ull << 53) - 1)); }
 const double *tg_probe_output(tg_probe *p) { return p->output; }
 tg_shape tg_probe_output_shape(tg_probe *p) { return p->g->nodes[p->g->output].shape; }
 const tg_graph *tg_probe_graph(tg_probe *p) { return p->g; }
 
 static void read_back(tg_probe *p, int node, double *dst) {
-    p->be->read(p->be->node_buf(p->exec, node), dst, (size_t)p->g->nodes[node].numel);
+    const tg_node *n = &p->g->nodes[node];
+    p->be->read(p->be->node_buf(p->exec, node), n->dtype, dst, (size_t)n->numel);
 }
 
 bool tg_probe_run(tg_probe *p) {
     const tg_graph *g = p->g;
-    for (int i = 0; i < p->n_inputs; i++) p->be->write(p->input_buf[i], p->input[i], (size_t)g->nodes[i].numel);
+    for (int i = 0; i < p->n_inputs; i++)
+        p->be->write(p->input_buf[i], g->nodes[i].dtype, p->input[i], (size_t)g->nodes[i].numel);
     for (int i = 0; i < g->n_params; i++)
-        if (p->param_buf[i]) p->be->write(p->param_buf[i], p->param[i], (size_t)g->nodes[g->param_node[i]].numel);
+        if (p->param_buf[i]) p->be->write(p->param_buf[i], TG_FLOAT32, p->param[i], (size_t)g->nodes[g->param_node[i]].numel);
     tg_error err;
     if (!p->be->run(p->exec, p->hyper, &err)) return false;
     read_back(p, g->output, p->output);
@@ -161,7 +161,6 @@ void tg_probe_free(tg_probe *p) {
     free(p->input_grad);
     free(p->output);
     if (p->exec) p->be->release(p->exec);
-    plan_free(&p->plan);
     ir_free(p->g);
     free(p);
 }

@@ -13,7 +13,6 @@
 typedef struct {
     const tg_backend *be;
     tg_graph *g;
-    tg_plan plan;
     void *exec;
     tg_input_decl *decls;     /* names owned by the graph's INPUT nodes */
     int n_inputs;
@@ -128,8 +127,7 @@ static bool compile_graph(compiled *c, const tg_backend *be, tg_graph *g, int n_
     c->n_inputs = n_inputs;
     c->decls = tg_xmalloc(sizeof(tg_input_decl) * (size_t)(n_inputs + 1));
     c->input_buf = tg_xmalloc(sizeof(void *) * (size_t)(n_inputs + 1));
-    if (!plan_build(g, keep, n_keep, &c->plan)) { tg_seterr(err, "buffer planning failed"); return false; }
-    c->exec = be->prepare(g, &c->plan, err);
+    c->exec = be->prepare(g, keep, n_keep, err);
     if (!c->exec) return false;
     for (int i = 0; i < n_inputs; i++) {
         const tg_node *n = &g->nodes[i];
@@ -148,7 +146,6 @@ static void compiled_free(compiled *c) {
     free(c->input_buf);
     free(c->decls);
     if (c->exec) c->be->release(c->exec);
-    plan_free(&c->plan);
     ir_free(c->g);
 }
 
@@ -159,7 +156,8 @@ static void bind_params(compiled *c, void **param) {
 
 /* One node's values on the host (n doubles). */
 static void read_node(const compiled *c, int node, double *dst) {
-    c->be->read(c->be->node_buf(c->exec, node), dst, (size_t)c->g->nodes[node].numel);
+    const tg_node *n = &c->g->nodes[node];
+    c->be->read(c->be->node_buf(c->exec, node), n->dtype, dst, (size_t)n->numel);
 }
 
 static const char *dtype_name(tg_dtype d) { return d == TG_INT32 ? "i32" : "f32"; }
@@ -230,7 +228,7 @@ static void init_params(tg_train *t) {
         size_t n = (size_t)shape_numel(model_param(t->model, i)->shape);
         double *v = tg_xmalloc(sizeof(double) * n);
         model_init_param(t->model, i, v);
-        t->be->write(t->param[i], v, n);
+        t->be->write(t->param[i], TG_FLOAT32, v, n);
         free(v);
     }
 }
@@ -428,7 +426,7 @@ static int find_param(const tg_train *t, const char *what, const char *name, siz
 /* A backend buffer of n values into the caller's floats. */
 static void read_floats(const tg_backend *be, const void *buf, float *dst, size_t n) {
     double *v = tg_xmalloc(sizeof(double) * n);
-    be->read(buf, v, n);
+    be->read(buf, TG_FLOAT32, v, n);
     for (size_t i = 0; i < n; i++) dst[i] = (float)v[i];
     free(v);
 }
@@ -473,7 +471,7 @@ void tg_reset(tg_train *t, int params, int optimizer) {
         for (int i = 0; i < g->n_state; i++) {
             size_t n = (size_t)g->nodes[g->state_shape_node[i]].numel;
             double *zeros = tg_xmalloc(sizeof(double) * n);
-            t->be->write(t->state[i], zeros, n);
+            t->be->write(t->state[i], TG_FLOAT32, zeros, n);
             free(zeros);
         }
         t->step = 0;
@@ -497,4 +495,4 @@ void tg_set_schedule(tg_train *t, const tg_schedule *s) {
 
 const tg_graph *tg_train_graph(const tg_train *t) { return t ? t->c.g : NULL; }
 const tg_graph *tg_forward_graph(const tg_forward *f) { return f ? f->c.g : NULL; }
-size_t tg_train_planned_bytes(const tg_train *t) { return t ? t->c.plan.arena * sizeof(float) : 0; }
+size_t tg_train_planned_bytes(const tg_train *t) { return t ? t->be->planned_bytes(t->c.exec) : 0; }

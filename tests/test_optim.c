@@ -261,8 +261,8 @@ static void rig_model(rig *r, const pspec *ps, int np, double clo, double chi, d
         r->q.p[k] = tg_param_new(r->m, ps[k].name, TG_SHAPE(ps[k].n), spec_init(&ps[k]));
         r->sh.n[k] = ps[k].n;
         r->sh.decay[k] = ps[k].decay >= 0 ? ps[k].decay : default_decay(ps[k].kind);
-        r->decl[2 * k] = TG_F32(CNAME[k], ps[k].n);
-        r->decl[2 * k + 1] = TG_F32(DNAME[k], ps[k].n);
+        r->decl[2 * k] = (tg_input_decl)TG_F32(CNAME[k], ps[k].n);
+        r->decl[2 * k + 1] = (tg_input_decl)TG_F32(DNAME[k], ps[k].n);
     }
     CHECK(tg_model_error(r->m) == NULL, "model error: %s", tg_model_error(r->m));
     for (int s = 0; s < MAXSTEPS; s++)

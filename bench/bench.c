@@ -1,0 +1,306 @@
+/* The benchmark workloads of bench/peers/torch_workloads.py, in tensorgrad: the same models,
+ * shapes, batch sizes, f32, Adam and learning rates. Prints one line per workload in the peer's
+ * format (ms/step median and min over 5 repeats after warm-up), plus compile times and peak
+ * resident memory.
+ *
+ *   bench [--backend cpu|cuda|reference] [--steps-scale X] [workload ...]
+ */
+#include "tensorgrad.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 0x243F6A8885A308D3ull;
+static double uniform(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (rng >> 11) * (1.0 / 9007199254740992.0);
+}
+static double gauss(void) { return sqrt(-2 * log(uniform() + 1e-300)) * cos(6.283185307179586 * uniform()); }
+
+/* ----- models ----- */
+
+#define MAX_LAYERS 8
+typedef struct { tg_linear l[4]; int n; } mlp;
+
+static tg_tensor mlp_forward(const mlp *m, tg_tensor x) {
+    for (int i = 0; i < m->n; i++) {
+        x = tg_linear(&m->l[i], x);
+        if (i < m->n - 1) x = tg_relu(x);
+    }
+    return x;
+}
+
+static tg_tensor sin_loss(const void *ctx, const tg_tensor *in) {
+    return tg_mean(tg_square(tg_sub(mlp_forward(ctx, in[0]), in[1])), TG_ALL, 0);
+}
+
+static tg_tensor mnist_loss(const void *ctx, const tg_tensor *in) {
+    return tg_cross_entropy(mlp_forward(ctx, in[0]), in[1], TG_MEAN);
+}
+
+typedef struct { tg_conv2d_layer c1, c2; tg_linear f1, f2; } cnn;
+
+static tg_tensor cnn_loss(const void *ctx, const tg_tensor *in) {
+    const cnn *m = ctx;
+    tg_tensor x = tg_max_pool2d(tg_relu(tg_conv(&m->c1, in[0])), 2, 2, 0);
+    x = tg_max_pool2d(tg_relu(tg_conv(&m->c2, x)), 2, 2, 0);
+    x = tg_relu(tg_linear(&m->f1, tg_flatten(x, 1)));
+    return tg_cross_entropy(tg_linear(&m->f2, x), in[1], TG_MEAN);
+}
+
+typedef struct { tg_layernorm ln1, ln2; tg_linear q, k, v, o, f1, f2; } block;
+typedef struct {
+    int V, T, d, h, L;
+    tg_embedding_layer tok, pos;
+    block b[MAX_LAYERS];
+    tg_layernorm lnf;
+    tg_linear head;
+} gpt;
+
+static tg_tensor block_forward(const gpt *g, const block *b, tg_tensor x) {
+    tg_tensor y = tg_layernorm(&b->ln1, x);
+    tg_tensor q = tg_split_heads(tg_linear(&b->q, y), g->h);
+    tg_tensor k = tg_split_heads(tg_linear(&b->k, y), g->h);
+    tg_tensor v = tg_split_heads(tg_linear(&b->v, y), g->h);
+    tg_tensor att = tg_mul(tg_matmul(q, tg_swapaxes(k, -1, -2)), 1.0 / sqrt((double)(g->d / g->h)));
+    y = tg_merge_heads(tg_matmul(tg_softmax_causal(att), v));
+    x = tg_add(x, tg_linear(&b->o, y));
+    return tg_add(x, tg_linear(&b->f2, tg_gelu(tg_linear(&b->f1, tg_layernorm(&b->ln2, x)))));
+}
+
+static tg_tensor gpt_loss(const void *ctx, const tg_tensor *in) {
+    const gpt *g = ctx;
+    tg_tensor x = tg_add(tg_embed(&g->tok, in[0]), tg_embed(&g->pos, tg_arange(g->T, TG_INT32)));
+    for (int i = 0; i < g->L; i++) x = block_forward(g, &g->b[i], x);
+    tg_tensor logits = tg_linear(&g->head, tg_layernorm(&g->lnf, x));
+    return tg_cross_entropy(logits, in[1], TG_MEAN);
+}
+
+/* ----- workloads ----- */
+
+typedef struct {
+    const char *name;
+    int steps;              /* per repeat, as the peer on CPU; scaled on GPU by --steps-scale */
+    tg_model *m;
+    void *model;            /* mlp, cnn or gpt */
+    tg_forward_fn loss;
+    tg_input_decl in[2];
+    float *x;
+    int32_t *xi, *y;
+    float *yf;
+    double lr;
+} workload;
+
+static mlp the_mlp;
+static cnn the_cnn;
+static gpt the_gpt;
+
+static void make_mlp(workload *w, const int *dims, int n) {
+    w->m = tg_model_new(0);
+    the_mlp.n = n - 1;
+    for (int i = 0; i + 1 < n; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "ls.%d", i);
+        the_mlp.l[i] = tg_linear_new(w->m, name, dims[i], dims[i + 1], NULL);
+    }
+    w->model = &the_mlp;
+}
+
+static void make_gpt(workload *w, int V, int T, int d, int h, int L, int B) {
+    gpt *g = &the_gpt;
+    *g = (gpt){ .V = V, .T = T, .d = d, .h = h, .L = L };
+    w->m = tg_model_new(0);
+    g->tok = tg_embedding_new(w->m, "tok", V, d);
+    g->pos = tg_embedding_new(w->m, "pos", T, d);
+    for (int i = 0; i < L; i++) {
+        tg_model_push(w->m, "blocks.%d", i);
+        block *b = &g->b[i];
+        b->ln1 = tg_layernorm_new(w->m, "ln1", d, 1e-5, 1);
+        b->q = tg_linear_new(w->m, "q", d, d, NULL);
+        b->k = tg_linear_new(w->m, "k", d, d, NULL);
+        b->v = tg_linear_new(w->m, "v", d, d, NULL);
+        b->o = tg_linear_new(w->m, "o", d, d, NULL);
+        b->ln2 = tg_layernorm_new(w->m, "ln2", d, 1e-5, 1);
+        b->f1 = tg_linear_new(w->m, "f1", d, 4 * d, NULL);
+        b->f2 = tg_linear_new(w->m, "f2", 4 * d, d, NULL);
+        tg_model_pop(w->m);
+    }
+    g->lnf = tg_layernorm_new(w->m, "lnf", d, 1e-5, 1);
+    g->head = tg_linear_new(w->m, "head", d, V, NULL);
+    w->model = g;
+    w->loss = gpt_loss;
+    w->in[0] = (tg_input_decl)TG_I32("x", B, T);
+    w->in[1] = (tg_input_decl)TG_I32("y", B, T);
+    w->xi = malloc(sizeof(int32_t) * (size_t)(B * T));
+    w->y = malloc(sizeof(int32_t) * (size_t)(B * T));
+    for (int i = 0; i < B * T; i++) {
+        w->xi[i] = (int32_t)(uniform() * V);
+        w->y[i] = (int32_t)(uniform() * V);
+    }
+    w->lr = 1e-3;
+}
+
+static bool make(workload *w, const char *name) {
+    memset(w, 0, sizeof *w);
+    w->name = name;
+    if (strcmp(name, "sin_mlp") == 0) {
+        make_mlp(w, (int[]){ 1, 64, 64, 1 }, 4);
+        w->loss = sin_loss;
+        w->in[0] = (tg_input_decl)TG_F32("x", 256, 1);
+        w->in[1] = (tg_input_decl)TG_F32("y", 256, 1);
+        w->x = malloc(sizeof(float) * 256);
+        w->yf = malloc(sizeof(float) * 256);
+        for (int i = 0; i < 256; i++) {
+            w->x[i] = (float)(uniform() * 2 * M_PI - M_PI);
+            w->yf[i] = sinf(w->x[i]);
+        }
+        w->lr = 5e-3;
+        w->steps = 200;
+    } else if (strcmp(name, "mnist_mlp") == 0) {
+        make_mlp(w, (int[]){ 784, 512, 512, 10 }, 4);
+        w->loss = mnist_loss;
+        w->in[0] = (tg_input_decl)TG_F32("x", 128, 784);
+        w->in[1] = (tg_input_decl)TG_I32("y", 128);
+        w->x = malloc(sizeof(float) * 128 * 784);
+        w->y = malloc(sizeof(int32_t) * 128);
+        for (int i = 0; i < 128 * 784; i++) w->x[i] = (float)gauss();
+        for (int i = 0; i < 128; i++) w->y[i] = (int32_t)(uniform() * 10);
+        w->lr = 1e-3;
+        w->steps = 100;
+    } else if (strcmp(name, "cifar_cnn") == 0) {
+        w->m = tg_model_new(0);
+        the_cnn.c1 = tg_conv2d_new(w->m, "c1", 3, 32, 3, 1, 1, 1);
+        the_cnn.c2 = tg_conv2d_new(w->m, "c2", 32, 64, 3, 1, 1, 1);
+        the_cnn.f1 = tg_linear_new(w->m, "f1", 64 * 8 * 8, 256, NULL);
+        the_cnn.f2 = tg_linear_new(w->m, "f2", 256, 10, NULL);
+        w->model = &the_cnn;
+        w->loss = cnn_loss;
+        w->in[0] = (tg_input_decl)TG_F32("x", 64, 3, 32, 32);
+        w->in[1] = (tg_input_decl)TG_I32("y", 64);
+        w->x = malloc(sizeof(float) * 64 * 3 * 32 * 32);
+        w->y = malloc(sizeof(int32_t) * 64);
+        for (int i = 0; i < 64 * 3 * 32 * 32; i++) w->x[i] = (float)gauss();
+        for (int i = 0; i < 64; i++) w->y[i] = (int32_t)(uniform() * 10);
+        w->lr = 1e-3;
+        w->steps = 20;
+    } else if (strcmp(name, "char_gpt_small") == 0) {
+        make_gpt(w, 65, 64, 128, 4, 2, 16);
+        w->steps = 20;
+    } else if (strcmp(name, "char_gpt") == 0) {
+        make_gpt(w, 65, 256, 384, 6, 6, 64);
+        w->steps = 10;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+static void release(workload *w) {
+    free(w->x);
+    free(w->xi);
+    free(w->y);
+    free(w->yf);
+    tg_model_free(w->m);
+}
+
+static tg_train *compile(workload *w, const char *backend, double *seconds) {
+    tg_error err;
+    double t0 = now();
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = w->m, .loss = w->loss, .ctx = w->model, .inputs = w->in,
+                                               .n_inputs = 2, .optimizer = tg_adam(w->lr), .backend = backend }, &err);
+    *seconds = now() - t0;
+    if (!t) fprintf(stderr, "%s: compile failed: %s\n", w->name, err.msg);
+    return t;
+}
+
+static int64_t numel(tg_shape s) {
+    int64_t k = 1;
+    for (int j = 0; j < s.ndim; j++) k *= s.d[j];
+    return k;
+}
+
+static int64_t n_params(tg_train *t) {
+    int64_t n = 0;
+    for (int i = 0; i < tg_train_n_params(t); i++) n += numel(tg_train_param_shape(t, i));
+    return n;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int run(const char *name, const char *backend, double scale) {
+    workload w;
+    if (!make(&w, name)) {
+        fprintf(stderr, "unknown workload %s\n", name);
+        return 1;
+    }
+    double cold, warm;
+    tg_train *t = compile(&w, backend, &cold);
+    if (!t) return 1;
+    tg_destroy(t);
+    t = compile(&w, backend, &warm);   /* the same graph again: a kernel-cache hit */
+    if (!t) return 1;
+    int64_t bt = numel(w.in[0].shape), by = numel(w.in[1].shape);
+    tg_data data[2] = {
+        w.x ? tg_f32("x", w.x, (size_t)bt) : tg_i32("x", w.xi, (size_t)bt),
+        w.yf ? tg_f32("y", w.yf, (size_t)by) : tg_i32("y", w.y, (size_t)by),
+    };
+    tg_result r = { 0 };
+    for (int i = 0; i < 5; i++) r = tg_step(t, data, 2);
+    int steps = (int)(w.steps * scale) > 0 ? (int)(w.steps * scale) : 1;
+    double times[5];
+    for (int k = 0; k < 5 && r.status == TG_OK; k++) {
+        double t0 = now();
+        for (int i = 0; i < steps && r.status == TG_OK; i++) r = tg_step(t, data, 2);
+        times[k] = (now() - t0) / steps * 1e3;
+    }
+    if (r.status != TG_OK) {
+        fprintf(stderr, "%s: step failed: %s\n", name, r.error);
+        return 1;
+    }
+    double sorted[5];
+    memcpy(sorted, times, sizeof times);
+    qsort(sorted, 5, sizeof(double), cmp_double);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("%-16s %-4s %-8s params=%9lld ms/step median=%8.3f min=%8.3f loss=%.4f compile cold=%.2fs warm=%.3fs "
+           "planned=%.1fMB peak_rss=%.1fMB\n",
+           name, backend, "tg", (long long)n_params(t), sorted[2], sorted[0], r.loss, cold, warm,
+           tg_train_planned_bytes(t) / 1048576.0, ru.ru_maxrss / 1024.0);
+    fflush(stdout);
+    tg_destroy(t);
+    release(&w);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *backend = "cpu";
+    double scale = 1;
+    const char *names[8];
+    int n = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
+        else if (strcmp(argv[i], "--steps-scale") == 0 && i + 1 < argc) scale = atof(argv[++i]);
+        else if (n < 8) names[n++] = argv[i];
+    }
+    if (n == 0) {
+        static const char *all[] = { "sin_mlp", "mnist_mlp", "cifar_cnn", "char_gpt_small" };
+        for (n = 0; n < 4; n++) names[n] = all[n];
+    }
+    int rc = 0;
+    for (int i = 0; i < n; i++) rc |= run(names[i], backend, scale);
+    return rc;
+}

@@ -1,0 +1,217 @@
+/* The compiled CPU backend: the graph is scheduled (fuse.c), planned (plan.c), turned into C
+ * (codegen_c.c), built by the system C compiler into a shared object, cached on disk by a hash
+ * of the source and the compiler command, and loaded with dlopen. A step is one call of the
+ * generated entry point.
+ *
+ * Environment: TG_CC (compiler, default cc), TG_CFLAGS (default -O3 -march=native), TG_CACHE_DIR
+ * (default $XDG_CACHE_HOME/tensorgrad or ~/.cache/tensorgrad), TG_NO_FUSE=1 (every node gets
+ * a kernel of its own: the unfused schedule, for tests). */
+#include "internal.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef void (*entry_fn)(float *A, void **B, const double *H, void *const *R);
+
+typedef struct {
+    const tg_graph *g;
+    tg_plan plan;
+    float *arena;
+    void **bound;         /* per node: the buffer of a bound leaf */
+    void *dl;
+    entry_fn entry;
+    char *source;
+} cpu_exec;
+
+/* ----- buffers: 64-byte aligned, float or int32 by dtype (both 4 bytes) ----- */
+
+static void *cpu_alloc(size_t numel) {
+    size_t bytes = (numel * 4 + 63) / 64 * 64;
+    void *p = aligned_alloc(64, bytes ? bytes : 64);
+    if (p) memset(p, 0, bytes ? bytes : 64);
+    return p;
+}
+
+static void cpu_free(void *buf) { free(buf); }
+
+static void cpu_write(void *buf, tg_dtype dt, const double *src, size_t n) {
+    if (dt == TG_INT32)
+        for (size_t i = 0; i < n; i++) ((int32_t *)buf)[i] = (int32_t)src[i];
+    else
+        for (size_t i = 0; i < n; i++) ((float *)buf)[i] = (float)src[i];
+}
+
+static void cpu_read(const void *buf, tg_dtype dt, double *dst, size_t n) {
+    if (dt == TG_INT32)
+        for (size_t i = 0; i < n; i++) dst[i] = ((const int32_t *)buf)[i];
+    else
+        for (size_t i = 0; i < n; i++) dst[i] = ((const float *)buf)[i];
+}
+
+static void cpu_upload(void *buf, tg_dtype dt, const void *src, size_t n) { memcpy(buf, src, n * 4); }
+static void cpu_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n * 4); }
+
+/* ----- the kernel cache ----- */
+
+static uint64_t fnv1a(uint64_t h, const char *s) {
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static bool cache_dir(char *dir, size_t len, tg_error *err) {
+    const char *env = getenv("TG_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (env && env[0]) snprintf(dir, len, "%s", env);
+    else if (xdg && xdg[0]) snprintf(dir, len, "%s/tensorgrad", xdg);
+    else snprintf(dir, len, "%s/.cache/tensorgrad", home && home[0] ? home : "/tmp");
+    /* mkdir -p */
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        mkdir(dir, 0755);
+        *p = '/';
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        tg_seterr(err, "cannot create the kernel cache directory %s: %s", dir, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+/* Write `text` to path through a temporary file and a rename, so readers never see half. */
+static bool write_file(const char *path, const char *text, tg_error *err) {
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    size_t len = strlen(text);
+    bool ok = f && fwrite(text, 1, len, f) == len;
+    if (f && fclose(f) != 0) ok = false;
+    if (ok && rename(tmp, path) != 0) ok = false;
+    if (!ok) {
+        tg_seterr(err, "cannot write %s: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+    return ok;
+}
+
+static void read_log(const char *path, char *buf, size_t len) {
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    size_t n = fread(buf, 1, len - 1, f);
+    buf[n] = 0;
+    fclose(f);
+}
+
+/* Compile the source into path_so; the compiler's own message comes back in err. */
+static bool compile(const char *cc, const char *flags, const char *path_c, const char *path_so, tg_error *err) {
+    char tmp[1100], log[1100], cmd[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path_so, (int)getpid());
+    snprintf(log, sizeof log, "%s.log", path_c);
+    snprintf(cmd, sizeof cmd, "%s %s -fopenmp -fPIC -shared -fno-strict-aliasing -o '%s' '%s' -lm > '%s' 2>&1", cc, flags,
+             tmp, path_c, log);
+    int rc = system(cmd);
+    if (rc != 0) {
+        char out[300];
+        read_log(log, out, sizeof out);
+        tg_seterr(err, "kernel compilation failed (%s, exit %d): %s", cc, rc, out[0] ? out : "(no output)");
+        unlink(tmp);
+        return false;
+    }
+    if (rename(tmp, path_so) != 0) {
+        tg_seterr(err, "cannot move the compiled kernels into the cache %s: %s", path_so, strerror(errno));
+        unlink(tmp);
+        return false;
+    }
+    unlink(log);
+    return true;
+}
+
+/* Load the shared object for `source`, building it on a cache miss; a cached file that fails to
+ * load (truncated, corrupt) is rebuilt once. */
+static void *load_kernels(const char *source, tg_error *err) {
+    const char *cc = getenv("TG_CC"), *flags = getenv("TG_CFLAGS");
+    if (!cc || !cc[0]) cc = "cc";
+    if (!flags) flags = "-O3 -march=native";
+    char dir[900], path_c[1000], path_so[1000];
+    if (!cache_dir(dir, sizeof dir, err)) return NULL;
+    uint64_t h = fnv1a(fnv1a(fnv1a(1469598103934665603ull, source), cc), flags);
+    snprintf(path_c, sizeof path_c, "%s/%016llx.c", dir, (unsigned long long)h);
+    snprintf(path_so, sizeof path_so, "%s/%016llx.so", dir, (unsigned long long)h);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (access(path_so, R_OK) != 0) {
+            if (!write_file(path_c, source, err) || !compile(cc, flags, path_c, path_so, err)) return NULL;
+        }
+        void *dl = dlopen(path_so, RTLD_NOW | RTLD_LOCAL);
+        if (dl) return dl;
+        tg_seterr(err, "cannot load compiled kernels %s: %s", path_so, dlerror());
+        unlink(path_so);
+    }
+    return NULL;
+}
+
+/* ----- the backend ----- */
+
+static void cpu_release(void *h) {
+    cpu_exec *e = h;
+    if (!e) return;
+    if (e->dl) dlclose(e->dl);
+    free(e->arena);
+    free(e->bound);
+    free(e->source);
+    plan_free(&e->plan);
+    free(e);
+}
+
+/* Pointwise ops of fewer elements than this run on one thread. */
+#define PARALLEL_MIN 32768
+
+static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
+    cpu_exec *e = tg_xmalloc(sizeof *e);
+    e->g = g;
+    bool *mat = tg_xmalloc(sizeof(bool) * (size_t)(g->n + 1));
+    const char *nofuse = getenv("TG_NO_FUSE");
+    fuse_schedule(g, keep, n_keep, !(nofuse && nofuse[0] == '1'), mat);
+    plan_build(g, keep, n_keep, mat, &e->plan);
+    e->source = codegen_c(g, mat, &e->plan, PARALLEL_MIN);
+    free(mat);
+    e->arena = cpu_alloc(e->plan.arena);
+    e->bound = tg_xmalloc(sizeof(void *) * (size_t)(g->n + 1));
+    e->dl = load_kernels(e->source, err);
+    if (e->dl) {
+        *(void **)&e->entry = dlsym(e->dl, "tg_entry");
+        if (!e->entry) tg_seterr(err, "compiled kernels have no entry point: %s", dlerror());
+    }
+    if (!e->arena || !e->entry) {
+        if (!e->arena) tg_seterr(err, "out of memory for the %zu-float arena", e->plan.arena);
+        cpu_release(e);
+        return NULL;
+    }
+    return e;
+}
+
+static size_t cpu_planned_bytes(void *h) { return ((cpu_exec *)h)->plan.arena * sizeof(float); }
+static void cpu_bind(void *h, int node, void *buf) { ((cpu_exec *)h)->bound[node] = buf; }
+
+static bool cpu_run(void *h, const double *hyper, tg_error *err) {
+    cpu_exec *e = h;
+    e->entry(e->arena, e->bound, hyper, cpu_kernels);
+    return true;
+}
+
+static void *cpu_node_buf(void *h, int node) {
+    cpu_exec *e = h;
+    if (e->bound[node]) return e->bound[node];
+    return e->plan.offset[node] == PLAN_BOUND ? NULL : e->arena + e->plan.offset[node];
+}
+
+const char *cpu_source(void *h) { return ((cpu_exec *)h)->source; }
+
+const tg_backend backend_cpu = {
+    "cpu", cpu_alloc, cpu_free, cpu_write, cpu_upload, cpu_read, cpu_copy,
+    cpu_prepare, cpu_planned_bytes, cpu_bind, cpu_run, cpu_node_buf, cpu_release,
+};

@@ -1,0 +1,438 @@
+/* Every backend against the reference interpreter, op by op (ggml's test-backend-ops is the
+ * model): each case runs forward and all gradients on the reference (f32) and on the compiled
+ * CPU backend, fused and unfused, on the same random inputs; outputs and gradients must agree to
+ * 1e-4 relative. Then the kernel cache (miss, hit, corrupt file), compiler failures, and whole
+ * training runs compared step by step. */
+#include "check.h"
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum {
+    ADD, SUB, MUL, DIV, MINIMUM, MAXIMUM, LESS, WHERE, NEG, ABS, SQUARE, SQRT, RSQRT, EXP, LOG, RELU, TANH,
+    SIGMOID, SIN, COS, GELU, GELU_TANH, SILU, CLAMP, SUM0, SUM_LAST, SUM_ALL, MEAN1, RESHAPE, PERMUTE,
+    SWAPAXES, MATMUL, MATMUL_BATCHED, MATMUL_BCAST, ONE_HOT, EMBEDDING, SOFTMAX, SOFTMAX_MID, LOG_SOFTMAX,
+    CROSS_ENTROPY, NLL_SUM, ARGMAX, ARGMIN_ALL, FLATTEN, SPLIT_HEADS, MERGE_HEADS, TAKE_ALONG, ARANGE, ONES,
+    NARROW, CONCAT3, STACK, SPLIT, SOFTMAX_CAUSAL, WHERE_CAUSAL, STOP_GRADIENT, DROPOUT, RANDN, CONV2D,
+    CONV2D_S2, MAXPOOL, MAXPOOL_PAD, UPSAMPLE, LAYERNORM_CHAIN, ATTENTION, SCALAR_CHAIN,
+};
+
+typedef struct {
+    const char *name;
+    int op;
+    int n_in;
+    tg_input_decl in[3];
+    int i32_max;      /* i32 inputs are drawn from [0, i32_max) (a few out of range when negative) */
+    bool positive;    /* f32 inputs from [0.5, 2] instead of [-2, 2] */
+} bcase;
+
+static tg_tensor op_fwd(const bcase *c, const tg_tensor *in) {
+    tg_tensor x = in[0], y = in[1], z = in[2];
+    switch (c->op) {
+    case ADD: return tg_add(x, y);
+    case SUB: return tg_sub(1.5, tg_sub(x, y));
+    case MUL: return tg_mul(x, y);
+    case DIV: return tg_div(x, y);
+    case MINIMUM: return tg_minimum(x, y);
+    case MAXIMUM: return tg_maximum(x, y);
+    case LESS: return tg_mul(tg_less(x, y), x);
+    case WHERE: return tg_where(tg_greater(x, 0.0), y, tg_mul(x, 3.0));
+    case NEG: return tg_neg(x);
+    case ABS: return tg_abs(x);
+    case SQUARE: return tg_square(x);
+    case SQRT: return tg_sqrt(x);
+    case RSQRT: return tg_rsqrt(x);
+    case EXP: return tg_exp(x);
+    case LOG: return tg_log(x);
+    case RELU: return tg_relu(x);
+    case TANH: return tg_tanh(x);
+    case SIGMOID: return tg_sigmoid(x);
+    case SIN: return tg_sin(x);
+    case COS: return tg_cos(x);
+    case GELU: return tg_gelu(x);
+    case GELU_TANH: return tg_gelu_tanh(x);
+    case SILU: return tg_silu(x);
+    case CLAMP: return tg_clamp(x, -0.5, 0.7);
+    case SUM0: return tg_sum(x, 0, 0);
+    case SUM_LAST: return tg_sum(tg_mul(x, y), -1, 1);
+    case SUM_ALL: return tg_sum(tg_exp(x), TG_ALL, 0);
+    case MEAN1: return tg_mean(x, 1, 0);
+    case RESHAPE: return tg_reshape(tg_tanh(x), 5, -1);
+    case PERMUTE: return tg_permute(tg_mul(x, 2.0), 2, 0, 1);
+    case SWAPAXES: return tg_add(tg_swapaxes(x, 0, 2), 1.0);
+    case MATMUL: return tg_matmul(x, y);
+    case MATMUL_BATCHED: return tg_matmul(x, y);
+    case MATMUL_BCAST: return tg_matmul(x, tg_swapaxes(y, -1, -2));
+    case ONE_HOT: return tg_mul(tg_one_hot(z, 7), x);
+    case EMBEDDING: return tg_embedding(x, z);
+    case SOFTMAX: return tg_softmax(x, -1);
+    case SOFTMAX_MID: return tg_softmax(x, 1);
+    case LOG_SOFTMAX: return tg_log_softmax(x, 0);
+    case CROSS_ENTROPY: return tg_cross_entropy(x, z, TG_MEAN);
+    case NLL_SUM: return tg_nll_loss(tg_log_softmax(x, -1), z, TG_SUM);
+    case ARGMAX: return tg_argmax(x, 1);
+    case ARGMIN_ALL: return tg_argmin(x, TG_ALL);
+    case FLATTEN: return tg_flatten(tg_mul(x, x), 1);
+    case SPLIT_HEADS: return tg_split_heads(x, 2);
+    case MERGE_HEADS: return tg_merge_heads(tg_sigmoid(x));
+    case TAKE_ALONG: return tg_take_along_axis(x, z, 1);
+    case ARANGE: return tg_mul(x, tg_arange(6, TG_FLOAT32));
+    case ONES: return tg_add(x, tg_ones(TG_FLOAT32, 4, 6));
+    case NARROW: return tg_narrow(tg_exp(x), 1, 2, 3);
+    case CONCAT3: return tg_concat(((tg_tensor[]){ x, tg_square(x), y }), 3, 1);
+    case STACK: return tg_stack(((tg_tensor[]){ x, tg_neg(x), y }), 3, -1);
+    case SPLIT: {
+        tg_tensor parts[3];
+        tg_split(x, ((int64_t[]){ 1, 3, 2 }), 3, 1, parts);
+        return tg_add(tg_mul(parts[0], parts[2]), tg_sum(parts[1], 1, 1));
+    }
+    case SOFTMAX_CAUSAL: return tg_softmax_causal(x);
+    case WHERE_CAUSAL: return tg_where_causal(x, -3.0);
+    case STOP_GRADIENT: return tg_mul(tg_stop_gradient(x), y);
+    case DROPOUT: return tg_dropout(x, 0.3);
+    case RANDN: return tg_add(x, tg_randn(4, 6));
+    case CONV2D: return tg_conv2d(x, y, 1, 1);
+    case CONV2D_S2: return tg_conv2d(x, y, 2, 0);
+    case MAXPOOL: return tg_max_pool2d(x, 2, 2, 0);
+    case MAXPOOL_PAD: return tg_max_pool2d(x, 3, 2, 1);
+    case UPSAMPLE: return tg_nearest_upsample2d(x, 2);
+    case LAYERNORM_CHAIN: {
+        tg_tensor mu = tg_mean(x, -1, 1), xc = tg_sub(x, mu);
+        return tg_mul(tg_mul(xc, tg_rsqrt(tg_add(tg_mean(tg_square(xc), -1, 1), 1e-5))), y);
+    }
+    case ATTENTION: {
+        tg_tensor q = tg_split_heads(x, 2), k = tg_split_heads(y, 2);
+        tg_tensor att = tg_softmax_causal(tg_mul(tg_matmul(q, tg_swapaxes(k, -1, -2)), 0.5));
+        return tg_merge_heads(tg_matmul(att, k));
+    }
+    case SCALAR_CHAIN: return tg_div(tg_add(tg_mul(x, 2.0), 1.0), tg_add(tg_square(x), 1.0));
+    }
+    return x;
+}
+
+#define F(name, ...) TG_F32(name, __VA_ARGS__)
+#define I(name, ...) TG_I32(name, __VA_ARGS__)
+static const bcase CASES[] = {
+    { "add broadcast", ADD, 2, { F("x", 3, 1, 5), F("y", 4, 1) }, 0, false },
+    { "sub scalar", SUB, 2, { F("x", 7), F("y", 1) }, 0, false },
+    { "mul", MUL, 2, { F("x", 5, 6), F("y", 5, 6) }, 0, false },
+    { "div", DIV, 2, { F("x", 4, 3), F("y", 3) }, 0, true },
+    { "minimum", MINIMUM, 2, { F("x", 3, 4), F("y", 4) }, 0, false },
+    { "maximum", MAXIMUM, 2, { F("x", 3, 4), F("y", 3, 1) }, 0, false },
+    { "less", LESS, 2, { F("x", 9), F("y", 9) }, 0, false },
+    { "where", WHERE, 2, { F("x", 2, 5), F("y", 5) }, 0, false },
+    { "neg", NEG, 1, { F("x", 3, 3) }, 0, false },
+    { "abs", ABS, 1, { F("x", 11) }, 0, false },
+    { "square", SQUARE, 1, { F("x", 11) }, 0, false },
+    { "sqrt", SQRT, 1, { F("x", 11) }, 0, true },
+    { "rsqrt", RSQRT, 1, { F("x", 11) }, 0, true },
+    { "exp", EXP, 1, { F("x", 11) }, 0, false },
+    { "log", LOG, 1, { F("x", 11) }, 0, true },
+    { "relu", RELU, 1, { F("x", 4, 5) }, 0, false },
+    { "tanh", TANH, 1, { F("x", 4, 5) }, 0, false },
+    { "sigmoid", SIGMOID, 1, { F("x", 4, 5) }, 0, false },
+    { "sin", SIN, 1, { F("x", 13) }, 0, false },
+    { "cos", COS, 1, { F("x", 13) }, 0, false },
+    { "gelu", GELU, 1, { F("x", 13) }, 0, false },
+    { "gelu_tanh", GELU_TANH, 1, { F("x", 13) }, 0, false },
+    { "silu", SILU, 1, { F("x", 13) }, 0, false },
+    { "clamp", CLAMP, 1, { F("x", 13) }, 0, false },
+    { "sum axis 0", SUM0, 1, { F("x", 6, 5) }, 0, false },
+    { "sum last keep (fused mul)", SUM_LAST, 2, { F("x", 3, 4, 5), F("y", 5) }, 0, false },
+    { "sum all (fused exp)", SUM_ALL, 1, { F("x", 3, 7) }, 0, false },
+    { "mean axis 1", MEAN1, 1, { F("x", 2, 5, 3) }, 0, false },
+    { "reshape", RESHAPE, 1, { F("x", 2, 3, 5) }, 0, false },
+    { "permute", PERMUTE, 1, { F("x", 2, 3, 4) }, 0, false },
+    { "swapaxes", SWAPAXES, 1, { F("x", 2, 3, 4) }, 0, false },
+    { "matmul", MATMUL, 2, { F("x", 5, 7), F("y", 7, 3) }, 0, false },
+    { "matmul batched x 2-D", MATMUL_BATCHED, 2, { F("x", 2, 3, 4), F("y", 4, 5) }, 0, false },
+    { "matmul broadcast batch", MATMUL_BCAST, 2, { F("x", 2, 1, 3, 4), F("y", 3, 5, 4) }, 0, false },
+    { "one_hot", ONE_HOT, 3, { F("x", 4, 7), F("unused", 1), I("z", 4) }, -7, false },
+    { "embedding", EMBEDDING, 3, { F("x", 6, 4), F("unused", 1), I("z", 2, 3) }, -6, false },
+    { "softmax", SOFTMAX, 1, { F("x", 3, 6) }, 0, false },
+    { "softmax middle axis", SOFTMAX_MID, 1, { F("x", 2, 5, 3) }, 0, false },
+    { "log_softmax axis 0", LOG_SOFTMAX, 1, { F("x", 4, 3) }, 0, false },
+    { "cross_entropy", CROSS_ENTROPY, 3, { F("x", 5, 4), F("unused", 1), I("z", 5) }, 4, false },
+    { "nll_loss sum", NLL_SUM, 3, { F("x", 2, 3, 4), F("unused", 1), I("z", 2, 3) }, 4, false },
+    { "argmax", ARGMAX, 1, { F("x", 3, 5, 2) }, 0, false },
+    { "argmin all", ARGMIN_ALL, 1, { F("x", 3, 5) }, 0, false },
+    { "flatten", FLATTEN, 1, { F("x", 2, 3, 4) }, 0, false },
+    { "split_heads", SPLIT_HEADS, 1, { F("x", 2, 3, 4) }, 0, false },
+    { "merge_heads", MERGE_HEADS, 1, { F("x", 2, 2, 3, 5) }, 0, false },
+    { "take_along_axis", TAKE_ALONG, 3, { F("x", 3, 5, 2), F("unused", 1), I("z", 3, 4, 2) }, -5, false },
+    { "arange", ARANGE, 1, { F("x", 4, 6) }, 0, false },
+    { "ones", ONES, 1, { F("x", 4, 6) }, 0, false },
+    { "narrow", NARROW, 1, { F("x", 3, 6) }, 0, false },
+    { "concat 3", CONCAT3, 2, { F("x", 2, 3), F("y", 2, 4) }, 0, false },
+    { "stack", STACK, 2, { F("x", 2, 3), F("y", 2, 3) }, 0, false },
+    { "split", SPLIT, 1, { F("x", 4, 6) }, 0, false },
+    { "softmax_causal", SOFTMAX_CAUSAL, 1, { F("x", 2, 5, 5) }, 0, false },
+    { "where_causal", WHERE_CAUSAL, 1, { F("x", 3, 4, 4) }, 0, false },
+    { "stop_gradient", STOP_GRADIENT, 2, { F("x", 5), F("y", 5) }, 0, false },
+    { "dropout", DROPOUT, 1, { F("x", 8, 9) }, 0, false },
+    { "randn", RANDN, 1, { F("x", 4, 6) }, 0, false },
+    { "conv2d pad 1", CONV2D, 2, { F("x", 2, 3, 5, 6), F("y", 4, 3, 3, 3) }, 0, false },
+    { "conv2d stride 2", CONV2D_S2, 2, { F("x", 2, 2, 7, 5), F("y", 3, 2, 2, 2) }, 0, false },
+    { "max_pool2d", MAXPOOL, 1, { F("x", 2, 3, 6, 4) }, 0, false },
+    { "max_pool2d pad", MAXPOOL_PAD, 1, { F("x", 1, 2, 5, 7) }, 0, false },
+    { "nearest_upsample2d", UPSAMPLE, 1, { F("x", 2, 2, 3, 4) }, 0, false },
+    { "layernorm chain", LAYERNORM_CHAIN, 2, { F("x", 3, 4, 8), F("y", 8) }, 0, false },
+    { "causal attention", ATTENTION, 2, { F("x", 2, 5, 8), F("y", 2, 5, 8) }, 0, false },
+    { "scalar chain", SCALAR_CHAIN, 1, { F("x", 3, 5) }, 0, false },
+};
+#define N_CASES ((int)(sizeof CASES / sizeof CASES[0]))
+
+/* The op's output, or, with a weight input W of its shape, the scalar sum(out * W) whose
+ * gradients reach every input. */
+typedef struct { const bcase *c; bool weighted; } fwd_ctx;
+
+static tg_tensor fwd(const void *ctx, const tg_tensor *in) {
+    const fwd_ctx *f = ctx;
+    tg_tensor out = op_fwd(f->c, in);
+    return f->weighted ? tg_sum(tg_mul(out, in[f->c->n_in]), TG_ALL, 0) : out;
+}
+
+static void fill_inputs(tg_probe *p, const bcase *c, int n_in, uint64_t seed) {
+    check_rng = seed;
+    const tg_graph *g = tg_probe_graph(p);
+    for (int i = 0; i < n_in; i++) {
+        double *v = tg_probe_input(p, i);
+        for (int64_t e = 0; e < g->nodes[i].numel; e++) {
+            if (g->nodes[i].dtype == TG_INT32) {
+                int range = c->i32_max < 0 ? -c->i32_max + 2 : c->i32_max;
+                v[e] = (double)(check_next() % (uint64_t)range) - (c->i32_max < 0 ? 1 : 0);
+            } else {
+                v[e] = c->positive && i < c->n_in ? check_uniform(0.5, 2) : check_uniform(-2, 2);
+            }
+        }
+    }
+}
+
+/* Worst relative difference of two arrays: |a - b| / max(1e-3, |a|, |b|) (a floor keeps exact
+ * zeros from inflating it). */
+static double worst(const double *a, const double *b, int64_t n) {
+    double w = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double m = fmax(1e-3, fmax(fabs(a[i]), fabs(b[i])));
+        double e = fabs(a[i] - b[i]) / m;
+        if (!(e <= w)) w = e;   /* NaN sticks */
+    }
+    return w;
+}
+
+/* Compare one case on a backend with the reference: forward, then every input gradient. */
+static void compare_case(const char *backend, const bcase *c, const char *label) {
+    tg_model *m = tg_model_new(1);
+    tg_error err;
+    fwd_ctx plain = { c, false };
+    tg_probe *ref = tg_probe_new_on("reference", m, fwd, &plain, c->in, c->n_in, false, &err);
+    CHECK(ref != NULL, "%s: reference probe: %s", c->name, err.msg);
+    if (!ref) { tg_model_free(m); return; }
+    tg_probe *be = tg_probe_new_on(backend, m, fwd, &plain, c->in, c->n_in, false, &err);
+    CHECK(be != NULL, "%s %s: probe: %s", c->name, label, err.msg);
+    tg_shape out_shape = tg_probe_output_shape(ref);
+    tg_dtype out_dtype = tg_probe_graph(ref)->nodes[tg_probe_graph(ref)->output].dtype;
+    if (be) {
+        fill_inputs(ref, c, c->n_in, 7);
+        fill_inputs(be, c, c->n_in, 7);
+        tg_probe_set_seed(ref, 99);
+        tg_probe_set_seed(be, 99);
+        CHECK(tg_probe_run(ref) && tg_probe_run(be), "%s: run failed", c->name);
+        double w = worst(tg_probe_output(be), tg_probe_output(ref), shape_numel(out_shape));
+        CHECK(w <= 1e-4, "%s %s forward: worst rel err %.3g", c->name, label, w);
+        tg_probe_free(be);
+    }
+    tg_probe_free(ref);
+    if (out_dtype == TG_INT32) { tg_model_free(m); return; }
+
+    /* gradients: sum(out * W) with W an extra random input of the output's shape */
+    tg_input_decl decls[4];
+    memcpy(decls, c->in, sizeof c->in);
+    decls[c->n_in] = (tg_input_decl){ "W", TG_FLOAT32, out_shape };
+    fwd_ctx weighted = { c, true };
+    ref = tg_probe_new_on("reference", m, fwd, &weighted, decls, c->n_in + 1, true, &err);
+    be = tg_probe_new_on(backend, m, fwd, &weighted, decls, c->n_in + 1, true, &err);
+    CHECK(ref && be, "%s %s: gradient probes: %s", c->name, label, err.msg);
+    if (ref && be) {
+        fill_inputs(ref, c, c->n_in + 1, 11);
+        fill_inputs(be, c, c->n_in + 1, 11);
+        tg_probe_set_seed(ref, 5);
+        tg_probe_set_seed(be, 5);
+        CHECK(tg_probe_run(ref) && tg_probe_run(be), "%s: run failed", c->name);
+        for (int i = 0; i <= c->n_in; i++) {
+            const double *gr = tg_probe_input_grad(ref, i), *gb = tg_probe_input_grad(be, i);
+            if (!gr) continue;
+            double w = worst(gb, gr, tg_probe_graph(ref)->nodes[i].numel);
+            CHECK(w <= 1e-4, "%s %s: gradient of input %d: worst rel err %.3g", c->name, label, i, w);
+        }
+    }
+    tg_probe_free(ref);
+    tg_probe_free(be);
+    tg_model_free(m);
+}
+
+/* ----- the kernel cache and compiler failures ----- */
+
+static int count_files(const char *dir, const char *suffix) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "ls '%s' 2>/dev/null | grep -c '%s$'", dir, suffix);
+    FILE *f = popen(cmd, "r");
+    int n = 0;
+    if (f && fscanf(f, "%d", &n) != 1) n = 0;
+    if (f) pclose(f);
+    return n;
+}
+
+static tg_model *cache_model;
+
+static tg_probe *cache_probe(tg_error *err) {
+    static fwd_ctx ctx;
+    ctx = (fwd_ctx){ &CASES[0], false };
+    return tg_probe_new_on("cpu", cache_model, fwd, &ctx, CASES[0].in, CASES[0].n_in, false, err);
+}
+
+static void test_cache(const char *dir) {
+    cache_model = tg_model_new(1);
+    char sub[700];
+    snprintf(sub, sizeof sub, "%s/cache", dir);
+    setenv("TG_CACHE_DIR", sub, 1);
+    tg_error err;
+    tg_probe *p = cache_probe(&err);
+    CHECK(p != NULL, "cold compile: %s", err.msg);
+    CHECK(count_files(sub, ".so") == 1, "cache miss writes one shared object (%d)", count_files(sub, ".so"));
+    tg_probe_free(p);
+
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "touch -d '2000-01-01' '%s'/*.so", sub);
+    CHECK(system(cmd) == 0, "touch");
+    p = cache_probe(&err);
+    CHECK(p != NULL, "warm compile: %s", err.msg);
+    snprintf(cmd, sizeof cmd, "find '%s' -name '*.so' -newermt '2001-01-01' | grep -q .", sub);
+    CHECK(system(cmd) != 0, "a cache hit does not rebuild the shared object");
+    tg_probe_free(p);
+
+    snprintf(cmd, sizeof cmd, "for f in '%s'/*.so; do echo garbage > \"$f\"; done", sub);
+    CHECK(system(cmd) == 0, "corrupt");
+    p = cache_probe(&err);
+    CHECK(p != NULL, "a corrupt cached file is rebuilt: %s", p ? "" : err.msg);
+    if (p) {
+        fill_inputs(p, &CASES[0], CASES[0].n_in, 3);
+        CHECK(tg_probe_run(p), "run after rebuild");
+        const double *x = tg_probe_input(p, 0), *y = tg_probe_input(p, 1), *o = tg_probe_output(p);
+        CHECK_CLOSE(o[0], (float)x[0] + (float)y[0], 1e-6, "rebuilt kernels compute");
+    }
+    tg_probe_free(p);
+
+    /* A compiler that fails, one that does not exist, a cache that cannot be created: errors. */
+    setenv("TG_CACHE_DIR", dir, 1);
+    setenv("TG_CFLAGS", "-O1 -DTG_TEST_DIFFERENT_HASH", 1);
+    setenv("TG_CC", "false", 1);
+    p = cache_probe(&err);
+    CHECK(p == NULL && strstr(err.msg, "kernel compilation failed"), "failing compiler: %s", err.msg);
+    setenv("TG_CC", "/nonexistent/cc", 1);
+    p = cache_probe(&err);
+    CHECK(p == NULL && strstr(err.msg, "kernel compilation failed"), "missing compiler: %s", err.msg);
+    unsetenv("TG_CC");
+    unsetenv("TG_CFLAGS");
+    snprintf(sub, sizeof sub, "%s/file", dir);
+    FILE *f = fopen(sub, "w");
+    if (f) fclose(f);
+    snprintf(sub, sizeof sub, "%s/file/cache", dir);
+    setenv("TG_CACHE_DIR", sub, 1);
+    p = cache_probe(&err);
+    CHECK(p == NULL && strstr(err.msg, "cache"), "unusable cache directory: %s", err.msg);
+    setenv("TG_CACHE_DIR", dir, 1);
+
+}
+
+/* ----- training runs compared step by step ----- */
+
+static tg_linear l1, l2;
+static tg_conv2d_layer conv;
+static tg_tensor mlp_loss(const void *ctx, const tg_tensor *in) {
+    tg_tensor h = tg_gelu(tg_linear(&l1, in[0]));
+    return tg_cross_entropy(tg_linear(&l2, tg_dropout(h, 0.1)), in[1], TG_MEAN);
+}
+static tg_tensor cnn_loss(const void *ctx, const tg_tensor *in) {
+    tg_tensor h = tg_max_pool2d(tg_relu(tg_conv(&conv, in[0])), 2, 2, 0);
+    return tg_cross_entropy(tg_linear(&l2, tg_flatten(h, 1)), in[1], TG_MEAN);
+}
+
+static void train_compare(const char *name, tg_forward_fn loss, tg_input_decl *in, int conv_model) {
+    float losses[2][12];
+    for (int b = 0; b < 2; b++) {
+        tg_model *m = tg_model_new(3);
+        if (conv_model) {
+            conv = tg_conv2d_new(m, "conv", 2, 4, 3, 1, 1, 1);
+            l2 = tg_linear_new(m, "l2", 4 * 3 * 3, 5, NULL);
+        } else {
+            l1 = tg_linear_new(m, "l1", 6, 16, NULL);
+            l2 = tg_linear_new(m, "l2", 16, 5, NULL);
+        }
+        tg_optimizer opt = tg_adamw(1e-2, 0.1);
+        opt.clip_norm = 0.5;
+        tg_error err;
+        tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = loss, .inputs = in, .n_inputs = 2,
+                                                   .optimizer = opt, .backend = b ? "cpu" : "reference" }, &err);
+        CHECK(t != NULL, "%s: compile: %s", name, err.msg);
+        if (!t) { tg_model_free(m); return; }
+        int64_t nx = shape_numel(in[0].shape), ny = shape_numel(in[1].shape);
+        float *x = malloc(sizeof(float) * (size_t)nx);
+        int32_t *y = malloc(sizeof(int32_t) * (size_t)ny);
+        check_rng = 42;
+        for (int64_t i = 0; i < nx; i++) x[i] = (float)check_uniform(-1, 1);
+        for (int64_t i = 0; i < ny; i++) y[i] = (int32_t)(check_next() % 5);
+        for (int s = 0; s < 12; s++) {
+            tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, (size_t)nx), tg_i32("y", y, (size_t)ny) }, 2);
+            losses[b][s] = r.status == TG_OK ? r.loss : NAN;
+        }
+        free(x);
+        free(y);
+        tg_destroy(t);
+        tg_model_free(m);
+    }
+    double w = 0;
+    for (int s = 0; s < 12; s++) w = fmax(w, fabs(losses[0][s] - losses[1][s]) / fmax(1, fabs(losses[0][s])));
+    CHECK(w <= 1e-4 && losses[1][11] < losses[1][0], "%s: cpu vs reference losses over 12 steps: worst %.3g (%.4f -> %.4f)",
+          name, w, losses[1][0], losses[1][11]);
+}
+
+/* Through the public API a compiler failure is a NULL handle and the compiler's message. */
+static void test_compile_failure(void) {
+    setenv("TG_CC", "false", 1);
+    setenv("TG_CFLAGS", "-O1 -DTG_TEST_DIFFERENT_HASH2", 1);
+    tg_model *m = tg_model_new(1);
+    l1 = tg_linear_new(m, "l1", 6, 16, NULL);
+    l2 = tg_linear_new(m, "l2", 16, 5, NULL);
+    tg_error err = { { 0 } };
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = mlp_loss, .inputs = (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) },
+                                               .n_inputs = 2, .optimizer = tg_adam(1e-3), .backend = "cpu" }, &err);
+    CHECK(t == NULL && strstr(err.msg, "kernel compilation failed"), "tg_compile with a failing compiler: %s", err.msg);
+    tg_destroy(t);
+    tg_model_free(m);
+    unsetenv("TG_CC");
+    unsetenv("TG_CFLAGS");
+}
+
+int main(void) {
+    char dir[] = "/tmp/tg_test_backend_XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    setenv("TG_CACHE_DIR", dir, 1);
+    for (int fused = 1; fused >= 0; fused--) {
+        if (fused) unsetenv("TG_NO_FUSE");
+        else setenv("TG_NO_FUSE", "1", 1);
+        for (int i = 0; i < N_CASES; i++) compare_case("cpu", &CASES[i], fused ? "fused" : "unfused");
+    }
+    unsetenv("TG_NO_FUSE");
+    test_cache(dir);
+    test_compile_failure();
+    train_compare("mlp+gelu+dropout, adamw, clipping", mlp_loss, (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, 0);
+    train_compare("cnn", cnn_loss, (tg_input_decl[]){ TG_F32("x", 3, 2, 6, 6), TG_I32("y", 3) }, 1);
+    char cmd[100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    return check_report("test_backend");
+}
