@@ -465,6 +465,15 @@ void tg_set_schedule(tg_train *t, const tg_schedule *s);
 int64_t tg_train_step_count(const tg_train *t);
 double tg_train_lr(const tg_train *t);  /* the lr the next step will use */
 
+/* Checkpoints in safetensors format (read by PyTorch's and Hugging Face's tools): every
+ * parameter as an F32 tensor under its name; with with_optimizer, also the optimizer state as
+ * "optimizer.<param>.<k>" (Adam: k = 0 for m, 1 for v; SGD: 0 for the momentum buffer) and the
+ * step count and schedule base in the metadata, so training resumes exactly. tg_load needs
+ * every parameter of the model in the file with its shape (other tensors are ignored) and
+ * changes nothing unless the whole file is good. */
+tg_status tg_save(tg_train *t, const char *path, int with_optimizer, tg_error *err);
+tg_status tg_load(tg_train *t, const char *path, int with_optimizer, tg_error *err);
+
 /* ---------------------------------------------------------------------------------------------
  * Inspection
  * ------------------------------------------------------------------------------------------- */

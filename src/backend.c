@@ -47,8 +47,11 @@ static void ref_release(void *h) {
 const tg_backend backend_reference = REFERENCE_TABLE("reference", ref_prepare_f32);
 const tg_backend backend_reference_f64 = REFERENCE_TABLE("reference-f64", ref_prepare_f64);
 
+/* NULL picks $TG_BACKEND, else the compiled CPU backend. */
 const tg_backend *backend_find(const char *name, tg_error *err) {
-    if (!name || strcmp(name, "reference") == 0) return &backend_reference;
+    if (!name) name = getenv("TG_BACKEND");
+    if (!name || !name[0]) name = "cpu";
+    if (strcmp(name, "reference") == 0) return &backend_reference;
     if (strcmp(name, "reference-f64") == 0) return &backend_reference_f64;
     if (strcmp(name, "cpu") == 0) return &backend_cpu;
     tg_seterr(err, "backend '%s' is not available (this build has: cpu, reference, reference-f64)", name);

@@ -171,6 +171,7 @@ static void cpu_release(void *h) {
 #define PARALLEL_MIN 32768
 
 static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
+    cpu_blas_single_threaded();
     cpu_exec *e = tg_xmalloc(sizeof *e);
     e->g = g;
     bool *mat = tg_xmalloc(sizeof(bool) * (size_t)(g->n + 1));

@@ -249,6 +249,7 @@ char *codegen_c(const tg_graph *g, const bool *materialized, const tg_plan *plan
 /* kernels_cpu.c: the library kernels generated C calls, indexed by its TGK_* ids; threads. */
 extern void *const cpu_kernels[];
 void cpu_set_threads(int n);
+void cpu_blas_single_threaded(void);
 
 /* backend_ref.c: the reference interpreter. Every value is a double; with round_f32 set, each
  * f32 node's result is rounded to float after its kernel, so it computes what an f32 machine
@@ -313,7 +314,8 @@ typedef struct tg_backend {
     void (*release)(void *exec);
 } tg_backend;
 
-/* By name: "reference" (f32, the default), "reference-f64" (double, for gradient checks). NULL
+/* By name: "cpu" (the default; $TG_BACKEND overrides), "reference" (the interpreter, f32),
+ * "reference-f64" (double, for gradient checks). NULL
  * with err set for an unknown or unavailable backend. */
 const tg_backend *backend_find(const char *name, tg_error *err);
 extern const tg_backend backend_reference, backend_reference_f64;

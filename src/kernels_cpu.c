@@ -211,5 +211,8 @@ void *const cpu_kernels[] = {
 
 void cpu_set_threads(int n) { omp_set_num_threads(n); }
 
-/* Before the first product: OpenBLAS single-threaded for good (see k_matmul). */
-__attribute__((constructor)) static void single_threaded_blas(void) { openblas_set_num_threads(1); }
+/* OpenBLAS single-threaded for good (see k_matmul); called whenever a CPU graph is prepared,
+ * since OpenBLAS may (re)initialise its thread pool after a load-time constructor of ours. */
+void cpu_blas_single_threaded(void) {
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}

@@ -1,4 +1,4 @@
-/* test_models: small but real models trained end to end on the reference backend, each asserting
+/* test_models: small but real models trained end to end on the reference and compiled CPU backends, each asserting
  * that its loss falls below a stated bound within a fixed number of steps:
  *
  *   1. cnn:  conv-relu-maxpool x2 -> flatten -> linear on the 8x8 digits (data/digits.csv.gz,
@@ -429,12 +429,18 @@ int main(void) {
     int have = load_digits("data/digits.csv.gz") == 0 && split_digits() == 0;
     CHECK(have && all_rows.n == 1797, "data/digits.csv.gz: loaded %d rows, expected 1797 (run from the repo root)",
           all_rows.n);
-    if (have) {
-        test_cnn();
-        test_autoencoder();
+    /* Every model trains on the reference interpreter and on the compiled CPU backend. */
+    static const char *const backends[] = { "reference", "cpu" };
+    for (int b = 0; b < 2; b++) {
+        setenv("TG_BACKEND", backends[b], 1);
+        printf("test_models: backend %s\n", backends[b]);
+        if (have) {
+            test_cnn();
+            test_autoencoder();
+        }
+        test_gpt(0);
+        test_gpt(1);
     }
-    test_gpt(0);
-    test_gpt(1);
 
     free(all_rows.x); free(all_rows.y);
     free(train_set.x); free(train_set.y);
