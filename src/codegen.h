@@ -1,0 +1,58 @@
+/* The expression engine shared by the code generators (codegen_c.c for the CPU, codegen_cuda.c
+ * for CUDA). A kernel computes one materialized node; its loop body is a list of statements that
+ * evaluate the node's inlined producers as temporaries. Each source is read at an index derived
+ * from the output's (broadcast, permute, reshape, narrow, pad, gathers), so movement never copies.
+ * The statements are plain C expressions over float/int32_t values, libm functions and the
+ * prelude's helpers, valid C and valid CUDA alike; buffers are read as P<node>[index], which each
+ * generator declares in its kernel wrapper. Internal to the code generators. */
+#ifndef TG_CODEGEN_H
+#define TG_CODEGEN_H
+
+#include "internal.h"
+
+#define NAME 24
+
+/* An index into a node: its flat position and/or its coordinates, as names of generated
+ * variables or literals. */
+typedef struct {
+    bool has_flat, has_coords;
+    char flat[NAME];
+    char c[TG_MAX_DIMS][NAME];
+} ix_t;
+
+typedef struct { int node; char key[TG_MAX_DIMS * NAME + 8]; char name[NAME]; } memo_t;
+
+typedef struct {
+    const tg_graph *g;
+    const bool *mat;
+    const tg_plan *plan;
+    strbuf *out;
+    strbuf body;
+    int root, ntmp;
+    memo_t *memo;
+    int n_memo, cap_memo;
+    bool *used;          /* per node: read from memory by the current kernel */
+    int parallel_min;    /* CPU: elements below which a kernel runs on one thread */
+} cg;
+
+
+void cg_init(cg *c, const tg_graph *g, const bool *materialized, const tg_plan *plan, strbuf *out);
+void cg_release(cg *c);
+/* Start the kernel of node `root`: an empty body, nothing read yet. */
+void cg_begin(cg *c, int root);
+/* The name of a variable holding the root's value at flat index `flat` (computed, not loaded). */
+const char *cg_root_value(cg *c, const char *flat);
+/* The same for any node: loaded from memory when materialized, computed when inlined. */
+const char *cg_value(cg *c, int node, const char *flat);
+/* A statement, and a fresh variable `name` of `type` holding an expression. */
+void cg_line(cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cg_def(cg *c, char *name, const char *prefix, const char *type, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+const char *cg_ctype(const tg_node *n);        /* "float" or "int32_t" */
+bool cg_is_bound(tg_op op);                    /* INPUT, PARAM, STATE */
+const char *cg_flit(double v, char *buf);      /* a float literal, inf and NaN included */
+/* The helpers generated expressions call (random numbers, GELU), each function declared with
+ * `qualifier` ("static inline" in C, "static __device__ inline" in CUDA). */
+void cg_prelude(strbuf *out, const char *qualifier);
+
+#endif
