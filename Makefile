@@ -32,7 +32,7 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libtensorgrad.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/libtensorgrad.a $(LDLIBS)
 
-$(BUILD)/examples/%: examples/%.c $(BUILD)/libtensorgrad.a
+$(BUILD)/examples/%: examples/%.c $(wildcard examples/*.h) $(BUILD)/libtensorgrad.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/libtensorgrad.a $(LDLIBS)
 

@@ -89,9 +89,32 @@ static tg_tensor gpt_loss(const void *ctx, const tg_tensor *in) {
 
 /* ----- workloads ----- */
 
+/* PyTorch's default initialisations, matched in variance so both libraries train the same models:
+ * nn.Linear/nn.Conv2d draw U(+-1/sqrt(fan_in)) (std 1/sqrt(3 fan_in)), nn.Embedding N(0, 1). */
+static tg_linear torch_linear(tg_model *m, const char *name, int64_t in, int64_t out) {
+    tg_linear_opts o = { .has_init = 1, .init = tg_init_randn(1 / sqrt(3.0 * (double)in)) };
+    return tg_linear_new(m, name, in, out, &o);
+}
+
+static tg_embedding_layer torch_embedding(tg_model *m, const char *name, int64_t vocab, int64_t dim) {
+    tg_model_push(m, "%s", name);
+    tg_embedding_layer e = { tg_param_new(m, "W", TG_SHAPE(vocab, dim), tg_init_randn(1.0)) };
+    tg_model_pop(m);
+    return e;
+}
+
+static tg_conv2d_layer torch_conv(tg_model *m, const char *name, int64_t in, int64_t out, int k) {
+    tg_conv2d_layer c = { .has_bias = 1, .stride = 1, .padding = k / 2 };
+    tg_model_push(m, "%s", name);
+    c.W = tg_param_new(m, "W", TG_SHAPE(out, in, k, k), tg_init_randn(1 / sqrt(3.0 * (double)(in * k * k))));
+    c.b = tg_param_new(m, "b", TG_SHAPE(out), tg_init_zeros());
+    tg_model_pop(m);
+    return c;
+}
+
 typedef struct {
     const char *name;
-    int steps;              /* per repeat, as the peer on CPU; scaled on GPU by --steps-scale */
+    int steps, gpu_steps;   /* per repeat, as the peer on CPU and on CUDA */
     tg_model *m;
     void *model;            /* mlp, cnn or gpt */
     tg_forward_fn loss;
@@ -112,7 +135,7 @@ static void make_mlp(workload *w, const int *dims, int n) {
     for (int i = 0; i + 1 < n; i++) {
         char name[16];
         snprintf(name, sizeof name, "ls.%d", i);
-        the_mlp.l[i] = tg_linear_new(w->m, name, dims[i], dims[i + 1], NULL);
+        the_mlp.l[i] = torch_linear(w->m, name, dims[i], dims[i + 1]);
     }
     w->model = &the_mlp;
 }
@@ -121,23 +144,23 @@ static void make_gpt(workload *w, int V, int T, int d, int h, int L, int B) {
     gpt *g = &the_gpt;
     *g = (gpt){ .V = V, .T = T, .d = d, .h = h, .L = L };
     w->m = tg_model_new(0);
-    g->tok = tg_embedding_new(w->m, "tok", V, d);
-    g->pos = tg_embedding_new(w->m, "pos", T, d);
+    g->tok = torch_embedding(w->m, "tok", V, d);
+    g->pos = torch_embedding(w->m, "pos", T, d);
     for (int i = 0; i < L; i++) {
         tg_model_push(w->m, "blocks.%d", i);
         block *b = &g->b[i];
         b->ln1 = tg_layernorm_new(w->m, "ln1", d, 1e-5, 1);
-        b->q = tg_linear_new(w->m, "q", d, d, NULL);
-        b->k = tg_linear_new(w->m, "k", d, d, NULL);
-        b->v = tg_linear_new(w->m, "v", d, d, NULL);
-        b->o = tg_linear_new(w->m, "o", d, d, NULL);
+        b->q = torch_linear(w->m, "q", d, d);
+        b->k = torch_linear(w->m, "k", d, d);
+        b->v = torch_linear(w->m, "v", d, d);
+        b->o = torch_linear(w->m, "o", d, d);
         b->ln2 = tg_layernorm_new(w->m, "ln2", d, 1e-5, 1);
-        b->f1 = tg_linear_new(w->m, "f1", d, 4 * d, NULL);
-        b->f2 = tg_linear_new(w->m, "f2", 4 * d, d, NULL);
+        b->f1 = torch_linear(w->m, "f1", d, 4 * d);
+        b->f2 = torch_linear(w->m, "f2", 4 * d, d);
         tg_model_pop(w->m);
     }
     g->lnf = tg_layernorm_new(w->m, "lnf", d, 1e-5, 1);
-    g->head = tg_linear_new(w->m, "head", d, V, NULL);
+    g->head = torch_linear(w->m, "head", d, V);
     w->model = g;
     w->loss = gpt_loss;
     w->in[0] = (tg_input_decl)TG_I32("x", B, T);
@@ -167,6 +190,7 @@ static bool make(workload *w, const char *name) {
         }
         w->lr = 5e-3;
         w->steps = 200;
+        w->gpu_steps = 500;
     } else if (strcmp(name, "mnist_mlp") == 0) {
         make_mlp(w, (int[]){ 784, 512, 512, 10 }, 4);
         w->loss = mnist_loss;
@@ -178,12 +202,13 @@ static bool make(workload *w, const char *name) {
         for (int i = 0; i < 128; i++) w->y[i] = (int32_t)(uniform() * 10);
         w->lr = 1e-3;
         w->steps = 100;
+        w->gpu_steps = 500;
     } else if (strcmp(name, "cifar_cnn") == 0) {
         w->m = tg_model_new(0);
-        the_cnn.c1 = tg_conv2d_new(w->m, "c1", 3, 32, 3, 1, 1, 1);
-        the_cnn.c2 = tg_conv2d_new(w->m, "c2", 32, 64, 3, 1, 1, 1);
-        the_cnn.f1 = tg_linear_new(w->m, "f1", 64 * 8 * 8, 256, NULL);
-        the_cnn.f2 = tg_linear_new(w->m, "f2", 256, 10, NULL);
+        the_cnn.c1 = torch_conv(w->m, "c1", 3, 32, 3);
+        the_cnn.c2 = torch_conv(w->m, "c2", 32, 64, 3);
+        the_cnn.f1 = torch_linear(w->m, "f1", 64 * 8 * 8, 256);
+        the_cnn.f2 = torch_linear(w->m, "f2", 256, 10);
         w->model = &the_cnn;
         w->loss = cnn_loss;
         w->in[0] = (tg_input_decl)TG_F32("x", 64, 3, 32, 32);
@@ -194,12 +219,15 @@ static bool make(workload *w, const char *name) {
         for (int i = 0; i < 64; i++) w->y[i] = (int32_t)(uniform() * 10);
         w->lr = 1e-3;
         w->steps = 20;
+        w->gpu_steps = 200;
     } else if (strcmp(name, "char_gpt_small") == 0) {
         make_gpt(w, 65, 64, 128, 4, 2, 16);
         w->steps = 20;
+        w->gpu_steps = 200;
     } else if (strcmp(name, "char_gpt") == 0) {
         make_gpt(w, 65, 256, 384, 6, 6, 64);
         w->steps = 10;
+        w->gpu_steps = 50;
     } else {
         return false;
     }
@@ -259,8 +287,12 @@ static int run(const char *name, const char *backend, double scale) {
         w.yf ? tg_f32("y", w.yf, (size_t)by) : tg_i32("y", w.y, (size_t)by),
     };
     tg_result r = { 0 };
-    for (int i = 0; i < 5; i++) r = tg_step(t, data, 2);
-    int steps = (int)(w.steps * scale) > 0 ? (int)(w.steps * scale) : 1;
+    for (int i = 0; i < 5; i++) {
+        r = tg_step(t, data, 2);
+        if (getenv("TG_BENCH_LOSSES")) fprintf(stderr, "%s warm-up step %d: loss %.4f\n", name, i + 1, r.loss);
+    }
+    int base = strcmp(backend, "cuda") == 0 ? w.gpu_steps : w.steps;
+    int steps = (int)(base * scale) > 0 ? (int)(base * scale) : 1;
     double times[5];
     for (int k = 0; k < 5 && r.status == TG_OK; k++) {
         double t0 = now();

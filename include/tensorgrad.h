@@ -261,9 +261,11 @@ tg_tensor tg_concat_at(tg_site s, const tg_tensor *xs, int n, int axis);
 tg_tensor tg_stack_at(tg_site s, const tg_tensor *xs, int n, int axis);
 void tg_split_at(tg_site s, tg_tensor x, const int64_t *sizes, int n, int axis, tg_tensor *out);
 #define tg_narrow(x, axis, start, length) tg_narrow_at(TG_HERE, x, axis, start, length)
-#define tg_concat(xs, n, axis) tg_concat_at(TG_HERE, xs, n, axis)
-#define tg_stack(xs, n, axis) tg_stack_at(TG_HERE, xs, n, axis)
-#define tg_split(x, sizes, n, axis, out) tg_split_at(TG_HERE, x, sizes, n, axis, out)
+/* Variadic so a compound literal (its commas are not inside parentheses) passes through:
+ * tg_concat((tg_tensor[]){ a, b }, 2, -1). */
+#define tg_concat(...) tg_concat_at(TG_HERE, __VA_ARGS__)
+#define tg_stack(...) tg_stack_at(TG_HERE, __VA_ARGS__)
+#define tg_split(...) tg_split_at(TG_HERE, __VA_ARGS__)
 
 /* Attention helpers over the last two axes [.., T, T] (row = query, column = key).
  * softmax_causal: softmax along the last axis of the entries with column <= row; 0 above the
@@ -413,7 +415,7 @@ typedef struct {
     const tg_input_decl *inputs;
     int n_inputs;
     tg_optimizer optimizer;
-    const char *backend;         /* "reference" (default); later: "cpu", "cuda" */
+    const char *backend;         /* "cpu" (default, or $TG_BACKEND), "cuda", "reference" */
 } tg_train_spec;
 
 typedef struct {
@@ -497,6 +499,10 @@ int tg_graph_output(const tg_graph *g);            /* the loss or forward output
 char *tg_graph_dot(const tg_graph *g);
 /* Bytes of intermediate memory the buffer plan needs (parameters and state not counted). */
 size_t tg_train_planned_bytes(const tg_train *t);
+
+/* Can this backend run here? 1 if so; else 0 with the reason in why (e.g. "CUDA is not
+ * available: no CUDA device"). Backends: "cpu" (default), "cuda", "reference". */
+int tg_backend_available(const char *name, char *why, size_t why_len);
 
 const char *tg_version(void);
 

@@ -43,7 +43,7 @@ static void ref_release(void *h) {
 }
 
 #define REFERENCE_TABLE(NAME, PREPARE) { NAME, ref_alloc, ref_free, ref_write, ref_upload, ref_read, ref_copy, \
-                                         PREPARE, ref_planned_bytes, ref_bind, ref_run, ref_node_buf, ref_release }
+                                         PREPARE, ref_planned_bytes, ref_bind, ref_run, ref_node_buf, ref_release, NULL }
 const tg_backend backend_reference = REFERENCE_TABLE("reference", ref_prepare_f32);
 const tg_backend backend_reference_f64 = REFERENCE_TABLE("reference-f64", ref_prepare_f64);
 
@@ -54,6 +54,8 @@ const tg_backend *backend_find(const char *name, tg_error *err) {
     if (strcmp(name, "reference") == 0) return &backend_reference;
     if (strcmp(name, "reference-f64") == 0) return &backend_reference_f64;
     if (strcmp(name, "cpu") == 0) return &backend_cpu;
-    tg_seterr(err, "backend '%s' is not available (this build has: cpu, reference, reference-f64)", name);
+    if (strcmp(name, "cuda") == 0) return &backend_cuda;
+    if (strcmp(name, "cuda-nvrtc") == 0) return &backend_cuda_nvrtc;
+    tg_seterr(err, "backend '%s' is not available (this build has: cpu, cuda, reference, reference-f64)", name);
     return NULL;
 }

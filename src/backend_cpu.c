@@ -58,46 +58,6 @@ static void cpu_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n 
 
 /* ----- the kernel cache ----- */
 
-static uint64_t fnv1a(uint64_t h, const char *s) {
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
-static bool cache_dir(char *dir, size_t len, tg_error *err) {
-    const char *env = getenv("TG_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (env && env[0]) snprintf(dir, len, "%s", env);
-    else if (xdg && xdg[0]) snprintf(dir, len, "%s/tensorgrad", xdg);
-    else snprintf(dir, len, "%s/.cache/tensorgrad", home && home[0] ? home : "/tmp");
-    /* mkdir -p */
-    for (char *p = dir + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        mkdir(dir, 0755);
-        *p = '/';
-    }
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        tg_seterr(err, "cannot create the kernel cache directory %s: %s", dir, strerror(errno));
-        return false;
-    }
-    return true;
-}
-
-/* Write `text` to path through a temporary file and a rename, so readers never see half. */
-static bool write_file(const char *path, const char *text, tg_error *err) {
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    size_t len = strlen(text);
-    bool ok = f && fwrite(text, 1, len, f) == len;
-    if (f && fclose(f) != 0) ok = false;
-    if (ok && rename(tmp, path) != 0) ok = false;
-    if (!ok) {
-        tg_seterr(err, "cannot write %s: %s", path, strerror(errno));
-        unlink(tmp);
-    }
-    return ok;
-}
-
 static void read_log(const char *path, char *buf, size_t len) {
     buf[0] = 0;
     FILE *f = fopen(path, "r");
@@ -139,12 +99,15 @@ static void *load_kernels(const char *source, tg_error *err) {
     if (!flags) flags = "-O3 -march=native";
     char dir[900], path_c[1000], path_so[1000];
     if (!cache_dir(dir, sizeof dir, err)) return NULL;
-    uint64_t h = fnv1a(fnv1a(fnv1a(1469598103934665603ull, source), cc), flags);
+    uint64_t h = 1469598103934665603ull;
+    h = cache_hash(h, source, strlen(source));
+    h = cache_hash(h, cc, strlen(cc) + 1);
+    h = cache_hash(h, flags, strlen(flags) + 1);
     snprintf(path_c, sizeof path_c, "%s/%016llx.c", dir, (unsigned long long)h);
     snprintf(path_so, sizeof path_so, "%s/%016llx.so", dir, (unsigned long long)h);
     for (int attempt = 0; attempt < 2; attempt++) {
         if (access(path_so, R_OK) != 0) {
-            if (!write_file(path_c, source, err) || !compile(cc, flags, path_c, path_so, err)) return NULL;
+            if (!cache_write(path_c, source, strlen(source), err) || !compile(cc, flags, path_c, path_so, err)) return NULL;
         }
         void *dl = dlopen(path_so, RTLD_NOW | RTLD_LOCAL);
         if (dl) return dl;
@@ -214,5 +177,5 @@ const char *cpu_source(void *h) { return ((cpu_exec *)h)->source; }
 
 const tg_backend backend_cpu = {
     "cpu", cpu_alloc, cpu_free, cpu_write, cpu_upload, cpu_read, cpu_copy,
-    cpu_prepare, cpu_planned_bytes, cpu_bind, cpu_run, cpu_node_buf, cpu_release,
+    cpu_prepare, cpu_planned_bytes, cpu_bind, cpu_run, cpu_node_buf, cpu_release, NULL,
 };

@@ -246,6 +246,24 @@ void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bo
  * frees it. Pointwise kernels of fewer than parallel_min elements run on one thread. */
 char *codegen_c(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min);
 
+/* codegen_cuda.c: the CUDA source of a scheduled, planned graph and its launch list, in order:
+ * kernels (grid x block threads, each kernel (float *A, void *const *B, const double *H)),
+ * cuBLAS products (row-major op(A) op(B), per-batch offsets) and memsets of a node's buffer. */
+typedef enum { CL_KERNEL, CL_GEMM, CL_MEMSET } cuda_launch_kind;
+typedef struct {
+    cuda_launch_kind kind;
+    int node;                        /* the node whose buffer it writes */
+    char name[24];                   /* CL_KERNEL */
+    int64_t grid, grid_y;
+    int block;
+    int ta, tb, a, b;                /* CL_GEMM: operands' nodes */
+    int64_t M, N, K, batch, *aoff, *boff;
+    int64_t n;                       /* CL_MEMSET: elements */
+} cuda_launch;
+typedef struct { const tg_graph *g; cuda_launch *launch; int n, cap; } cuda_plan;
+char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches);
+void cuda_plan_free(cuda_plan *p);
+
 /* kernels_cpu.c: the library kernels generated C calls, indexed by its TGK_* ids; threads. */
 extern void *const cpu_kernels[];
 void cpu_set_threads(int n);
@@ -312,6 +330,11 @@ typedef struct tg_backend {
     bool (*run)(void *exec, const double *hyper, tg_error *err);
     void *(*node_buf)(void *exec, int node);                         /* a node's values after run */
     void (*release)(void *exec);
+    /* Optional: one whole training step kept on the device: run; then, only if the loss node
+     * is finite, every write-back dst[k] <- node wb[k].src; *loss gets the loss either way.
+     * NULL: the runtime does run, read and copy itself. */
+    bool (*step)(void *exec, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst,
+                 double *loss_out, tg_error *err);
 } tg_backend;
 
 /* By name: "cpu" (the default; $TG_BACKEND overrides), "reference" (the interpreter, f32),
@@ -320,10 +343,22 @@ typedef struct tg_backend {
 const tg_backend *backend_find(const char *name, tg_error *err);
 extern const tg_backend backend_reference, backend_reference_f64;
 
+/* backend_cuda.c: the CUDA backend, and a compile-only variant (NVRTC for sm_90, runs nothing)
+ * that tests use on machines without a GPU; the generated source of a prepared graph. */
+extern const tg_backend backend_cuda, backend_cuda_nvrtc;
+const char *cuda_source(void *exec);
+
 /* backend_cpu.c: the compiled CPU backend; the generated source of a prepared graph. */
 extern const tg_backend backend_cpu;
 const char *cpu_source(void *exec);
 
+
+/* cache.c: the on-disk kernel cache: $TG_CACHE_DIR, else $XDG_CACHE_HOME/tensorgrad, else
+ * ~/.cache/tensorgrad (created); atomic writes; whole-file reads (NULL if absent). */
+uint64_t cache_hash(uint64_t h, const void *data, size_t len);   /* FNV-1a; start h at 1469598103934665603 */
+bool cache_dir(char *dir, size_t len, tg_error *err);
+bool cache_write(const char *path, const void *data, size_t len, tg_error *err);
+void *cache_read(const char *path, size_t *len);
 
 /* util */
 typedef struct { char *s; size_t len, cap; } strbuf;   /* a growable string; {0} is empty */

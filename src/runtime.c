@@ -46,6 +46,7 @@ struct tg_train {
     tg_forward **fwd;
     int n_fwd;
     tg_forward *eval;         /* the loss as a forward graph, for tg_eval_loss */
+    void **wb_dst;            /* the backend's step hook: write-back targets by assign */
     tg_forward_fn loss_fn;
     const void *loss_ctx;
 };
@@ -304,17 +305,26 @@ tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs) {
     optim_hyper(&t->opt, t->step + 1, tg_train_lr(t), t->hyper);
     t->hyper[HYPER_SEED] = call_seed(t->model, 0, t->step + 1);
     tg_error err;
-    if (!t->be->run(t->c.exec, t->hyper, &err)) return failed("tg_step: %s", err.msg);
     double loss;
-    read_node(&t->c, t->loss, &loss);
+    const tg_graph *g = t->c.g;
+    if (t->be->step) {
+        if (!t->wb_dst) {   /* the write-back targets, in the graph's order */
+            t->wb_dst = tg_xmalloc(sizeof(void *) * (size_t)(g->n_assigns + 1));
+            for (int k = 0; k < g->n_assigns; k++) t->wb_dst[k] = leaf_storage(t, &g->nodes[g->assigns[k].dst]);
+        }
+        if (!t->be->step(t->c.exec, t->hyper, t->loss, g->assigns, g->n_assigns, t->wb_dst, &loss, &err))
+            return failed("tg_step: %s", err.msg);
+    } else {
+        if (!t->be->run(t->c.exec, t->hyper, &err)) return failed("tg_step: %s", err.msg);
+        read_node(&t->c, t->loss, &loss);
+        for (int k = 0; k < g->n_assigns && isfinite(loss); k++) {
+            const tg_node *dst = &g->nodes[g->assigns[k].dst];
+            t->be->copy(leaf_storage(t, dst), t->be->node_buf(t->c.exec, g->assigns[k].src), (size_t)dst->numel);
+        }
+    }
     if (!isfinite(loss))
         return failed("loss is %s at step %lld; parameters were left unchanged", isnan(loss) ? "NaN" : "infinite",
                       (long long)t->step + 1);
-    const tg_graph *g = t->c.g;
-    for (int k = 0; k < g->n_assigns; k++) {
-        const tg_node *dst = &g->nodes[g->assigns[k].dst];
-        t->be->copy(leaf_storage(t, dst), t->be->node_buf(t->c.exec, g->assigns[k].src), (size_t)dst->numel);
-    }
     t->step++;
     r.status = TG_OK;
     r.loss = (float)loss;
@@ -401,6 +411,7 @@ void tg_destroy(tg_train *t) {
     for (int i = 0; t->param && i < t->n_params; i++)
         if (t->param[i]) t->be->free(t->param[i]);
     free(t->param);
+    free(t->wb_dst);
     compiled_free(&t->c);
     free(t);
 }

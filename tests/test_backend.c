@@ -82,11 +82,11 @@ static tg_tensor op_fwd(const bcase *c, const tg_tensor *in) {
     case ARANGE: return tg_mul(x, tg_arange(6, TG_FLOAT32));
     case ONES: return tg_add(x, tg_ones(TG_FLOAT32, 4, 6));
     case NARROW: return tg_narrow(tg_exp(x), 1, 2, 3);
-    case CONCAT3: return tg_concat(((tg_tensor[]){ x, tg_square(x), y }), 3, 1);
-    case STACK: return tg_stack(((tg_tensor[]){ x, tg_neg(x), y }), 3, -1);
+    case CONCAT3: return tg_concat((tg_tensor[]){ x, tg_square(x), y }, 3, 1);
+    case STACK: return tg_stack((tg_tensor[]){ x, tg_neg(x), y }, 3, -1);
     case SPLIT: {
         tg_tensor parts[3];
-        tg_split(x, ((int64_t[]){ 1, 3, 2 }), 3, 1, parts);
+        tg_split(x, (int64_t[]){ 1, 3, 2 }, 3, 1, parts);
         return tg_add(tg_mul(parts[0], parts[2]), tg_sum(parts[1], 1, 1));
     }
     case SOFTMAX_CAUSAL: return tg_softmax_causal(x);
@@ -144,6 +144,8 @@ static const bcase CASES[] = {
     { "sum last keep (fused mul)", SUM_LAST, 2, { F("x", 3, 4, 5), F("y", 5) }, 0, false },
     { "sum all (fused exp)", SUM_ALL, 1, { F("x", 3, 7) }, 0, false },
     { "mean axis 1", MEAN1, 1, { F("x", 2, 5, 3) }, 0, false },
+    { "sum axis 0, long (chunked on CUDA)", SUM0, 1, { F("x", 3000, 3) }, 0, false },
+    { "sum last, long rows (a warp each on CUDA)", SUM_LAST, 2, { F("x", 2, 3, 700), F("y", 700) }, 0, false },
     { "reshape", RESHAPE, 1, { F("x", 2, 3, 5) }, 0, false },
     { "permute", PERMUTE, 1, { F("x", 2, 3, 4) }, 0, false },
     { "swapaxes", SWAPAXES, 1, { F("x", 2, 3, 4) }, 0, false },
@@ -361,7 +363,7 @@ static tg_tensor cnn_loss(const void *ctx, const tg_tensor *in) {
     return tg_cross_entropy(tg_linear(&l2, tg_flatten(h, 1)), in[1], TG_MEAN);
 }
 
-static void train_compare(const char *name, tg_forward_fn loss, tg_input_decl *in, int conv_model) {
+static void train_compare(const char *backend, const char *name, tg_forward_fn loss, tg_input_decl *in, int conv_model) {
     float losses[2][12];
     for (int b = 0; b < 2; b++) {
         tg_model *m = tg_model_new(3);
@@ -376,7 +378,7 @@ static void train_compare(const char *name, tg_forward_fn loss, tg_input_decl *i
         opt.clip_norm = 0.5;
         tg_error err;
         tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = loss, .inputs = in, .n_inputs = 2,
-                                                   .optimizer = opt, .backend = b ? "cpu" : "reference" }, &err);
+                                                   .optimizer = opt, .backend = b ? backend : "reference" }, &err);
         CHECK(t != NULL, "%s: compile: %s", name, err.msg);
         if (!t) { tg_model_free(m); return; }
         int64_t nx = shape_numel(in[0].shape), ny = shape_numel(in[1].shape);
@@ -396,8 +398,42 @@ static void train_compare(const char *name, tg_forward_fn loss, tg_input_decl *i
     }
     double w = 0;
     for (int s = 0; s < 12; s++) w = fmax(w, fabs(losses[0][s] - losses[1][s]) / fmax(1, fabs(losses[0][s])));
-    CHECK(w <= 1e-4 && losses[1][11] < losses[1][0], "%s: cpu vs reference losses over 12 steps: worst %.3g (%.4f -> %.4f)",
-          name, w, losses[1][0], losses[1][11]);
+    CHECK(w <= 1e-4 && losses[1][11] < losses[1][0], "%s: %s vs reference losses over 12 steps: worst %.3g (%.4f -> %.4f)",
+          name, backend, w, losses[1][0], losses[1][11]);
+}
+
+/* Without a GPU, every case's CUDA kernels (forward and gradients) are still generated and
+ * compiled by NVRTC for sm_90 when NVRTC is installed, so a broken template fails here. */
+static void nvrtc_compile_all(void) {
+    tg_model *m = tg_model_new(1);
+    tg_error err;
+    int compiled = 0;
+    for (int i = 0; i < N_CASES; i++) {
+        const bcase *c = &CASES[i];
+        fwd_ctx plain = { c, false };
+        tg_probe *p = tg_probe_new_on("cuda-nvrtc", m, fwd, &plain, c->in, c->n_in, false, &err);
+        if (!p && strstr(err.msg, "not available")) {
+            printf("test_backend: NVRTC not installed, CUDA kernels not compiled (%s)\n", err.msg);
+            break;
+        }
+        CHECK(p != NULL, "%s: NVRTC compile of the forward: %s", c->name, err.msg);
+        if (!p) continue;
+        tg_shape out = tg_probe_output_shape(p);
+        bool i32 = tg_probe_graph(p)->nodes[tg_probe_graph(p)->output].dtype == TG_INT32;
+        tg_probe_free(p);
+        compiled++;
+        if (i32) continue;
+        tg_input_decl decls[4];
+        memcpy(decls, c->in, sizeof c->in);
+        decls[c->n_in] = (tg_input_decl){ "W", TG_FLOAT32, out };
+        fwd_ctx weighted = { c, true };
+        p = tg_probe_new_on("cuda-nvrtc", m, fwd, &weighted, decls, c->n_in + 1, true, &err);
+        CHECK(p != NULL, "%s: NVRTC compile of the gradients: %s", c->name, err.msg);
+        compiled += p != NULL;
+        tg_probe_free(p);
+    }
+    if (compiled) printf("test_backend: %d graphs' CUDA kernels compiled by NVRTC for sm_90\n", compiled);
+    tg_model_free(m);
 }
 
 /* Through the public API a compiler failure is a NULL handle and the compiler's message. */
@@ -429,8 +465,17 @@ int main(void) {
     unsetenv("TG_NO_FUSE");
     test_cache(dir);
     test_compile_failure();
-    train_compare("mlp+gelu+dropout, adamw, clipping", mlp_loss, (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, 0);
-    train_compare("cnn", cnn_loss, (tg_input_decl[]){ TG_F32("x", 3, 2, 6, 6), TG_I32("y", 3) }, 1);
+    char why[256];
+    bool cuda = tg_backend_available("cuda", why, sizeof why);
+    printf("test_backend: cuda %s%s\n", cuda ? "available" : "not available: ", why);
+    const char *backends[2] = { "cpu", "cuda" };
+    for (int b = 0; b < (cuda ? 2 : 1); b++) {
+        if (b) for (int i = 0; i < N_CASES; i++) compare_case("cuda", &CASES[i], "cuda");
+        train_compare(backends[b], "mlp+gelu+dropout, adamw, clipping", mlp_loss,
+                      (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, 0);
+        train_compare(backends[b], "cnn", cnn_loss, (tg_input_decl[]){ TG_F32("x", 3, 2, 6, 6), TG_I32("y", 3) }, 1);
+    }
+    if (!cuda) nvrtc_compile_all();
     char cmd[100];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

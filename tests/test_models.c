@@ -429,9 +429,11 @@ int main(void) {
     int have = load_digits("data/digits.csv.gz") == 0 && split_digits() == 0;
     CHECK(have && all_rows.n == 1797, "data/digits.csv.gz: loaded %d rows, expected 1797 (run from the repo root)",
           all_rows.n);
-    /* Every model trains on the reference interpreter and on the compiled CPU backend. */
-    static const char *const backends[] = { "reference", "cpu" };
-    for (int b = 0; b < 2; b++) {
+    /* Every model trains on the reference interpreter, the compiled CPU backend and, where a GPU
+     * is available, CUDA. */
+    static const char *const backends[] = { "reference", "cpu", "cuda" };
+    for (int b = 0; b < 3; b++) {
+        if (b == 2 && !tg_backend_available("cuda", NULL, 0)) break;
         setenv("TG_BACKEND", backends[b], 1);
         printf("test_models: backend %s\n", backends[b]);
         if (have) {

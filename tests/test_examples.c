@@ -1,0 +1,172 @@
+/* test_examples: the sin and chargpt examples end to end in a short mode. Runs the built binaries
+ * (BUILD/examples/NAME next to this test's BUILD/tests/, which `make test` builds first) and
+ * checks their exit status, that the losses they print fall, and what --plot writes. sin runs on
+ * the library's default backend; chargpt, the heavier one, on --backend reference (the plain
+ * interpreter: the same speed on a loaded machine, and it checks that --backend is passed on),
+ * training on a small file of a repeating phrase written to a fresh /tmp directory. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static char dir[4096];        /* the examples directory */
+static char output[1 << 16];  /* what the last run printed (stdout and stderr) */
+
+/* Runs example NAME with args; returns its exit code, or -1 if it did not exit normally. */
+static int run_example(const char *name, const char *args) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s/%s' %s 2>&1", dir, name, args);
+    output[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(output, 1, sizeof output - 1, p);
+    output[n] = '\0';
+    while (fgetc(p) != EOF) {}   /* drain anything past the buffer */
+    int status = pclose(p);
+    return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The losses of the progress lines "step N/M  loss X ..."; returns how many were found. With
+ * heldout non-NULL also the "held-out X" that follows (every chargpt progress line has one). */
+static int progress_losses(double *loss, double *heldout, int max) {
+    int n = 0, step, steps;
+    for (const char *line = output; line && *line && n < max; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (sscanf(line, "step %d/%d loss %lf", &step, &steps, &loss[n]) != 3) continue;
+        if (heldout) {
+            const char *h = strstr(line, "held-out ");
+            if (!h || h > strchr(line, '\n') || sscanf(h, "held-out %lf", &heldout[n]) != 1) continue;
+        }
+        n++;
+    }
+    return n;
+}
+
+/* Checks PREFIX.csv (the header, then `steps` rows "step,loss[,heldout]" numbered 1..steps, with
+ * n_heldout held-out values) and PREFIX.svg (an <svg> document with a drawn line). */
+static void check_plot(const char *prefix, const char *header, int steps, int n_heldout) {
+    char path[4200], line[256];
+    snprintf(path, sizeof path, "%s.csv", prefix);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL, "%s was not written", path);
+    if (f) {
+        int rows = 0, bad = 0, held = 0;
+        CHECK(fgets(line, sizeof line, f) && strcmp(line, header) == 0, "%s: header %s", path, line);
+        while (fgets(line, sizeof line, f)) {
+            long long step;
+            double loss, h;
+            int k = 0;
+            if (sscanf(line, "%lld,%lf%n", &step, &loss, &k) != 2 || step != rows + 1 || !(loss >= 0)) bad++;
+            else if (line[k] == ',' && line[k + 1] != '\n' && sscanf(line + k + 1, "%lf", &h) == 1) held++;
+            rows++;
+        }
+        fclose(f);
+        CHECK(rows == steps && bad == 0, "%s: %d rows (%d unparsable), expected %d", path, rows, bad, steps);
+        CHECK(held == n_heldout, "%s: %d held-out values, expected %d", path, held, n_heldout);
+        remove(path);
+    }
+    snprintf(path, sizeof path, "%s.svg", prefix);
+    f = fopen(path, "r");
+    CHECK(f != NULL, "%s was not written", path);
+    if (f) {
+        static char svg[1 << 20];
+        size_t n = fread(svg, 1, sizeof svg - 1, f);
+        svg[n] = '\0';
+        fclose(f);
+        CHECK(strncmp(svg, "<svg", 4) == 0, "%s does not start with <svg", path);
+        CHECK(strstr(svg, "<polyline") || strstr(svg, "<path"), "%s has no line", path);
+        CHECK(strstr(svg, "</svg>") != NULL, "%s is not closed", path);
+        remove(path);
+    }
+}
+
+static void test_sin(const char *tmp) {
+    char args[8600], prefix[4200];
+    snprintf(prefix, sizeof prefix, "%s/sin", tmp);
+    snprintf(args, sizeof args, "--steps 400 --plot '%s'", prefix);
+    int rc = run_example("sin", args);
+    double loss[64];
+    int n = progress_losses(loss, NULL, 64);
+    CHECK(rc == 0, "sin %s exited %d", args, rc);
+    CHECK(n == 20, "sin: expected 20 progress lines, found %d", n);
+    if (n == 20) {
+        CHECK(loss[0] > 0.01 && loss[0] < 1.0, "sin: first loss %g", loss[0]);
+        CHECK(loss[n - 1] < 0.05 * loss[0] && loss[n - 1] < 0.01, "sin: last loss %g vs first %g", loss[n - 1], loss[0]);
+    }
+    CHECK(strstr(output, "max abs error ") != NULL, "sin: no prediction table");
+    if (rc != 0 || n != 20) fprintf(stderr, "--- sin output ---\n%s---\n", output);
+    if (rc == 0) check_plot(prefix, "step,loss\n", 400, 0);
+
+    rc = run_example("sin", "--backend no-such-backend");
+    CHECK(rc == 1 && strstr(output, "no-such-backend"), "sin --backend no-such-backend exited %d\n%s", rc, output);
+    snprintf(args, sizeof args, "--plot '%s/no-such-dir/sin'", tmp);
+    rc = run_example("sin", args);   /* an unwritable --plot fails before training */
+    CHECK(rc == 1 && strstr(output, "no-such-dir") && !strstr(output, "step "), "sin %s exited %d\n%s", args, rc, output);
+    rc = run_example("sin", "--steps 0");
+    CHECK(rc == 2 && strstr(output, "usage"), "sin --steps 0 exited %d\n%s", rc, output);
+}
+
+static void test_chargpt(const char *tmp) {
+    /* ~4 KB of one phrase: the model learns it within a few dozen steps. */
+    char text[4200], args[8600], prefix[4200];
+    snprintf(text, sizeof text, "%s/phrase.txt", tmp);
+    snprintf(prefix, sizeof prefix, "%s/chargpt", tmp);
+    FILE *f = fopen(text, "w");
+    CHECK(f != NULL, "cannot write %s", text);
+    if (!f) return;
+    for (int i = 0; i < 90; i++) fputs("the quick brown fox jumps over the lazy dog. ", f);
+    fclose(f);
+
+    snprintf(args, sizeof args, "'%s' --backend reference --steps 15 --lr 1e-2 --eval-every 5 --sample-every 0 --sample-len 40 "
+             "--prompt 'the ' --plot '%s'", text, prefix);
+    int rc = run_example("chargpt", args);
+    double loss[16], held[16];
+    int n = progress_losses(loss, held, 16);
+    CHECK(rc == 0, "chargpt %s exited %d", args, rc);
+    CHECK(n == 3, "chargpt: expected 3 progress lines, found %d", n);
+    if (n == 3) {
+        /* The first line averages steps 1..5, which start near ln(vocab 28) = 3.3. */
+        CHECK(loss[0] > 2.0 && loss[0] < 4.0, "chargpt: first loss %g", loss[0]);
+        CHECK(loss[2] < 0.75 * loss[0], "chargpt: last loss %g is not well below the first %g", loss[2], loss[0]);
+        CHECK(held[2] < 0.75 * held[0], "chargpt: last held-out loss %g is not well below the first %g", held[2], held[0]);
+    }
+    CHECK(strstr(output, "--- sample at step 15") != NULL, "chargpt: no sample at the end");
+    if (rc != 0 || n != 3) fprintf(stderr, "--- chargpt output ---\n%s---\n", output);
+    if (rc == 0) check_plot(prefix, "step,loss,heldout\n", 15, 3);
+
+    /* Bad input is a message and a non-zero exit, not a crash. */
+    snprintf(args, sizeof args, "'%s/no-such-file.txt'", tmp);
+    rc = run_example("chargpt", args);
+    CHECK(rc == 1 && strstr(output, "no-such-file"), "chargpt <missing file> exited %d\n%s", rc, output);
+    f = fopen(text, "w");
+    if (f) { fputs("too short", f); fclose(f); }
+    snprintf(args, sizeof args, "'%s'", text);
+    rc = run_example("chargpt", args);
+    CHECK(rc == 1 && strstr(output, "too short"), "chargpt <9-byte file> exited %d\n%s", rc, output);
+    rc = run_example("chargpt", "");
+    CHECK(rc == 2 && strstr(output, "usage"), "chargpt without a file exited %d\n%s", rc, output);
+    remove(text);
+}
+
+int main(int argc, char **argv) {
+    /* build/tests/test_examples -> build/tests/../examples (build-san/... under sanitizers) */
+    const char *slash = strrchr(argv[0], '/');
+    if (slash) snprintf(dir, sizeof dir, "%.*s/../examples", (int)(slash - argv[0]), argv[0]);
+    else snprintf(dir, sizeof dir, "build/examples");
+    char sin_path[4200], gpt_path[4200];
+    snprintf(sin_path, sizeof sin_path, "%s/sin", dir);
+    snprintf(gpt_path, sizeof gpt_path, "%s/chargpt", dir);
+    int have = access(sin_path, X_OK) == 0 && access(gpt_path, X_OK) == 0;
+    CHECK(have, "need %s and %s (make builds them)", sin_path, gpt_path);
+    char tmpl[] = "/tmp/tg_examples_XXXXXX";
+    const char *tmp = have ? mkdtemp(tmpl) : NULL;
+    CHECK(!have || tmp, "mkdtemp %s failed", tmpl);
+    if (!tmp) return check_report("test_examples");
+
+    test_sin(tmp);
+    test_chargpt(tmp);
+    rmdir(tmp);
+    return check_report("test_examples");
+}
