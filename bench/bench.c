@@ -308,10 +308,13 @@ static int run(const char *name, const char *backend, double scale) {
     qsort(sorted, 5, sizeof(double), cmp_double);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
+    /* Everything the step keeps in (device) memory: the planned intermediates, the parameters
+     * with Adam's two moments, and the inputs. */
+    double state_mb = (tg_train_planned_bytes(t) + 4.0 * (3 * n_params(t) + bt + by)) / 1048576.0;
     printf("%-16s %-4s %-8s params=%9lld ms/step median=%8.3f min=%8.3f loss=%.4f compile cold=%.2fs warm=%.3fs "
-           "planned=%.1fMB peak_rss=%.1fMB\n",
+           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB\n",
            name, backend, "tg", (long long)n_params(t), sorted[2], sorted[0], r.loss, cold, warm,
-           tg_train_planned_bytes(t) / 1048576.0, ru.ru_maxrss / 1024.0);
+           tg_train_planned_bytes(t) / 1048576.0, state_mb, ru.ru_maxrss / 1024.0);
     fflush(stdout);
     tg_destroy(t);
     release(&w);

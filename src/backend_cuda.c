@@ -11,6 +11,8 @@
  * synchronisation per step.
  *
  * Environment: TG_TF32=1 lets cuBLAS use TF32 tensor cores (off by default: full f32).
+ * TG_CUDA_PROFILE=1 runs each step's launches one by one, synchronised, and prints the time spent
+ * per op (the op of the node each launch writes) when the handle is released.
  * "cuda-nvrtc" is a compile-only variant for tests on machines without a GPU: it generates and
  * NVRTC-compiles every kernel for sm_90 and runs nothing. */
 #include "internal.h"
@@ -21,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ----- the pieces of the CUDA APIs used, declared here so no CUDA header is needed ----- */
 
@@ -311,13 +314,28 @@ typedef struct {
     float *loss_host;        /* pinned */
     CUgraphExec run_graph, step_graph;
     int n_wb;
+    double *profile;         /* TG_CUDA_PROFILE: seconds per op (OP_COUNT: memsets) */
 } cuda_exec;
 
 #define N_HYPER_SLOTS 8
 
+static void print_profile(const cuda_exec *e) {
+    double total = 0;
+    for (int op = 0; op <= OP_COUNT; op++) total += e->profile[op];
+    fprintf(stderr, "tensorgrad cuda profile (%d nodes, %.3f s in launches):\n", e->g->n, total);
+    for (int op = 0; op <= OP_COUNT; op++)
+        if (e->profile[op] > 0.01 * total)
+            fprintf(stderr, "  %-20s %8.3f s  %5.1f%%\n", op == OP_COUNT ? "memset" : op_name((tg_op)op), e->profile[op],
+                    100 * e->profile[op] / total);
+}
+
 static void cuda_release(void *h) {
     cuda_exec *e = h;
     if (!e) return;
+    if (e->profile) {
+        print_profile(e);
+        free(e->profile);
+    }
     if (e->run_graph) cu.GraphExecDestroy(e->run_graph);
     if (e->step_graph) cu.GraphExecDestroy(e->step_graph);
     if (e->module) cu.ModuleUnload(e->module);
@@ -370,6 +388,8 @@ static void *cuda_prepare(const tg_graph *g, const int *keep, int n_keep, tg_err
     memset(e->hyper_host, 0, sizeof(double) * N_HYPER_SLOTS);
     e->bound = tg_xmalloc(sizeof(void *) * (size_t)(g->n + 1));
     e->table_dirty = true;
+    const char *prof = getenv("TG_CUDA_PROFILE");
+    if (prof && prof[0] == '1') e->profile = tg_xmalloc(sizeof(double) * (OP_COUNT + 1));
     return e;
 fail:
     cuda_release(e);
@@ -417,12 +437,20 @@ static bool gemm(cuda_exec *e, const cuda_launch *l, tg_error *err) {
     return rc == 0;
 }
 
-/* Enqueue the whole launch list on the stream (captured by the caller). */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Enqueue the whole launch list on the stream (captured by the caller; or, profiling, run
+ * launch by launch with the time of each added to its op's total). */
 static bool enqueue(cuda_exec *e, tg_error *err) {
     TRY(cu.MemcpyHtoDAsync(e->hyper_dev, e->hyper_host, sizeof(double) * N_HYPER_SLOTS, g_cuda.stream), "hyper upload");
     CUdeviceptr table = e->table, hyper = e->hyper_dev;
     for (int i = 0; i < e->launches.n; i++) {
         const cuda_launch *l = &e->launches.launch[i];
+        double t0 = e->profile ? (cu.StreamSynchronize(g_cuda.stream), now_s()) : 0;
         if (l->kind == CL_MEMSET) {
             TRY(cu.MemsetD32Async(node_ptr(e, l->node), 0, (size_t)l->n, g_cuda.stream), "memset");
         } else if (l->kind == CL_GEMM) {
@@ -432,6 +460,11 @@ static bool enqueue(cuda_exec *e, tg_error *err) {
             TRY(cu.LaunchKernel(e->fn[i], (unsigned)l->grid, (unsigned)l->grid_y, 1, (unsigned)l->block, 1, 1, 0,
                                 g_cuda.stream, args, NULL),
                 l->name);
+        }
+        if (e->profile) {
+            cu.StreamSynchronize(g_cuda.stream);
+            tg_op op = e->g->nodes[l->node].op;
+            e->profile[l->kind == CL_MEMSET ? OP_COUNT : op] += now_s() - t0;
         }
     }
     return true;
@@ -476,10 +509,19 @@ fail:
     return false;
 }
 
+/* Profiling: the launch list run eagerly, launch by launch (see enqueue), then the tail. */
+static bool run_eager(cuda_exec *e, const double *hyper, bool (*tail)(cuda_exec *, void *, tg_error *), void *ctx,
+                      tg_error *err) {
+    memcpy(e->hyper_host, hyper, sizeof(double) * (size_t)(e->g->n_hyper > 1 ? e->g->n_hyper : 1));
+    if (!enqueue(e, err) || (tail && !tail(e, ctx, err))) return false;
+    return cu.StreamSynchronize(g_cuda.stream) == 0;
+}
+
 static bool cuda_run(void *h, const double *hyper, tg_error *err) {
     cuda_exec *e = h;
     cu.CtxSetCurrent(g_cuda.ctx);
     if (!sync_table(e, err)) return false;
+    if (e->profile) return run_eager(e, hyper, NULL, NULL, err);
     if (!e->run_graph && !capture(e, &e->run_graph, NULL, NULL, err)) return false;
     return launch_graph(e, e->run_graph, hyper, err);
 }
@@ -515,6 +557,13 @@ static bool cuda_step(void *h, const double *hyper, int loss, const tg_assign *w
         free(t);
         if (r) { tg_seterr(err, "write-back table: %s", cu_error(r)); return false; }
         step_ctx ctx = { loss };
+        if (e->profile) {
+            bool ok = run_eager(e, hyper, step_tail, &ctx, err);
+            *loss_out = e->loss_host[0];
+            cu.MemFree(e->wb_table);   /* rebuilt on the next step: profiling keeps no graph */
+            e->wb_table = 0;
+            return ok;
+        }
         if (!capture(e, &e->step_graph, step_tail, &ctx, err)) return false;
     }
     if (!launch_graph(e, e->step_graph, hyper, err)) return false;

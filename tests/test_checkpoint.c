@@ -126,6 +126,29 @@ static void bad_files(const char *dir) {
     tg_model_free(m);
 }
 
+/* A file written by PyTorch's safetensors writer (tests/fixtures/make_torch_checkpoint.py) with
+ * this model's names loads, every value as written. */
+static void torch_written_file(void) {
+    tg_model *m = new_model(7);
+    tg_train *t = compile(m, "reference", tg_adam(1e-2));
+    tg_error err;
+    CHECK(tg_load(t, "tests/fixtures/torch_checkpoint.safetensors", 0, &err) == TG_OK, "load the PyTorch file: %s", err.msg);
+    static const char *const names[] = { "l1.W", "l1.b", "ln.g", "ln.b", "l2.W", "l2.b" };
+    static const int sizes[] = { 35, 7, 7, 7, 21, 3 };
+    int wrong = 0, total = 0;
+    for (int k = 0; k < 6; k++) {
+        float v[35];
+        CHECK(tg_download_param(t, names[k], v, (size_t)sizes[k], &err) == TG_OK, "download %s: %s", names[k], err.msg);
+        for (int i = 0; i < sizes[k]; i++, total++) {
+            double want = (i + 1) * 0.01 * (k + 1) * (i % 2 ? -1 : 1);
+            wrong += v[i] != (float)want;
+        }
+    }
+    CHECK(wrong == 0, "PyTorch-written values: %d of %d differ", wrong, total);
+    tg_destroy(t);
+    tg_model_free(m);
+}
+
 int main(void) {
     char dir[] = "/tmp/tg_test_ckpt_XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -140,6 +163,7 @@ int main(void) {
         resume_equals_unbroken(backends[b], sgd, "sgd", path);
     }
     bad_files(dir);
+    torch_written_file();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
