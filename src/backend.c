@@ -24,7 +24,7 @@ typedef struct { ref_exec *exec; size_t arena; } ref_handle;
 
 static void *prepare(const tg_graph *g, const int *keep, int n_keep, bool round_f32) {
     tg_plan plan;
-    if (!plan_build(g, keep, n_keep, NULL, &plan)) return NULL;
+    if (!plan_build(g, keep, n_keep, NULL, NULL, &plan)) return NULL;
     ref_handle *h = tg_xmalloc(sizeof *h);
     h->exec = ref_exec_new(g, &plan, round_f32);
     h->arena = plan.arena;

@@ -139,8 +139,10 @@ static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_erro
     e->g = g;
     bool *mat = tg_xmalloc(sizeof(bool) * (size_t)(g->n + 1));
     const char *nofuse = getenv("TG_NO_FUSE");
-    fuse_schedule(g, keep, n_keep, !(nofuse && nofuse[0] == '1'), mat);
-    plan_build(g, keep, n_keep, mat, &e->plan);
+    int *alias = tg_xmalloc(sizeof(int) * (size_t)(g->n + 1));
+    fuse_schedule(g, keep, n_keep, !(nofuse && nofuse[0] == '1'), mat, alias);
+    plan_build(g, keep, n_keep, mat, alias, &e->plan);
+    free(alias);
     e->source = codegen_c(g, mat, &e->plan, PARALLEL_MIN);
     free(mat);
     e->arena = cpu_alloc(e->plan.arena);
@@ -169,6 +171,7 @@ static bool cpu_run(void *h, const double *hyper, tg_error *err) {
 
 static void *cpu_node_buf(void *h, int node) {
     cpu_exec *e = h;
+    node = plan_home(&e->plan, node);
     if (e->bound[node]) return e->bound[node];
     return e->plan.offset[node] == PLAN_BOUND ? NULL : e->arena + e->plan.offset[node];
 }

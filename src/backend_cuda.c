@@ -357,8 +357,10 @@ static void cuda_release(void *h) {
 static void generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_keep) {
     e->g = g;
     bool *mat = tg_xmalloc(sizeof(bool) * (size_t)(g->n + 1));
-    fuse_schedule(g, keep, n_keep, true, mat);
-    plan_build(g, keep, n_keep, mat, &e->plan);
+    int *alias = tg_xmalloc(sizeof(int) * (size_t)(g->n + 1));
+    fuse_schedule(g, keep, n_keep, true, mat, alias);
+    plan_build(g, keep, n_keep, mat, alias, &e->plan);
+    free(alias);
     e->source = codegen_cuda(g, mat, &e->plan, &e->launches);
     free(mat);
 }
@@ -406,6 +408,7 @@ static void cuda_bind(void *h, int node, void *buf) {
 
 static void *cuda_node_buf(void *h, int node) {
     cuda_exec *e = h;
+    node = plan_home(&e->plan, node);
     if (e->bound[node]) return e->bound[node];
     return e->plan.offset[node] == PLAN_BOUND ? NULL : (void *)(e->arena + e->plan.offset[node] * 4);
 }

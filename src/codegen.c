@@ -349,6 +349,16 @@ static const char *val(cg *c, int id, ix_t ix) {
 
 /* ----- the engine's entry points ----- */
 
+void cg_pointer(cg *c, strbuf *decl, int id, bool out, const char *restrict_kw) {
+    const tg_node *n = N(c, id);
+    int home = plan_home(c->plan, id);
+    const char *t = cg_ctype(n), *q = out ? "" : "const ";
+    if (cg_is_bound(N(c, home)->op))
+        sb_printf(decl, "    %s%s *%s P%d = (%s%s *)B[%d];\n", q, t, restrict_kw, id, q, t, home);
+    else
+        sb_printf(decl, "    %s%s *%s P%d = (%s%s *)(A + %zu);\n", q, t, restrict_kw, id, q, t, c->plan->offset[home]);
+}
+
 void cg_init(cg *c, const tg_graph *g, const bool *materialized, const tg_plan *plan, strbuf *out) {
     memset(c, 0, sizeof *c);
     c->g = g;

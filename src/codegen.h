@@ -49,6 +49,9 @@ void cg_line(cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cg_def(cg *c, char *name, const char *prefix, const char *type, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 const char *cg_ctype(const tg_node *n);        /* "float" or "int32_t" */
+/* Declare P<id>, the pointer to node id's values: its arena slot or bound buffer, or those of the
+ * node it aliases; `restrict_kw` is the language's spelling of restrict. */
+void cg_pointer(cg *c, strbuf *decl, int id, bool out, const char *restrict_kw);
 bool cg_is_bound(tg_op op);                    /* INPUT, PARAM, STATE */
 const char *cg_flit(double v, char *buf);      /* a float literal, inf and NaN included */
 /* The helpers generated expressions call (random numbers, GELU), each function declared with

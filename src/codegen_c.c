@@ -17,14 +17,7 @@ static const tg_node *N(const cg *c, int id) { return &c->g->nodes[id]; }
 
 /* ----- kernels ----- */
 
-static void pointer(cg *c, strbuf *decl, int id, bool out) {
-    const tg_node *n = N(c, id);
-    const char *t = cg_ctype(n), *q = out ? "" : "const ";
-    if (cg_is_bound(n->op))
-        sb_printf(decl, "    %s%s *restrict P%d = (%s%s *)B[%d];\n", q, t, id, q, t, id);
-    else
-        sb_printf(decl, "    %s%s *restrict P%d = (%s%s *)(A + %zu);\n", q, t, id, q, t, c->plan->offset[id]);
-}
+static void pointer(cg *c, strbuf *decl, int id, bool out) { cg_pointer(c, decl, id, out, "restrict"); }
 
 /* The kernel's pointer declarations (every buffer its body read, then its output) and body. */
 static void end_kernel(cg *c, const char *head, const char *tail) {
@@ -217,7 +210,7 @@ char *codegen_c(const tg_graph *g, const bool *materialized, const tg_plan *plan
     strbuf entry = { 0 };
     sb_printf(&entry, "void tg_entry(float *A, void **B, const double *H, void *const *R) {\n");
     for (int i = 0; i < g->n; i++) {
-        if (!materialized[i]) continue;
+        if (!materialized[i] || plan->alias[i] >= 0) continue;   /* inlined, or sharing a buffer */
         const tg_node *n = &g->nodes[i];
         if (fuse_pointwise(n->op)) pointwise_kernel(&c, i);
         else if (n->op == OP_SUM) sum_kernel(&c, i);

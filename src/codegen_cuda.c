@@ -40,14 +40,7 @@ static void kernel_launch(cuda_plan *p, int node, int64_t threads, int block) {
 
 static void memset_launch(cuda_plan *p, int node) { add_launch(p, CL_MEMSET, node)->n = p->g->nodes[node].numel; }
 
-static void pointer(cg *c, strbuf *decl, int id, bool out) {
-    const tg_node *n = N(c, id);
-    const char *t = cg_ctype(n), *q = out ? "" : "const ";
-    if (cg_is_bound(n->op))
-        sb_printf(decl, "    %s%s *__restrict__ P%d = (%s%s *)B[%d];\n", q, t, id, q, t, id);
-    else
-        sb_printf(decl, "    %s%s *__restrict__ P%d = (%s%s *)(A + %zu);\n", q, t, id, q, t, c->plan->offset[id]);
-}
+static void pointer(cg *c, strbuf *decl, int id, bool out) { cg_pointer(c, decl, id, out, "__restrict__"); }
 
 /* The kernel: pointer declarations for every buffer the body read (plus extra ones), then the
  * head, the body, the tail. */
@@ -377,7 +370,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     cg_prelude(&out, "static __device__ inline");
     sb_printf(&out, "%s", DEVICE_KERNELS);
     for (int i = 0; i < g->n; i++) {
-        if (!materialized[i]) continue;
+        if (!materialized[i] || plan->alias[i] >= 0) continue;   /* inlined, or sharing a buffer */
         tg_op op = g->nodes[i].op;
         if (fuse_pointwise(op)) pointwise_kernel(&c, launches, i);
         else if (op == OP_SUM) sum_kernel(&c, launches, i);

@@ -35,7 +35,21 @@ static bool trivial(tg_op op) { return op == OP_CONST || op == OP_HYPER || op ==
  * the rest read memory. */
 static bool reads_inline(tg_op consumer) { return fuse_pointwise(consumer) || consumer == OP_SUM; }
 
-void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bool *materialized) {
+/* Reshapes and identities only relabel memory: when one must be in memory and its source already
+ * is, it shares the source's buffer (chains resolve to the first buffer). */
+static void find_aliases(const tg_graph *g, const bool *materialized, int *alias) {
+    for (int i = 0; i < g->n; i++) {
+        const tg_node *n = &g->nodes[i];
+        alias[i] = -1;
+        if ((n->op != OP_RESHAPE && n->op != OP_IDENTITY) || !materialized[i]) continue;
+        int s = n->src[0];
+        tg_op sop = g->nodes[s].op;
+        bool in_memory = materialized[s] || sop == OP_INPUT || sop == OP_PARAM || sop == OP_STATE;
+        if (in_memory) alias[i] = alias[s] >= 0 ? alias[s] : s;
+    }
+}
+
+void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bool *materialized, int *alias) {
     int n = g->n;
     int *uses = tg_xmalloc(sizeof(int) * (size_t)(n + 1));
     bool *memory_read = tg_xmalloc(sizeof(bool) * (size_t)(n + 1));
@@ -55,6 +69,9 @@ void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bo
         bool inline_ok = fuse && fuse_pointwise(op) && !kept[i] && !memory_read[i] && (uses[i] <= 1 || trivial(op));
         materialized[i] = !inline_ok;
     }
+    if (fuse) find_aliases(g, materialized, alias);
+    else
+        for (int i = 0; i < n; i++) alias[i] = -1;
     free(uses);
     free(memory_read);
     free(kept);

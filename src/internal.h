@@ -229,18 +229,25 @@ void optim_hyper(const tg_optimizer *opt, int64_t t, double lr, double *hyper);
 typedef struct {
     size_t *offset;     /* per node */
     size_t arena;       /* elements */
+    int *alias;         /* per node: the node whose buffer it shares (no kernel of its own), or -1 */
 } tg_plan;
 /* `materialized` (NULL: every node) marks the nodes that get memory; the others are computed
  * inside the kernels that read them, so a buffer they read stays live until those kernels ran.
- * Nodes not materialized get PLAN_BOUND too. */
-bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, tg_plan *out);
+ * Nodes not materialized get PLAN_BOUND too. `alias` (NULL: none) names, per node, the node
+ * whose buffer it shares; that buffer then stays live as long as either is read. */
+bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, const int *alias,
+                tg_plan *out);
+/* The node whose buffer holds node id's values (itself unless it is an alias). */
+static inline int plan_home(const tg_plan *p, int id) { return p->alias && p->alias[id] >= 0 ? p->alias[id] : id; }
 void plan_free(tg_plan *p);
 
 /* fuse.c: the scheduler of compiled backends. materialized[i] says whether node i gets memory
  * (computed by a kernel of its own) or is computed inside the kernels that read it. fuse =
  * false materializes every node (the unfused schedule, for tests). */
 bool fuse_pointwise(tg_op op);
-void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bool *materialized);
+/* alias[i] >= 0: node i (a reshape or identity of a buffer already in memory) shares the buffer
+ * of node alias[i] and gets no kernel; -1 otherwise. */
+void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bool *materialized, int *alias);
 
 /* codegen_c.c: the C source of a scheduled, planned graph (entry point tg_entry); the caller
  * frees it. Pointwise kernels of fewer than parallel_min elements run on one thread. */

@@ -21,12 +21,15 @@ static size_t first_fit(const live_buf *live, int n, size_t size) {
     return at;
 }
 
-bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, tg_plan *out) {
+bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, const int *alias,
+                tg_plan *out) {
     int n = g->n;
     int *last = malloc(sizeof(int) * (size_t)(n + 1));
     live_buf *live = malloc(sizeof(live_buf) * (size_t)(n + 1));
     out->offset = malloc(sizeof(size_t) * (size_t)(n + 1));
+    out->alias = malloc(sizeof(int) * (size_t)(n + 1));
     out->arena = 0;
+    for (int i = 0; i < n; i++) out->alias[i] = alias ? alias[i] : -1;
     /* A buffer is read last by the last kernel that reads it, directly or through nodes
      * computed inside that kernel; consumers come after their sources, so one backward sweep
      * settles it. */
@@ -38,11 +41,13 @@ bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *mate
         int reader = (!materialized || materialized[i]) ? i : last[i];
         for (int k = 0; k < g->nodes[i].nsrc; k++)
             if (last[g->nodes[i].src[k]] < reader) last[g->nodes[i].src[k]] = reader;
+        if (out->alias[i] >= 0 && last[out->alias[i]] < last[i]) last[out->alias[i]] = last[i];   /* shared buffer */
     }
 
     int n_live = 0;
     for (int i = 0; i < n; i++) {
         if (is_bound(g->nodes[i].op) || (materialized && !materialized[i])) { out->offset[i] = PLAN_BOUND; continue; }
+        if (out->alias[i] >= 0) { out->offset[i] = out->offset[out->alias[i]]; continue; }
         int w = 0;   /* drop buffers whose last reader ran before this node */
         for (int j = 0; j < n_live; j++)
             if (live[j].last >= i) live[w++] = live[j];
@@ -63,5 +68,7 @@ bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *mate
 
 void plan_free(tg_plan *p) {
     free(p->offset);
+    free(p->alias);
     p->offset = NULL;
+    p->alias = NULL;
 }
