@@ -347,6 +347,52 @@ static const char *val(cg *c, int id, ix_t ix) {
 }
 
 
+/* ----- shapes for the generators ----- */
+
+void cg_axis_split(tg_shape s, int axis, int64_t *outer, int64_t *len, int64_t *inner) {
+    *outer = 1;
+    *inner = 1;
+    *len = s.d[axis];
+    for (int k = 0; k < axis; k++) *outer *= s.d[k];
+    for (int k = axis + 1; k < s.ndim; k++) *inner *= s.d[k];
+}
+
+cg_gemm cg_gemm_of(const tg_graph *g, int id) {
+    const tg_node *n = &g->nodes[id], *a = &g->nodes[n->src[0]], *b = &g->nodes[n->src[1]];
+    cg_gemm m = { (int)n->iarg[0], (int)n->iarg[1], 0, 0, 0, 0, NULL, NULL };
+    m.M = n->shape.d[n->shape.ndim - 2];
+    m.N = n->shape.d[n->shape.ndim - 1];
+    m.K = m.ta ? a->shape.d[a->shape.ndim - 2] : a->shape.d[a->shape.ndim - 1];
+    m.batch = n->numel / (m.M * m.N);
+    if (b->numel / (m.K * m.N) == 1 && !m.ta && a->numel / (m.M * m.K) == m.batch) {
+        m.M *= m.batch;
+        m.batch = 1;
+    }
+    m.aoff = tg_xmalloc(sizeof(int64_t) * (size_t)m.batch);
+    m.boff = tg_xmalloc(sizeof(int64_t) * (size_t)m.batch);
+    tg_shape ob = n->shape, ab = a->shape, bb = b->shape;
+    ob.ndim -= 2;
+    ab.ndim -= 2;
+    bb.ndim -= 2;
+    for (int64_t i = 0; i < m.batch && m.batch > 1; i++) {   /* walk the batch dims from the last */
+        int64_t rem = i, ast = m.M * m.K, bst = m.K * m.N;
+        for (int k = ob.ndim - 1; k >= 0; k--) {
+            int64_t ck = rem % ob.d[k];
+            rem /= ob.d[k];
+            int ka = k - (ob.ndim - ab.ndim), kb = k - (ob.ndim - bb.ndim);
+            if (ka >= 0) {
+                if (ab.d[ka] != 1) m.aoff[i] += ck * ast;
+                ast *= ab.d[ka];
+            }
+            if (kb >= 0) {
+                if (bb.d[kb] != 1) m.boff[i] += ck * bst;
+                bst *= bb.d[kb];
+            }
+        }
+    }
+    return m;
+}
+
 /* ----- the engine's entry points ----- */
 
 void cg_pointer(cg *c, strbuf *decl, int id, bool out, const char *restrict_kw) {

@@ -52,6 +52,13 @@ const char *cg_ctype(const tg_node *n);        /* "float" or "int32_t" */
 /* Declare P<id>, the pointer to node id's values: its arena slot or bound buffer, or those of the
  * node it aliases; `restrict_kw` is the language's spelling of restrict. */
 void cg_pointer(cg *c, strbuf *decl, int id, bool out, const char *restrict_kw);
+/* A MATMUL node as BLAS sees it: op(A) [M, K] x op(B) [K, N], `batch` products, aoff/boff the
+ * element offsets of each product's A and B (broadcast batch dims step 0; the caller frees them).
+ * With B shared and A untransposed, the batch folds into M: one product. */
+typedef struct { int ta, tb; int64_t M, N, K, batch, *aoff, *boff; } cg_gemm;
+cg_gemm cg_gemm_of(const tg_graph *g, int id);
+/* A shape as [outer, len, inner] around `axis`. */
+void cg_axis_split(tg_shape s, int axis, int64_t *outer, int64_t *len, int64_t *inner);
 bool cg_is_bound(tg_op op);                    /* INPUT, PARAM, STATE */
 const char *cg_flit(double v, char *buf);      /* a float literal, inf and NaN included */
 /* The helpers generated expressions call (random numbers, GELU), each function declared with

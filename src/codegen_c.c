@@ -85,57 +85,21 @@ static void library_call(cg *c, int id, const char *fn, const int64_t *args, int
     free(head.s);
 }
 
-/* Batched matmul: per batch element, offsets into A and B (broadcast batch dims step 0), or one
- * product with the batch folded into M when B is shared and A is untransposed. */
+/* Batched matmul through the library kernel: a = {ta, tb, M, N, K, batch, A offsets[batch],
+ * B offsets[batch]}. */
 static void matmul_kernel(cg *c, int id) {
-    const tg_node *n = N(c, id), *a = N(c, n->src[0]), *b = N(c, n->src[1]);
-    int ta = (int)n->iarg[0], tb = (int)n->iarg[1], r = n->shape.ndim;
-    int64_t M = n->shape.d[r - 2], Nn = n->shape.d[r - 1];
-    int64_t K = ta ? a->shape.d[a->shape.ndim - 2] : a->shape.d[a->shape.ndim - 1];
-    int64_t batch = shape_numel(n->shape) / (M * Nn);
-    int64_t bsize = shape_numel(b->shape) / (K * Nn), asize = shape_numel(a->shape) / (M * K);
-    int bufs[3] = { n->src[0], n->src[1], id };
-    if (bsize == 1 && !ta && asize == batch) {
-        int64_t args[8] = { ta, tb, M * batch, Nn, K, 1, 0, 0 };
-        library_call(c, id, "TGK_MATMUL", args, 8, bufs, 3);
-        return;
-    }
-    /* args: ta, tb, M, N, K, batch, then batch offsets of A, then of B (elements). */
-    int64_t *args = tg_xmalloc(sizeof(int64_t) * (size_t)(6 + 2 * batch));
-    int64_t head[6] = { ta, tb, M, Nn, K, batch };
+    const tg_node *n = N(c, id);
+    cg_gemm m = cg_gemm_of(c->g, id);
+    int64_t *args = tg_xmalloc(sizeof(int64_t) * (size_t)(6 + 2 * m.batch));
+    int64_t head[6] = { m.ta, m.tb, m.M, m.N, m.K, m.batch };
     memcpy(args, head, sizeof head);
-    tg_shape out_batch = n->shape, ab = a->shape, bb = b->shape;
-    out_batch.ndim -= 2;
-    ab.ndim -= 2;
-    bb.ndim -= 2;
-    for (int64_t i = 0; i < batch; i++) {
-        int64_t rem = i, ao = 0, bo = 0, ast = M * K, bst = K * Nn;
-        for (int k = out_batch.ndim - 1; k >= 0; k--) {
-            int64_t ck = rem % out_batch.d[k];
-            rem /= out_batch.d[k];
-            int ka = k - (out_batch.ndim - ab.ndim), kb = k - (out_batch.ndim - bb.ndim);
-            if (ka >= 0) {
-                if (ab.d[ka] != 1) ao += ck * ast;
-                ast *= ab.d[ka];
-            }
-            if (kb >= 0) {
-                if (bb.d[kb] != 1) bo += ck * bst;
-                bst *= bb.d[kb];
-            }
-        }
-        args[6 + i] = ao;
-        args[6 + batch + i] = bo;
-    }
-    library_call(c, id, "TGK_MATMUL", args, (int)(6 + 2 * batch), bufs, 3);
+    memcpy(args + 6, m.aoff, sizeof(int64_t) * (size_t)m.batch);
+    memcpy(args + 6 + m.batch, m.boff, sizeof(int64_t) * (size_t)m.batch);
+    int bufs[3] = { n->src[0], n->src[1], id };
+    library_call(c, id, "TGK_MATMUL", args, (int)(6 + 2 * m.batch), bufs, 3);
     free(args);
-}
-
-static void axis_split(tg_shape s, int axis, int64_t *outer, int64_t *len, int64_t *inner) {
-    *outer = 1;
-    *inner = 1;
-    *len = s.d[axis];
-    for (int k = 0; k < axis; k++) *outer *= s.d[k];
-    for (int k = axis + 1; k < s.ndim; k++) *inner *= s.d[k];
+    free(m.aoff);
+    free(m.boff);
 }
 
 static void special_kernel(cg *c, int id) {
@@ -145,7 +109,7 @@ static void special_kernel(cg *c, int id) {
     switch (n->op) {
     case OP_MATMUL: matmul_kernel(c, id); return;
     case OP_SOFTMAX: case OP_LOG_SOFTMAX:
-        axis_split(n->shape, n->axis, &a[0], &a[1], &a[2]);
+        cg_axis_split(n->shape, n->axis, &a[0], &a[1], &a[2]);
         a[3] = n->op == OP_LOG_SOFTMAX;
         library_call(c, id, "TGK_SOFTMAX", a, 4, two, 2);
         return;
@@ -158,7 +122,7 @@ static void special_kernel(cg *c, int id) {
         return;
     }
     case OP_ARGMAX:
-        axis_split(s0->shape, n->axis, &a[0], &a[1], &a[2]);
+        cg_axis_split(s0->shape, n->axis, &a[0], &a[1], &a[2]);
         a[3] = n->iarg[0];
         library_call(c, id, "TGK_ARGMAX", a, 4, two, 2);
         return;
@@ -169,7 +133,7 @@ static void special_kernel(cg *c, int id) {
         library_call(c, id, "TGK_SCATTER_ROWS", a, 3, three, 3);
         return;
     case OP_SCATTER_ALONG:
-        axis_split(s0->shape, n->axis, &a[0], &a[1], &a[2]);
+        cg_axis_split(s0->shape, n->axis, &a[0], &a[1], &a[2]);
         a[3] = n->shape.d[n->axis];
         library_call(c, id, "TGK_SCATTER_ALONG", a, 4, three, 3);
         return;

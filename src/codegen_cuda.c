@@ -135,58 +135,22 @@ static void call_kernel(cg *c, cuda_plan *p, int id, const int *srcs, int nsrc, 
     kernel_launch(p, id, threads, block);
 }
 
-static void axis_split(tg_shape s, int axis, int64_t *outer, int64_t *len, int64_t *inner) {
-    *outer = 1;
-    *inner = 1;
-    *len = s.d[axis];
-    for (int k = 0; k < axis; k++) *outer *= s.d[k];
-    for (int k = axis + 1; k < s.ndim; k++) *inner *= s.d[k];
-}
-
-/* Batched product through cuBLAS: per batch element the offsets into A and B (broadcast batch
- * dims step 0); the backend turns regular offsets into one strided-batched call. */
+/* Batched product through cuBLAS; the backend turns regular offsets into one strided-batched
+ * call. */
 static void matmul_launch(cg *c, cuda_plan *p, int id) {
-    const tg_node *n = N(c, id), *a = N(c, n->src[0]), *b = N(c, n->src[1]);
-    int r = n->shape.ndim;
+    const tg_node *n = N(c, id);
+    cg_gemm m = cg_gemm_of(c->g, id);
     cuda_launch *l = add_launch(p, CL_GEMM, id);
-    l->ta = (int)n->iarg[0];
-    l->tb = (int)n->iarg[1];
-    l->M = n->shape.d[r - 2];
-    l->N = n->shape.d[r - 1];
-    l->K = l->ta ? a->shape.d[a->shape.ndim - 2] : a->shape.d[a->shape.ndim - 1];
+    l->ta = m.ta;
+    l->tb = m.tb;
+    l->M = m.M;
+    l->N = m.N;
+    l->K = m.K;
+    l->batch = m.batch;
+    l->aoff = m.aoff;
+    l->boff = m.boff;
     l->a = n->src[0];
     l->b = n->src[1];
-    int64_t batch = n->numel / (l->M * l->N);
-    int64_t bsize = b->numel / (l->K * l->N), asize = a->numel / (l->M * l->K);
-    if (bsize == 1 && !l->ta && asize == batch) {   /* shared B: fold the batch into M */
-        l->M *= batch;
-        batch = 1;
-    }
-    l->batch = batch;
-    l->aoff = tg_xmalloc(sizeof(int64_t) * (size_t)batch);
-    l->boff = tg_xmalloc(sizeof(int64_t) * (size_t)batch);
-    tg_shape ob = n->shape, ab = a->shape, bb = b->shape;
-    ob.ndim -= 2;
-    ab.ndim -= 2;
-    bb.ndim -= 2;
-    for (int64_t i = 0; i < batch && batch > 1; i++) {
-        int64_t rem = i, ao = 0, bo = 0, ast = l->M * l->K, bst = l->K * l->N;
-        for (int k = ob.ndim - 1; k >= 0; k--) {
-            int64_t ck = rem % ob.d[k];
-            rem /= ob.d[k];
-            int ka = k - (ob.ndim - ab.ndim), kb = k - (ob.ndim - bb.ndim);
-            if (ka >= 0) {
-                if (ab.d[ka] != 1) ao += ck * ast;
-                ast *= ab.d[ka];
-            }
-            if (kb >= 0) {
-                if (bb.d[kb] != 1) bo += ck * bst;
-                bst *= bb.d[kb];
-            }
-        }
-        l->aoff[i] = ao;
-        l->boff[i] = bo;
-    }
 }
 
 static void special_kernel(cg *c, cuda_plan *p, int id) {
@@ -196,7 +160,7 @@ static void special_kernel(cg *c, cuda_plan *p, int id) {
     switch (n->op) {
     case OP_MATMUL: matmul_launch(c, p, id); return;
     case OP_SOFTMAX: case OP_LOG_SOFTMAX:
-        axis_split(n->shape, n->axis, &o, &len, &in);
+        cg_axis_split(n->shape, n->axis, &o, &len, &in);
         call_kernel(c, p, id, &src0, 1, o * in * 32, BLOCK, "tgk_softmax(P%d, P%d, %lldll, %lldll, %lldll, %d)", src0, id,
                     (long long)o, (long long)len, (long long)in, n->op == OP_LOG_SOFTMAX);
         return;
@@ -207,7 +171,7 @@ static void special_kernel(cg *c, cuda_plan *p, int id) {
         return;
     }
     case OP_ARGMAX:
-        axis_split(s0->shape, n->axis, &o, &len, &in);
+        cg_axis_split(s0->shape, n->axis, &o, &len, &in);
         call_kernel(c, p, id, &src0, 1, o * in, BLOCK, "tgk_argmax(P%d, P%d, %lldll, %lldll, %lldll, %d)", src0, id,
                     (long long)o, (long long)len, (long long)in, (int)n->iarg[0]);
         return;
@@ -219,7 +183,7 @@ static void special_kernel(cg *c, cuda_plan *p, int id) {
         return;
     }
     case OP_SCATTER_ALONG:
-        axis_split(s0->shape, n->axis, &o, &len, &in);
+        cg_axis_split(s0->shape, n->axis, &o, &len, &in);
         memset_launch(p, id);
         call_kernel(c, p, id, src01, 2, s0->numel, BLOCK, "tgk_scatter_along(P%d, P%d, P%d, %lldll, %lldll, %lldll, %lldll)",
                     src01[0], src01[1], id, (long long)o, (long long)len, (long long)in, (long long)n->shape.d[n->axis]);
