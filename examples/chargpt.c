@@ -5,6 +5,7 @@
  * Options: --steps N (2000)  --lr X (peak, 5e-3)  --backend NAME (library default)  --plot PREFIX
  *          --eval-every N (100)  --sample-every N (500; 0: only at the end)  --sample-len N (300)
  *          --prompt STR ("\n")  --temperature T (0.8; 0: always the likeliest byte)
+ *          --save CKPT (a safetensors checkpoint at every evaluation)  --resume CKPT
  *
  * The vocabulary is the distinct bytes of FILE; the first 90% is for training, the last 10% is
  * held out. Each step trains on BATCH random windows of BLOCK bytes, each predicting the byte
@@ -240,14 +241,15 @@ static int sample(tg_forward *f, const corpus *c, const int32_t *prompt, int n_p
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct {
-    const char *file, *backend, *plot, *prompt;
+    const char *file, *backend, *plot, *prompt, *save, *resume;
     int steps, eval_every, sample_every, sample_len;
     double lr, temperature;
 } options;
 
 static void print_usage(FILE *out, const char *prog) {
     fprintf(out, "usage: %s FILE [--steps N] [--lr X] [--backend NAME] [--plot PREFIX] [--eval-every N]\n"
-                 "       [--sample-every N] [--sample-len N] [--prompt STR] [--temperature T]\n", prog);
+                 "       [--sample-every N] [--sample-len N] [--prompt STR] [--temperature T]\n"
+                 "       [--save CKPT] [--resume CKPT]\n", prog);
 }
 
 /* Returns 0 to run, 1 after printing --help, -1 after printing the usage for a bad argument. */
@@ -274,6 +276,8 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--prompt")) o->prompt = v;
         else if (!strcmp(a, "--backend")) o->backend = v;
         else if (!strcmp(a, "--plot")) o->plot = v;
+        else if (!strcmp(a, "--save")) o->save = v;
+        else if (!strcmp(a, "--resume")) o->resume = v;
         else goto usage;
         if (end && *end) goto usage;
     }
@@ -327,8 +331,14 @@ int main(int argc, char **argv) {
     tg_forward *f = tg_attach(t, &(tg_forward_spec){ .forward = logits_fn, .ctx = &g,
         .inputs = (tg_input_decl[]){ TG_I32("idx", 1, BLOCK) }, .n_inputs = 1 }, &err);
     if (!f) { fprintf(stderr, "chargpt: tg_attach: %s\n", err.msg); goto out; }
-    /* TODO(checkpoint): --resume FILE would load the parameters and optimizer state here, once
-     * the library has a checkpoint API. */
+    /* Resuming restores the parameters, AdamW's moments and the step count (so the schedule goes
+     * on where it stopped): the run continues exactly as if it had never been interrupted. */
+    int first = 1;
+    if (opt.resume) {
+        if (tg_load(t, opt.resume, 1, &err) != TG_OK) { fprintf(stderr, "chargpt: %s\n", err.msg); goto out; }
+        first = (int)tg_train_step_count(t) + 1;
+        printf("chargpt: resumed from %s at step %d\n", opt.resume, first);
+    }
 
     printf("chargpt: %s: %ld bytes, vocab %d, %ld train / %ld held-out\n", opt.file, c.n, c.vocab, c.n_train, c.n - c.n_train);
     printf("model: d %d, %d layers, %d heads, context %d (%ld parameters); batch %d, adamw lr %g, "
@@ -342,7 +352,7 @@ int main(int argc, char **argv) {
 
     double t0 = now_s(), sum = 0;
     int in_sum = 0;
-    for (int step = 1; step <= opt.steps; step++) {
+    for (int step = first; step <= opt.steps; step++) {
         get_batch(&c, 0, c.n_train, &rng, x, y);
         tg_result r = tg_step(t, (tg_data[]){ tg_i32("idx", x, BATCH * BLOCK), tg_i32("targets", y, BATCH * BLOCK) }, 2);
         if (r.status != TG_OK) { fprintf(stderr, "chargpt: tg_step: %s\n", r.error); goto out; }
@@ -359,13 +369,12 @@ int main(int argc, char **argv) {
             }
             double elapsed = now_s() - t0;
             printf("step %5d/%d  loss %.4f  held-out %.4f  lr %.2e  %5.1f steps/s  elapsed %6.1fs  eta %6.1fs\n",
-                   step, opt.steps, sum / in_sum, held, tg_schedule_at(&adamw.lr, step), step / elapsed, elapsed,
-                   elapsed / step * (opt.steps - step));
+                   step, opt.steps, sum / in_sum, held, tg_schedule_at(&adamw.lr, step), (step - first + 1) / elapsed,
+                   elapsed, elapsed / (step - first + 1) * (opt.steps - step));
             fflush(stdout);
             sum = 0;
             in_sum = 0;
-            /* TODO(checkpoint): save the parameters and optimizer state here (every evaluation),
-             * once the library has a checkpoint API. */
+            if (opt.save && tg_save(t, opt.save, 1, &err) != TG_OK) { fprintf(stderr, "chargpt: %s\n", err.msg); goto out; }
         }
         if (opt.plot && plot_add(&hist, step, r.loss, held) != 0) { fprintf(stderr, "chargpt: out of memory\n"); goto out; }
 

@@ -4,6 +4,8 @@
  *
  * Options: --epochs N (30)  --lr X (1e-3)  --data PATH (data/digits.csv.gz)
  *          --backend NAME (library default)  --min-acc X (exit 1 if test accuracy < X)
+ *          --cnn (a small convolutional net instead of the MLP)  --save CKPT (safetensors)
+ *          --plot PREFIX (the loss per epoch as PREFIX.csv and PREFIX.svg)
  *
  * The data (UCI Optical Recognition of Handwritten Digits, CC BY 4.0, see data/README.md) is a
  * gzipped CSV: 64 pixels 0..16 then the label 0..9 on each line. Pixels are scaled by 1/16, the
@@ -17,6 +19,7 @@
 #include <time.h>
 #include <zlib.h>
 
+#include "plot.h"
 #include "tensorgrad.h"
 
 #define N_PIXELS 64
@@ -136,19 +139,41 @@ static int split(const dataset *all, dataset *train, dataset *test) {
  * Model: logits = relu(x W1 + b1) W2 + b2.
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct { tg_linear l1, l2; } mlp;
+typedef struct {
+    int cnn;
+    tg_linear l1, l2;              /* the MLP */
+    tg_conv2d_layer c1, c2;        /* the CNN: two 3x3 convolutions, pooling, then l2 */
+} net;
 
-static tg_tensor mlp_logits(const mlp *net, tg_tensor x) {
-    return tg_linear(&net->l2, tg_relu(tg_linear(&net->l1, x)));
+static net make_net(tg_model *m, int cnn) {
+    net n = { .cnn = cnn };
+    if (cnn) {
+        n.c1 = tg_conv2d_new(m, "c1", 1, 16, 3, 1, 1, 1);
+        n.c2 = tg_conv2d_new(m, "c2", 16, 32, 3, 1, 1, 1);
+        n.l2 = tg_linear_new(m, "l2", 32 * 2 * 2, N_CLASSES, NULL);
+    } else {
+        n.l1 = tg_linear_new(m, "l1", N_PIXELS, N_HIDDEN, NULL);
+        n.l2 = tg_linear_new(m, "l2", N_HIDDEN, N_CLASSES, NULL);
+    }
+    return n;
 }
 
-/* Forward functions: ctx is the mlp, in[0] the pixels, in[1] the labels. */
+static tg_tensor logits(const net *n, tg_tensor x) {
+    if (!n->cnn) return tg_linear(&n->l2, tg_relu(tg_linear(&n->l1, x)));
+    tg_shape s = tg_shape_of(x);
+    x = tg_reshape(x, s.d[0], 1, 8, 8);                                   /* [B, 1, 8, 8] */
+    x = tg_max_pool2d(tg_relu(tg_conv(&n->c1, x)), 2, 2, 0);              /* [B, 16, 4, 4] */
+    x = tg_max_pool2d(tg_relu(tg_conv(&n->c2, x)), 2, 2, 0);              /* [B, 32, 2, 2] */
+    return tg_linear(&n->l2, tg_flatten(x, 1));
+}
+
+/* Forward functions: ctx is the net, in[0] the pixels, in[1] the labels. */
 static tg_tensor loss_fn(const void *ctx, const tg_tensor *in) {
-    return tg_cross_entropy(mlp_logits(ctx, in[0]), in[1], TG_MEAN);
+    return tg_cross_entropy(logits(ctx, in[0]), in[1], TG_MEAN);
 }
 
 static tg_tensor logits_fn(const void *ctx, const tg_tensor *in) {
-    return mlp_logits(ctx, in[0]);
+    return logits(ctx, in[0]);
 }
 
 static long count_params(const tg_train *t) {
@@ -222,10 +247,11 @@ static void print_confusion(int confusion[N_CLASSES][N_CLASSES]) {
  * main
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct { int epochs; double lr, min_acc; const char *data, *backend; } options;
+typedef struct { int epochs, cnn; double lr, min_acc; const char *data, *backend, *save, *plot; } options;
 
 static void print_usage(FILE *out, const char *prog) {
-    fprintf(out, "usage: %s [--epochs N] [--lr X] [--data PATH] [--backend NAME] [--min-acc X]\n", prog);
+    fprintf(out, "usage: %s [--epochs N] [--lr X] [--data PATH] [--backend NAME] [--min-acc X] [--cnn]\n"
+                 "       [--save CKPT] [--plot PREFIX]\n", prog);
 }
 
 /* Returns 0 to run, 1 after printing --help, -1 after printing the usage for a bad argument. */
@@ -235,12 +261,15 @@ static int parse_args(int argc, char **argv, options *o) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { print_usage(stdout, argv[0]); return 1; }
+        if (!strcmp(a, "--cnn")) { o->cnn = 1; i--; continue; }   /* a flag: no value */
         if (!v) goto usage;
         if (!strcmp(a, "--epochs")) { o->epochs = (int)strtol(v, &end, 10); if (o->epochs < 1) goto usage; }
         else if (!strcmp(a, "--lr")) { o->lr = strtod(v, &end); if (!(o->lr > 0)) goto usage; }
         else if (!strcmp(a, "--min-acc")) o->min_acc = strtod(v, &end);
         else if (!strcmp(a, "--data")) o->data = v;
         else if (!strcmp(a, "--backend")) o->backend = v;
+        else if (!strcmp(a, "--save")) o->save = v;
+        else if (!strcmp(a, "--plot")) o->plot = v;
         else goto usage;
         if (end && *end) goto usage;
     }
@@ -262,27 +291,30 @@ int main(int argc, char **argv) {
     if (rc != 0 || train.n < BATCH) { fprintf(stderr, "digits: too few rows or out of memory\n"); return 1; }
 
     rc = 1;
+    plot_history hist = { 0 };
     tg_error err = { { 0 } };
     tg_train *t = NULL;
     int *order = malloc((size_t)train.n * sizeof *order);
     tg_model *m = tg_model_new(42);
     if (!order || !m) { fprintf(stderr, "digits: out of memory\n"); goto out; }
-    mlp net = { tg_linear_new(m, "l1", N_PIXELS, N_HIDDEN, NULL), tg_linear_new(m, "l2", N_HIDDEN, N_CLASSES, NULL) };
+    net model = make_net(m, opt.cnn);
     if (tg_model_error(m)) { fprintf(stderr, "digits: model: %s\n", tg_model_error(m)); goto out; }
 
-    t = tg_compile(&(tg_train_spec){ .model = m, .loss = loss_fn, .ctx = &net,
+    t = tg_compile(&(tg_train_spec){ .model = m, .loss = loss_fn, .ctx = &model,
         .inputs = (tg_input_decl[]){ TG_F32("x", BATCH, N_PIXELS), TG_I32("y", BATCH) }, .n_inputs = 2,
         .optimizer = tg_adam(opt.lr), .backend = opt.backend }, &err);
     if (!t) { fprintf(stderr, "digits: tg_compile: %s\n", err.msg); goto out; }
-    tg_forward *f = tg_attach(t, &(tg_forward_spec){ .forward = logits_fn, .ctx = &net,
+    tg_forward *f = tg_attach(t, &(tg_forward_spec){ .forward = logits_fn, .ctx = &model,
         .inputs = (tg_input_decl[]){ TG_F32("x", test.n, N_PIXELS) }, .n_inputs = 1 }, &err);
     if (!f) { fprintf(stderr, "digits: tg_attach: %s\n", err.msg); goto out; }
 
-    printf("digits: %d train / %d test rows, MLP %d-%d-%d (%ld parameters), adam lr %g, batch %d, backend %s\n",
-           train.n, test.n, N_PIXELS, N_HIDDEN, N_CLASSES, count_params(t), opt.lr, BATCH, opt.backend ? opt.backend : "default");
+    printf("digits: %d train / %d test rows, %s (%ld parameters), adam lr %g, batch %d, backend %s\n", train.n, test.n,
+           opt.cnn ? "CNN conv3x3(16)-pool-conv3x3(32)-pool-linear" : "MLP 64-128-10", count_params(t), opt.lr, BATCH,
+           opt.backend ? opt.backend : "default");
 
     uint64_t rng = 42;
     for (int i = 0; i < train.n; i++) order[i] = i;
+    if (opt.plot && plot_check(opt.plot) != 0) goto out;
     double t0 = now_s();
     for (int epoch = 1; epoch <= opt.epochs; epoch++) {
         double loss;
@@ -291,7 +323,10 @@ int main(int argc, char **argv) {
         printf("epoch %3d/%d  loss %.4f  %6.0f steps/s  elapsed %6.2fs  eta %6.2fs\n", epoch, opt.epochs, loss,
                epoch * (train.n / BATCH) / elapsed, elapsed, elapsed / epoch * (opt.epochs - epoch));
         fflush(stdout);
+        if (opt.plot && plot_add(&hist, epoch, loss, NAN) != 0) { fprintf(stderr, "digits: out of memory\n"); goto out; }
     }
+    if (opt.plot && plot_write(&hist, opt.plot, "digits: mean training loss per epoch", 1) != 0) goto out;
+    if (opt.save && tg_save(t, opt.save, 1, &err) != TG_OK) { fprintf(stderr, "digits: %s\n", err.msg); goto out; }
 
     int confusion[N_CLASSES][N_CLASSES];
     double acc = evaluate(f, &test, confusion);
@@ -302,6 +337,7 @@ int main(int argc, char **argv) {
     else rc = 0;
 
 out:
+    plot_free(&hist);
     if (t) tg_destroy(t);   /* also frees the attached forward graph */
     if (m) tg_model_free(m);
     free(order);
