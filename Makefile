@@ -24,7 +24,7 @@ $(BUILD)/libtensorgrad.a: $(OBJ)
 $(BUILD)/libtensorgrad.so: $(OBJ)
 	$(CC) -shared $(SAN) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libtensorgrad.a
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libtensorgrad.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc $< -o $@ $(BUILD)/libtensorgrad.a $(LDLIBS)
 

@@ -475,7 +475,19 @@ int main(void) {
                       (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, 0);
         train_compare(backends[b], "cnn", cnn_loss, (tg_input_decl[]){ TG_F32("x", 3, 2, 6, 6), TG_I32("y", 3) }, 1);
     }
-    if (!cuda) nvrtc_compile_all();
+    if (!cuda) {
+        /* Without a GPU: a reason, and a compile that fails cleanly with it. */
+        CHECK(strlen(why) > 0 && strstr(why, "CUDA"), "tg_backend_available(cuda) gives a reason: '%s'", why);
+        tg_model *m = tg_model_new(1);
+        l1 = tg_linear_new(m, "l1", 6, 16, NULL);
+        l2 = tg_linear_new(m, "l2", 16, 5, NULL);
+        tg_error err = { { 0 } };
+        tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = mlp_loss, .optimizer = tg_adam(1e-3), .backend = "cuda",
+                                                   .inputs = (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, .n_inputs = 2 }, &err);
+        CHECK(t == NULL && strstr(err.msg, "CUDA is not available"), "tg_compile on cuda without a GPU: %s", err.msg);
+        tg_model_free(m);
+        nvrtc_compile_all();
+    }
     char cmd[100];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

@@ -9,50 +9,33 @@
 #include <unistd.h>
 
 #include "check.h"
-
-static char example[4096];   /* path of the example binary */
-static char output[1 << 16]; /* what the last run printed (stdout and stderr) */
-
-/* Runs the example with args; returns its exit code, or -1 if it did not exit normally. */
-static int run_example(const char *args) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", example, args);
-    output[0] = '\0';
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = fread(output, 1, sizeof output - 1, p);
-    output[n] = '\0';
-    while (fgetc(p) != EOF) {}   /* drain anything past the buffer */
-    int status = pclose(p);
-    return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+#include "run_example.h"
 
 /* The mean losses of the "epoch N/M  loss X ..." lines; returns how many were found. */
 static int epoch_losses(double *loss, int max) {
     int n = 0, epoch, epochs;
-    for (const char *line = output; line && *line && n < max; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+    for (const char *line = example_output; line && *line && n < max; line = next_line(line))
         if (sscanf(line, "epoch %d/%d loss %lf", &epoch, &epochs, &loss[n]) == 3) n++;
     return n;
 }
 
 static double test_accuracy_percent(void) {
-    const char *s = strstr(output, "test accuracy ");
+    const char *s = strstr(example_output, "test accuracy ");
     double acc = -1;
     if (s) sscanf(s, "test accuracy %lf%%", &acc);
     return acc;
 }
 
 int main(int argc, char **argv) {
-    /* build/tests/test_digits -> build/tests/../examples/digits (build-san/... under sanitizers) */
-    const char *slash = strrchr(argv[0], '/');
-    if (slash) snprintf(example, sizeof example, "%.*s/../examples/digits", (int)(slash - argv[0]), argv[0]);
-    else snprintf(example, sizeof example, "build/examples/digits");
+    example_dir_init(argv[0]);
+    char example[4200];   /* path of the example binary */
+    snprintf(example, sizeof example, "%s/digits", example_dir);
     int have = access(example, X_OK) == 0 && access("data/digits.csv.gz", R_OK) == 0;
     CHECK(have, "need %s (make builds it) and data/digits.csv.gz (run from the repo root)", example);
     if (!have) return check_report("test_digits");
 
     /* 10 epochs: the loss falls steadily and the held-out accuracy clears 90%. */
-    int rc = run_example("--epochs 10 --min-acc 0.90");
+    int rc = run_example("digits", "--epochs 10 --min-acc 0.90");
     double loss[16];
     int n = epoch_losses(loss, 16);
     double acc = test_accuracy_percent();
@@ -64,15 +47,15 @@ int main(int argc, char **argv) {
         for (int i = 1; i < n; i++) CHECK(loss[i] < loss[i - 1] * 1.05, "loss rose at epoch %d: %g -> %g", i + 1, loss[i - 1], loss[i]);
     }
     CHECK(acc >= 90.0, "test accuracy %g%% after 10 epochs", acc);
-    if (rc != 0 || n != 10 || acc < 90.0) fprintf(stderr, "--- digits output ---\n%s---\n", output);
+    if (rc != 0 || n != 10 || acc < 90.0) fprintf(stderr, "--- digits output ---\n%s---\n", example_output);
 
     /* --min-acc gates the exit status. */
-    rc = run_example("--epochs 1 --min-acc 1.01");
-    CHECK(rc == 1, "digits --min-acc 1.01 exited %d, expected 1\n%s", rc, output);
+    rc = run_example("digits", "--epochs 1 --min-acc 1.01");
+    CHECK(rc == 1, "digits --min-acc 1.01 exited %d, expected 1\n%s", rc, example_output);
 
     /* A missing data file is an error message and exit 1, not a crash. */
-    rc = run_example("--data data/no-such-file.csv.gz");
-    CHECK(rc == 1 && strstr(output, "no-such-file"), "digits --data <missing> exited %d\n%s", rc, output);
+    rc = run_example("digits", "--data data/no-such-file.csv.gz");
+    CHECK(rc == 1 && strstr(example_output, "no-such-file"), "digits --data <missing> exited %d\n%s", rc, example_output);
 
     return check_report("test_digits");
 }

@@ -11,29 +11,13 @@
 #include <unistd.h>
 
 #include "check.h"
-
-static char dir[4096];        /* the examples directory */
-static char output[1 << 16];  /* what the last run printed (stdout and stderr) */
-
-/* Runs example NAME with args; returns its exit code, or -1 if it did not exit normally. */
-static int run_example(const char *name, const char *args) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s/%s' %s 2>&1", dir, name, args);
-    output[0] = '\0';
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = fread(output, 1, sizeof output - 1, p);
-    output[n] = '\0';
-    while (fgetc(p) != EOF) {}   /* drain anything past the buffer */
-    int status = pclose(p);
-    return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+#include "run_example.h"
 
 /* The losses of the progress lines "step N/M  loss X ..."; returns how many were found. With
  * heldout non-NULL also the "held-out X" that follows (every chargpt progress line has one). */
 static int progress_losses(double *loss, double *heldout, int max) {
     int n = 0, step, steps;
-    for (const char *line = output; line && *line && n < max; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+    for (const char *line = example_output; line && *line && n < max; line = next_line(line)) {
         if (sscanf(line, "step %d/%d loss %lf", &step, &steps, &loss[n]) != 3) continue;
         if (heldout) {
             const char *h = strstr(line, "held-out ");
@@ -95,17 +79,17 @@ static void test_sin(const char *tmp) {
         CHECK(loss[0] > 0.01 && loss[0] < 1.0, "sin: first loss %g", loss[0]);
         CHECK(loss[n - 1] < 0.05 * loss[0] && loss[n - 1] < 0.01, "sin: last loss %g vs first %g", loss[n - 1], loss[0]);
     }
-    CHECK(strstr(output, "max abs error ") != NULL, "sin: no prediction table");
-    if (rc != 0 || n != 20) fprintf(stderr, "--- sin output ---\n%s---\n", output);
+    CHECK(strstr(example_output, "max abs error ") != NULL, "sin: no prediction table");
+    if (rc != 0 || n != 20) fprintf(stderr, "--- sin output ---\n%s---\n", example_output);
     if (rc == 0) check_plot(prefix, "step,loss\n", 400, 0);
 
     rc = run_example("sin", "--backend no-such-backend");
-    CHECK(rc == 1 && strstr(output, "no-such-backend"), "sin --backend no-such-backend exited %d\n%s", rc, output);
+    CHECK(rc == 1 && strstr(example_output, "no-such-backend"), "sin --backend no-such-backend exited %d\n%s", rc, example_output);
     snprintf(args, sizeof args, "--plot '%s/no-such-dir/sin'", tmp);
     rc = run_example("sin", args);   /* an unwritable --plot fails before training */
-    CHECK(rc == 1 && strstr(output, "no-such-dir") && !strstr(output, "step "), "sin %s exited %d\n%s", args, rc, output);
+    CHECK(rc == 1 && strstr(example_output, "no-such-dir") && !strstr(example_output, "step "), "sin %s exited %d\n%s", args, rc, example_output);
     rc = run_example("sin", "--steps 0");
-    CHECK(rc == 2 && strstr(output, "usage"), "sin --steps 0 exited %d\n%s", rc, output);
+    CHECK(rc == 2 && strstr(example_output, "usage"), "sin --steps 0 exited %d\n%s", rc, example_output);
 }
 
 static void test_chargpt(const char *tmp) {
@@ -132,32 +116,29 @@ static void test_chargpt(const char *tmp) {
         CHECK(loss[2] < 0.75 * loss[0], "chargpt: last loss %g is not well below the first %g", loss[2], loss[0]);
         CHECK(held[2] < 0.75 * held[0], "chargpt: last held-out loss %g is not well below the first %g", held[2], held[0]);
     }
-    CHECK(strstr(output, "--- sample at step 15") != NULL, "chargpt: no sample at the end");
-    if (rc != 0 || n != 3) fprintf(stderr, "--- chargpt output ---\n%s---\n", output);
+    CHECK(strstr(example_output, "--- sample at step 15") != NULL, "chargpt: no sample at the end");
+    if (rc != 0 || n != 3) fprintf(stderr, "--- chargpt output ---\n%s---\n", example_output);
     if (rc == 0) check_plot(prefix, "step,loss,heldout\n", 15, 3);
 
     /* Bad input is a message and a non-zero exit, not a crash. */
     snprintf(args, sizeof args, "'%s/no-such-file.txt'", tmp);
     rc = run_example("chargpt", args);
-    CHECK(rc == 1 && strstr(output, "no-such-file"), "chargpt <missing file> exited %d\n%s", rc, output);
+    CHECK(rc == 1 && strstr(example_output, "no-such-file"), "chargpt <missing file> exited %d\n%s", rc, example_output);
     f = fopen(text, "w");
     if (f) { fputs("too short", f); fclose(f); }
     snprintf(args, sizeof args, "'%s'", text);
     rc = run_example("chargpt", args);
-    CHECK(rc == 1 && strstr(output, "too short"), "chargpt <9-byte file> exited %d\n%s", rc, output);
+    CHECK(rc == 1 && strstr(example_output, "too short"), "chargpt <9-byte file> exited %d\n%s", rc, example_output);
     rc = run_example("chargpt", "");
-    CHECK(rc == 2 && strstr(output, "usage"), "chargpt without a file exited %d\n%s", rc, output);
+    CHECK(rc == 2 && strstr(example_output, "usage"), "chargpt without a file exited %d\n%s", rc, example_output);
     remove(text);
 }
 
 int main(int argc, char **argv) {
-    /* build/tests/test_examples -> build/tests/../examples (build-san/... under sanitizers) */
-    const char *slash = strrchr(argv[0], '/');
-    if (slash) snprintf(dir, sizeof dir, "%.*s/../examples", (int)(slash - argv[0]), argv[0]);
-    else snprintf(dir, sizeof dir, "build/examples");
+    example_dir_init(argv[0]);
     char sin_path[4200], gpt_path[4200];
-    snprintf(sin_path, sizeof sin_path, "%s/sin", dir);
-    snprintf(gpt_path, sizeof gpt_path, "%s/chargpt", dir);
+    snprintf(sin_path, sizeof sin_path, "%s/sin", example_dir);
+    snprintf(gpt_path, sizeof gpt_path, "%s/chargpt", example_dir);
     int have = access(sin_path, X_OK) == 0 && access(gpt_path, X_OK) == 0;
     CHECK(have, "need %s and %s (make builds them)", sin_path, gpt_path);
     char tmpl[] = "/tmp/tg_examples_XXXXXX";

@@ -5,197 +5,18 @@
  * opctx, serves every case; the cases are small loops over tables in main. */
 #include "internal.h"
 #include "check.h"
+#include "probe_util.h"
+#include "core_ops.h"
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---------------------------------------------------------------------------------------------
- * What to test
- * ------------------------------------------------------------------------------------------- */
-
-typedef enum {
-    O_ADD, O_SUB, O_MUL, O_DIV, O_MIN, O_MAX, O_LESS, O_GREATER,                 /* binary */
-    O_WHERE,
-    O_NEG, O_ABS, O_SQUARE, O_SQRT, O_RSQRT, O_EXP, O_LOG, O_RELU, O_TANH, O_SIGMOID, /* unary */
-    O_SUM, O_MEAN, O_RESHAPE, O_PERMUTE, O_SWAPAXES, O_MATMUL, O_ONE_HOT, O_EMBEDDING,
-    O_SOFTMAX, O_LOG_SOFTMAX, O_CE, O_NLL,
-    O_PMUL,          /* in[0] * tg_p(param) */
-    O_LINEAR, O_EMBED, O_LAYERNORM
-} opk;
-static const char *const opname[] = {
-    "add", "sub", "mul", "div", "minimum", "maximum", "less", "greater", "where",
-    "neg", "abs", "square", "sqrt", "rsqrt", "exp", "log", "relu", "tanh", "sigmoid",
-    "sum", "mean", "reshape", "permute", "swapaxes", "matmul", "one_hot", "embedding",
-    "softmax", "log_softmax", "cross_entropy", "nll_loss", "mul(x, tg_p)", "tg_linear",
-    "tg_embed", "tg_layernorm"
-};
-static const char *const redname[] = { "mean", "sum", "none" };
-
-/* How a binary op (or where's last two operands) gets its operands. */
-enum {
-    S_TT,        /* all tensors: in[0], in[1] (where: in[0], in[1], in[2]) */
-    S_NUM_L,     /* plain number on the left:  tg_sub(1.5, x)      where(c, 1.5, x) */
-    S_NUM_R,     /* plain number on the right: tg_sub(x, 1.5)      where(c, x, 1.5) */
-    S_SCALAR_R   /* tg_scalar() on the right:  tg_sub(x, tg_scalar(1.5)) */
-};
-
-typedef struct {
-    opk op;
-    int side;            /* S_*: binary ops and where */
-    double num;          /* the number for S_NUM_* / S_SCALAR_R; layernorm: the eps given */
-    int axis, axis2, keep;
-    tg_shape shp;        /* reshape target or permute order */
-    int64_t n;           /* one_hot classes */
-    tg_reduction red;
-    const void *layer;   /* tg_linear, tg_embedding_layer, tg_layernorm or tg_param */
-} opctx;
-
-static tg_tensor bin_tt(opk op, tg_tensor a, tg_tensor b) {
-    switch (op) {
-    case O_ADD: return tg_add(a, b);
-    case O_SUB: return tg_sub(a, b);
-    case O_MUL: return tg_mul(a, b);
-    case O_DIV: return tg_div(a, b);
-    case O_MIN: return tg_minimum(a, b);
-    case O_MAX: return tg_maximum(a, b);
-    case O_LESS: return tg_less(a, b);
-    default: return tg_greater(a, b);
-    }
-}
-static tg_tensor bin_nt(opk op, double a, tg_tensor b) {   /* plain number on the left */
-    switch (op) {
-    case O_ADD: return tg_add(a, b);
-    case O_SUB: return tg_sub(a, b);
-    case O_MUL: return tg_mul(a, b);
-    case O_DIV: return tg_div(a, b);
-    case O_MIN: return tg_minimum(a, b);
-    case O_MAX: return tg_maximum(a, b);
-    case O_LESS: return tg_less(a, b);
-    default: return tg_greater(a, b);
-    }
-}
-static tg_tensor bin_tn(opk op, tg_tensor a, double b) {   /* plain number on the right */
-    switch (op) {
-    case O_ADD: return tg_add(a, b);
-    case O_SUB: return tg_sub(a, b);
-    case O_MUL: return tg_mul(a, b);
-    case O_DIV: return tg_div(a, b);
-    case O_MIN: return tg_minimum(a, b);
-    case O_MAX: return tg_maximum(a, b);
-    case O_LESS: return tg_less(a, b);
-    default: return tg_greater(a, b);
-    }
-}
-static tg_tensor unary(opk op, tg_tensor x) {
-    switch (op) {
-    case O_NEG: return tg_neg(x);
-    case O_ABS: return tg_abs(x);
-    case O_SQUARE: return tg_square(x);
-    case O_SQRT: return tg_sqrt(x);
-    case O_RSQRT: return tg_rsqrt(x);
-    case O_EXP: return tg_exp(x);
-    case O_LOG: return tg_log(x);
-    case O_RELU: return tg_relu(x);
-    case O_TANH: return tg_tanh(x);
-    default: return tg_sigmoid(x);
-    }
-}
-
-static tg_tensor op_forward(const void *vc, const tg_tensor *in) {
-    const opctx *c = vc;
-    if (c->op <= O_GREATER) {
-        switch (c->side) {
-        case S_NUM_L: return bin_nt(c->op, c->num, in[0]);
-        case S_NUM_R: return bin_tn(c->op, in[0], c->num);
-        case S_SCALAR_R: return bin_tt(c->op, in[0], tg_scalar(c->num));
-        default: return bin_tt(c->op, in[0], in[1]);
-        }
-    }
-    if (c->op >= O_NEG && c->op <= O_SIGMOID) return unary(c->op, in[0]);
-    switch (c->op) {
-    case O_WHERE:
-        switch (c->side) {
-        case S_NUM_L: return tg_where(in[0], c->num, in[1]);
-        case S_NUM_R: return tg_where(in[0], in[1], c->num);
-        case S_SCALAR_R: return tg_where(in[0], in[1], tg_scalar(c->num));
-        default: return tg_where(in[0], in[1], in[2]);
-        }
-    case O_SUM: return tg_sum(in[0], c->axis, c->keep);
-    case O_MEAN: return tg_mean(in[0], c->axis, c->keep);
-    case O_RESHAPE: return tg_reshape_at(TG_HERE, in[0], c->shp);
-    case O_PERMUTE: return tg_permute_at(TG_HERE, in[0], c->shp);
-    case O_SWAPAXES: return tg_swapaxes(in[0], c->axis, c->axis2);
-    case O_MATMUL: return tg_matmul(in[0], in[1]);
-    case O_ONE_HOT: return tg_one_hot(in[0], c->n);
-    case O_EMBEDDING: return tg_embedding(in[0], in[1]);
-    case O_SOFTMAX: return tg_softmax(in[0], c->axis);
-    case O_LOG_SOFTMAX: return tg_log_softmax(in[0], c->axis);
-    case O_CE: return tg_cross_entropy(in[0], in[1], c->red);
-    case O_NLL: return tg_nll_loss(in[0], in[1], c->red);
-    case O_PMUL: return tg_mul(in[0], tg_p(*(const tg_param *)c->layer));
-    case O_LINEAR: return tg_linear((const tg_linear *)c->layer, in[0]);
-    case O_EMBED: return tg_embed((const tg_embedding_layer *)c->layer, in[0]);
-    case O_LAYERNORM: return tg_layernorm((const tg_layernorm *)c->layer, in[0]);
-    default: return in[0];
-    }
-}
+/* What to test: the op table and op_forward are in core_ops.h (shared with test_grad.c). */
 
 /* ---------------------------------------------------------------------------------------------
- * Inputs: a declaration plus how to fill it. Every value is float-representable so that the
- * f32 runs see exactly the same inputs.
+ * The naive float64 reference (inputs, host tensors ht and the probe runs: probe_util.h)
  * ------------------------------------------------------------------------------------------- */
 
-typedef enum {
-    F_UNI,     /* uniform in [lo, hi] */
-    F_AWAY,    /* random sign times uniform in [lo, hi] (lo > 0: away from zero) */
-    F_QUANT,   /* one of -1, -0.5, 0, 0.5, 1 (ties between operands, exact zeros) */
-    F_COND,    /* 0 with probability 0.4, else uniform in [lo, hi] */
-    F_INT      /* integers lo..hi inclusive (i32 inputs) */
-} fillk;
-typedef struct { tg_input_decl d; fillk fill; double lo, hi; } inspec;
-#define FIN(nm, lo, hi, ...) { TG_F32(nm, __VA_ARGS__), F_UNI, lo, hi }
-#define AIN(nm, lo, hi, ...) { TG_F32(nm, __VA_ARGS__), F_AWAY, lo, hi }
-#define QIN(nm, ...)         { TG_F32(nm, __VA_ARGS__), F_QUANT, 0, 0 }
-#define CIN(nm, ...)         { TG_F32(nm, __VA_ARGS__), F_COND, -2, 2 }
-#define IIN(nm, lo, hi, ...) { TG_I32(nm, __VA_ARGS__), F_INT, lo, hi }
-
-static double f32r(double v) { return (double)(float)v; }
-
-static void fill(const inspec *s, double *v, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        switch (s->fill) {
-        case F_UNI: v[i] = f32r(check_uniform(s->lo, s->hi)); break;
-        case F_AWAY: v[i] = f32r(check_uniform(s->lo, s->hi)) * (check_uniform(0, 1) < 0.5 ? -1 : 1); break;
-        case F_QUANT: v[i] = -1 + 0.5 * floor(check_uniform(0, 5)); break;
-        case F_COND: v[i] = check_uniform(0, 1) < 0.4 ? 0 : f32r(check_uniform(s->lo, s->hi)); break;
-        case F_INT: v[i] = floor(check_uniform(s->lo, s->hi + 1)); if (v[i] > s->hi) v[i] = s->hi; break;
-        }
-    }
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Host tensors and the naive float64 reference
- * ------------------------------------------------------------------------------------------- */
-
-typedef struct { tg_shape s; double *v; } ht;
-
-static int64_t nel(tg_shape s) {
-    int64_t n = 1;
-    for (int i = 0; i < s.ndim; i++) n *= s.d[i];
-    return n;
-}
-static ht ht_new(tg_shape s) { ht t = { s, calloc((size_t)nel(s), sizeof(double)) }; return t; }
-static bool same_shape(tg_shape a, tg_shape b) {
-    if (a.ndim != b.ndim) return false;
-    for (int i = 0; i < a.ndim; i++) if (a.d[i] != b.d[i]) return false;
-    return true;
-}
-static char *shape_s(tg_shape s, char *buf) {   /* buf: at least 96 bytes */
-    int k = sprintf(buf, "[");
-    for (int i = 0; i < s.ndim; i++) k += sprintf(buf + k, "%s%lld", i ? "," : "", (long long)s.d[i]);
-    sprintf(buf + k, "]");
-    return buf;
-}
 /* NumPy broadcast of two (compatible) shapes. */
 static tg_shape bshape(tg_shape a, tg_shape b) {
     tg_shape o = { a.ndim > b.ndim ? a.ndim : b.ndim, { 0 } };
@@ -215,13 +36,6 @@ static int64_t bidx(tg_shape out, tg_shape in, int64_t flat) {
         stride *= in.d[j];
     }
     return idx;
-}
-/* outer x n x inner split of a shape around axis ax */
-static void split(tg_shape s, int ax, int64_t *outer, int64_t *n, int64_t *inner) {
-    *outer = *inner = 1;
-    for (int i = 0; i < ax; i++) *outer *= s.d[i];
-    *n = s.d[ax];
-    for (int i = ax + 1; i < s.ndim; i++) *inner *= s.d[i];
 }
 
 static double ref_bin(opk op, double a, double b) {
@@ -279,7 +93,7 @@ static ht ref_reduce(ht x, int axis, int keep, bool mean) {
         else if (keep) s.d[s.ndim++] = 1;
     o = ht_new(s);
     int64_t outer, n, inner;
-    split(x.s, axis, &outer, &n, &inner);
+    split_around(x.s, axis, &outer, &n, &inner);
     for (int64_t a = 0; a < outer; a++)
         for (int64_t i = 0; i < inner; i++) {
             double acc = 0;
@@ -327,7 +141,7 @@ static ht ref_softmax(ht x, int axis, bool logm) {
     if (axis < 0) axis += x.s.ndim;
     ht o = ht_new(x.s);
     int64_t outer, n, inner;
-    split(x.s, axis, &outer, &n, &inner);
+    split_around(x.s, axis, &outer, &n, &inner);
     for (int64_t a = 0; a < outer; a++)
         for (int64_t i = 0; i < inner; i++) {
             const double *px = x.v + a * n * inner + i;
@@ -464,56 +278,14 @@ static int n_cases;
 
 static void run_case(const char *what, const opctx *c, tg_model *model, int n_in, const inspec *ins) {
     tg_model *m = model ? model : tg_model_new(7);
-    ht x[4];
-    tg_input_decl decl[4] = { { 0 } };
-    for (int i = 0; i < n_in; i++) {
-        decl[i] = ins[i].d;
-        x[i] = ht_new(ins[i].d.shape);
-        fill(&ins[i], x[i].v, nel(x[i].s));
-    }
-    int np = tg_model_n_params(m);
-    double *pv[32] = { 0 };
-    for (int k = 0; k < np && k < 32; k++) {
-        tg_shape ps = tg_model_param_shape(m, k);
-        pv[k] = calloc((size_t)nel(ps), sizeof(double));
-        inspec u = { TG_F32("p", 1), F_UNI, -1.5, 1.5 };
-        fill(&u, pv[k], nel(ps));
-    }
-    ht want = ref_eval(c, x, m, pv);
+    host_case h;
+    host_case_fill(&h, m, n_in, ins);
+    ht want = ref_eval(c, h.x, m, h.pv);
     n_cases++;
-
-    for (int mode = 0; mode < 2; mode++) {
-        bool f32 = mode == 1;
-        double tol = f32 ? 1e-5 : 1e-12;
-        const char *mname = f32 ? "f32" : "f64";
-        tg_error err;
-        memset(&err, 0, sizeof err);
-        tg_probe *p = tg_probe_new(m, op_forward, c, decl, n_in, false, f32, &err);
-        CHECK(p != NULL, "%s [%s]: tg_probe_new failed: %s", what, mname, err.msg);
-        if (!p) continue;
-        for (int i = 0; i < n_in; i++) memcpy(tg_probe_input(p, i), x[i].v, (size_t)nel(x[i].s) * sizeof(double));
-        for (int k = 0; k < np && k < 32; k++) {
-            double *dst = tg_probe_param(p, k);
-            if (dst) memcpy(dst, pv[k], (size_t)nel(tg_model_param_shape(m, k)) * sizeof(double));
-        }
-        tg_probe_run(p);
-        tg_shape gs = tg_probe_output_shape(p);
-        char b1[96], b2[96];
-        CHECK(same_shape(gs, want.s), "%s [%s]: output shape %s, want %s", what, mname, shape_s(gs, b1), shape_s(want.s, b2));
-        if (same_shape(gs, want.s)) {
-            const double *got = tg_probe_output(p);
-            int64_t bad = 0, first = -1;
-            for (int64_t i = 0; i < nel(want.s); i++)
-                if (!check_close(got[i], want.v[i], tol)) { bad++; if (first < 0) first = i; }
-            CHECK(bad == 0, "%s [%s]: %lld of %lld elements differ; first [%lld]: got %.17g want %.17g",
-                  what, mname, (long long)bad, (long long)nel(want.s), (long long)first,
-                  first >= 0 ? got[first] : 0.0, first >= 0 ? want.v[first] : 0.0);
-        }
-        tg_probe_free(p);
-    }
+    /* No dtype check (-1) and no randomness in these graphs (seed 0). */
+    probe_compare_forward(what, m, op_forward, c, &h, want, -1, 0, 1e-12, 1e-5);
     free(want.v);
-    for (int i = 0; i < n_in; i++) free(x[i].v);
-    for (int k = 0; k < np && k < 32; k++) free(pv[k]);
+    host_case_free(&h);
     if (!model) tg_model_free(m);
 }
 

@@ -25,14 +25,12 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include "probe_util.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
 #define TOL64 1e-12
 #define TOL32 1e-5
-#define GRAD_H 1e-6
-#define GRAD_TOL 1e-4
-#define GRAD_FLOOR 1e-5
 
 /* Seeds for randn/dropout, using all 64 bits (small seeds: see test_seed_bits). */
 #define SEED_A 0x9E3779B97F4A7C15ull
@@ -123,86 +121,10 @@ static tg_tensor op_forward(const void *vc, const tg_tensor *in) {
     return in[0];
 }
 
-/* loss = sum(op(in[0..n)) * in[n]) */
-typedef struct { const opctx *op; int n; } wctx;
-static tg_tensor weighted_loss(const void *vc, const tg_tensor *in) {
-    const wctx *w = vc;
-    return tg_sum(tg_mul(op_forward(w->op, in), in[w->n]), TG_ALL, 0);
-}
-
 /* ---------------------------------------------------------------------------------------------
- * Inputs: a declaration and how to fill it. Every value is float-representable so that the f32
- * runs see exactly the same inputs.
+ * The naive float64 reference (host tensors ht: probe_util.h)
  * ------------------------------------------------------------------------------------------- */
 
-typedef enum {
-    F_UNI,       /* uniform in [lo, hi] */
-    F_AWAY,      /* random sign times uniform in [lo, hi] */
-    F_QUANT,     /* one of -1, -0.5, 0, 0.5, 1 (ties; exact clamp bounds) */
-    F_DISTINCT,  /* a shuffle of n evenly spaced values in [lo, hi]: distinct by a margin */
-    F_INT        /* integers lo..hi inclusive (i32 inputs) */
-} fillk;
-/* zero: the input must get an exactly zero gradient (no finite differences for it). */
-typedef struct { tg_input_decl d; fillk fill; double lo, hi; bool zero; } inspec;
-#define FIN(nm, lo, hi, ...) { TG_F32(nm, __VA_ARGS__), F_UNI, lo, hi, false }
-#define AIN(nm, lo, hi, ...) { TG_F32(nm, __VA_ARGS__), F_AWAY, lo, hi, false }
-#define QIN(nm, ...)         { TG_F32(nm, __VA_ARGS__), F_QUANT, 0, 0, false }
-#define DIN(nm, lo, hi, ...) { TG_F32(nm, __VA_ARGS__), F_DISTINCT, lo, hi, false }
-#define ZIN(nm, lo, hi, ...) { TG_F32(nm, __VA_ARGS__), F_UNI, lo, hi, true }
-#define IIN(nm, lo, hi, ...) { TG_I32(nm, __VA_ARGS__), F_INT, lo, hi, false }
-
-static double f32r(double v) { return (double)(float)v; }
-
-static void fill(const inspec *s, double *v, int64_t n) {
-    if (s->fill == F_DISTINCT) {
-        for (int64_t i = 0; i < n; i++) v[i] = f32r(n > 1 ? s->lo + (s->hi - s->lo) * (double)i / (double)(n - 1) : s->lo);
-        for (int64_t i = n - 1; i > 0; i--) {
-            int64_t j = (int64_t)(check_next() % (uint64_t)(i + 1));
-            double t = v[i]; v[i] = v[j]; v[j] = t;
-        }
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        switch (s->fill) {
-        case F_UNI: v[i] = f32r(check_uniform(s->lo, s->hi)); break;
-        case F_AWAY: v[i] = f32r(check_uniform(s->lo, s->hi)) * (check_uniform(0, 1) < 0.5 ? -1 : 1); break;
-        case F_QUANT: v[i] = -1 + 0.5 * floor(check_uniform(0, 5)); break;
-        case F_INT: v[i] = floor(check_uniform(s->lo, s->hi + 1)); if (v[i] > s->hi) v[i] = s->hi; break;
-        default: break;
-        }
-    }
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Host tensors and the naive float64 reference
- * ------------------------------------------------------------------------------------------- */
-
-typedef struct { tg_shape s; double *v; } ht;
-
-static int64_t nel(tg_shape s) {
-    int64_t n = 1;
-    for (int i = 0; i < s.ndim; i++) n *= s.d[i];
-    return n;
-}
-static ht ht_new(tg_shape s) { ht t = { s, calloc((size_t)nel(s) + 1, sizeof(double)) }; return t; }
-static bool same_shape(tg_shape a, tg_shape b) {
-    if (a.ndim != b.ndim) return false;
-    for (int i = 0; i < a.ndim; i++) if (a.d[i] != b.d[i]) return false;
-    return true;
-}
-static char *shape_s(tg_shape s, char *buf) {   /* buf: at least 96 bytes */
-    int k = sprintf(buf, "[");
-    for (int i = 0; i < s.ndim; i++) k += sprintf(buf + k, "%s%lld", i ? "," : "", (long long)s.d[i]);
-    sprintf(buf + k, "]");
-    return buf;
-}
-/* outer x n x inner split of a shape around axis ax */
-static void around(tg_shape s, int ax, int64_t *outer, int64_t *n, int64_t *inner) {
-    *outer = *inner = 1;
-    for (int i = 0; i < ax; i++) *outer *= s.d[i];
-    *n = s.d[ax];
-    for (int i = ax + 1; i < s.ndim; i++) *inner *= s.d[i];
-}
 static int norm_axis(int axis, int ndim) { return axis < 0 ? axis + ndim : axis; }
 
 static double gelu_ref(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
@@ -227,7 +149,7 @@ static ht ref_arg(ht x, int axis, bool want_min) {
     for (int i = 0; i < x.s.ndim; i++) if (i != a) s.d[s.ndim++] = x.s.d[i];
     ht o = ht_new(s);
     int64_t outer, n, inner;
-    around(x.s, a, &outer, &n, &inner);
+    split_around(x.s, a, &outer, &n, &inner);
     for (int64_t p = 0; p < outer; p++)
         for (int64_t i = 0; i < inner; i++) {
             int64_t best = 0;
@@ -247,7 +169,7 @@ static ht ref_narrow(ht x, int axis, int64_t start, int64_t len) {
     s.d[a] = len;
     ht o = ht_new(s);
     int64_t outer, n, inner;
-    around(x.s, a, &outer, &n, &inner);
+    split_around(x.s, a, &outer, &n, &inner);
     for (int64_t p = 0; p < outer; p++)
         for (int64_t j = 0; j < len; j++)
             for (int64_t i = 0; i < inner; i++) o.v[(p * len + j) * inner + i] = x.v[(p * n + start + j) * inner + i];
@@ -261,7 +183,7 @@ static ht ref_concat(const ht *x, int cnt, int axis) {
     for (int k = 0; k < cnt; k++) s.d[a] += x[k].s.d[a];
     ht o = ht_new(s);
     int64_t outer, total, inner, off = 0;
-    around(s, a, &outer, &total, &inner);
+    split_around(s, a, &outer, &total, &inner);
     for (int k = 0; k < cnt; k++) {
         int64_t nk = x[k].s.d[a];
         for (int64_t p = 0; p < outer; p++)
@@ -318,7 +240,7 @@ static ht ref_take(ht x, ht idx, int axis) {
     int a = norm_axis(axis, x.s.ndim);
     ht o = ht_new(idx.s);
     int64_t outer, n, inner, m = idx.s.d[a];
-    around(x.s, a, &outer, &n, &inner);
+    split_around(x.s, a, &outer, &n, &inner);
     for (int64_t p = 0; p < outer; p++)
         for (int64_t j = 0; j < m; j++)
             for (int64_t i = 0; i < inner; i++) {
@@ -522,201 +444,28 @@ static tg_dtype ref_dtype(const opctx *c, const tg_input_decl *decl) {
  * above, run the probe in double and in emulated f32, compare shape, dtype and every element.
  * ------------------------------------------------------------------------------------------- */
 
-#define MAXIN 6
 static int n_fwd_cases;
 
 static void run_case(const char *what, const opctx *c, tg_model *model, int n_in, const inspec *ins) {
     tg_model *m = model ? model : tg_model_new(7);
-    ht x[MAXIN];
-    tg_input_decl decl[MAXIN] = { { 0 } };
-    for (int i = 0; i < n_in; i++) {
-        decl[i] = ins[i].d;
-        x[i] = ht_new(ins[i].d.shape);
-        fill(&ins[i], x[i].v, nel(x[i].s));
-    }
-    int np = tg_model_n_params(m);
-    double *pv[32] = { 0 };
-    for (int k = 0; k < np && k < 32; k++) {
-        tg_shape ps = tg_model_param_shape(m, k);
-        pv[k] = calloc((size_t)nel(ps), sizeof(double));
-        inspec u = FIN("p", -1.5, 1.5, 1);
-        fill(&u, pv[k], nel(ps));
-    }
-    ht want = ref_eval(c, x, m, pv);
-    tg_dtype want_dt = ref_dtype(c, decl);
+    host_case h;
+    host_case_fill(&h, m, n_in, ins);
+    ht want = ref_eval(c, h.x, m, h.pv);
     n_fwd_cases++;
-
-    for (int mode = 0; mode < 2; mode++) {
-        bool f32 = mode == 1;
-        double tol = f32 ? TOL32 : TOL64;
-        const char *mname = f32 ? "f32" : "f64";
-        tg_error err;
-        memset(&err, 0, sizeof err);
-        tg_probe *p = tg_probe_new(m, op_forward, c, decl, n_in, false, f32, &err);
-        CHECK(p != NULL, "%s [%s]: tg_probe_new failed: %s", what, mname, err.msg);
-        if (!p) continue;
-        for (int i = 0; i < n_in; i++) memcpy(tg_probe_input(p, i), x[i].v, (size_t)nel(x[i].s) * sizeof(double));
-        for (int k = 0; k < np && k < 32; k++) {
-            double *dst = tg_probe_param(p, k);
-            if (dst) memcpy(dst, pv[k], (size_t)nel(tg_model_param_shape(m, k)) * sizeof(double));
-        }
-        tg_probe_set_seed(p, SEED_A);
-        tg_probe_run(p);
-        tg_shape gs = tg_probe_output_shape(p);
-        const tg_graph *g = tg_probe_graph(p);
-        tg_dtype got_dt = tg_graph_node(g, tg_graph_output(g)).dtype;
-        char b1[96], b2[96];
-        CHECK(same_shape(gs, want.s), "%s [%s]: output shape %s, want %s", what, mname, shape_s(gs, b1), shape_s(want.s, b2));
-        CHECK(got_dt == want_dt, "%s [%s]: output dtype %s, want %s", what, mname, got_dt == TG_INT32 ? "i32" : "f32",
-              want_dt == TG_INT32 ? "i32" : "f32");
-        if (same_shape(gs, want.s)) {
-            const double *got = tg_probe_output(p);
-            int64_t bad = 0, first = -1;
-            for (int64_t i = 0; i < nel(want.s); i++)
-                if (got[i] != want.v[i] && !check_close(got[i], want.v[i], tol)) { bad++; if (first < 0) first = i; }
-            CHECK(bad == 0, "%s [%s]: %lld of %lld elements differ; first [%lld]: got %.17g want %.17g",
-                  what, mname, (long long)bad, (long long)nel(want.s), (long long)first,
-                  first >= 0 ? got[first] : 0.0, first >= 0 ? want.v[first] : 0.0);
-        }
-        tg_probe_free(p);
-    }
+    probe_compare_forward(what, m, op_forward, c, &h, want, (int)ref_dtype(c, h.decl), SEED_A, TOL64, TOL32);
     free(want.v);
-    for (int i = 0; i < n_in; i++) free(x[i].v);
-    for (int k = 0; k < np && k < 32; k++) free(pv[k]);
+    host_case_free(&h);
     if (!model) tg_model_free(m);
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Gradients by central finite differences (as test_grad.c)
+ * Gradients by central finite differences (probe_util.h, as test_grad.c)
  * ------------------------------------------------------------------------------------------- */
 
-static int n_grad_cases;
-static int64_t n_grad_elements;
-static double worst_err;
-static char worst_what[240];
-
-static void fd_compare(const char *what, const char *which, tg_probe *p, double *v, const double *an, int64_t n) {
-    int64_t bad = 0, first = -1;
-    double worst = 0, fa = 0, fn = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double x0 = v[i];
-        v[i] = x0 + GRAD_H;
-        tg_probe_run(p);
-        double fp = tg_probe_output(p)[0];
-        v[i] = x0 - GRAD_H;
-        tg_probe_run(p);
-        double fm = tg_probe_output(p)[0];
-        v[i] = x0;
-        double num = (fp - fm) / (2 * GRAD_H), a = an[i];
-        double den = fmax(fmax(fabs(a), fabs(num)), GRAD_FLOOR), e = fabs(a - num) / den;
-        if (!(e <= GRAD_TOL)) { bad++; if (first < 0) { first = i; fa = a; fn = num; } }
-        if (e > worst || e != e) worst = e;
-    }
-    tg_probe_run(p);   /* back to the unperturbed point */
-    n_grad_elements += n;
-    if (worst > worst_err) { worst_err = worst; snprintf(worst_what, sizeof worst_what, "%s, %s", what, which); }
-    CHECK(bad == 0, "%s: d/d%s: %lld of %lld elements off (worst rel err %.3g); first [%lld]: analytic %.12g numeric %.12g",
-          what, which, (long long)bad, (long long)n, worst, (long long)first, fa, fn);
-}
-
-/* A probe over fn with inputs filled from ins and every used parameter uniform in [-1.5, 1.5],
- * seeded and run once. */
-static tg_probe *make_probe(const char *what, tg_model *m, tg_forward_fn fn, const void *ctx, int n_in,
-                            const inspec *ins, bool grads, bool f32, uint64_t seed) {
-    tg_input_decl decl[MAXIN] = { { 0 } };
-    for (int i = 0; i < n_in; i++) decl[i] = ins[i].d;
-    tg_error err;
-    memset(&err, 0, sizeof err);
-    tg_probe *p = tg_probe_new(m, fn, ctx, decl, n_in, grads, f32, &err);
-    CHECK(p != NULL, "%s: tg_probe_new failed: %s", what, err.msg);
-    if (!p) return NULL;
-    for (int i = 0; i < n_in; i++) fill(&ins[i], tg_probe_input(p, i), nel(ins[i].d.shape));
-    for (int k = 0; k < tg_model_n_params(m); k++) {
-        double *pv = tg_probe_param(p, k);
-        inspec u = FIN("p", -1.5, 1.5, 1);
-        if (pv) fill(&u, pv, nel(tg_model_param_shape(m, k)));
-    }
-    tg_probe_set_seed(p, seed);
-    tg_probe_run(p);
-    return p;
-}
-
-/* Checks the gradient of every f32 input and every used parameter. Returns the probe (run at
- * the unperturbed point) when keep is set, else frees it. */
-static tg_probe *gradcheck(const char *what, tg_model *m, tg_forward_fn fn, const void *ctx, int n_in,
-                           const inspec *ins, uint64_t seed, bool keep) {
-    tg_probe *p = make_probe(what, m, fn, ctx, n_in, ins, true, false, seed);
-    if (!p) return NULL;
-    n_grad_cases++;
-    char b1[96];
-    tg_shape os = tg_probe_output_shape(p);
-    CHECK(os.ndim == 0, "%s: loss shape %s, want []", what, shape_s(os, b1));
-    CHECK(isfinite(tg_probe_output(p)[0]), "%s: loss %g", what, tg_probe_output(p)[0]);
-    for (int i = 0; i < n_in; i++) {
-        const double *g = tg_probe_input_grad(p, i);
-        int64_t n = nel(ins[i].d.shape);
-        char which[64];
-        snprintf(which, sizeof which, "input %s", ins[i].d.name);
-        if (ins[i].d.dtype == TG_INT32) {
-            CHECK(g == NULL, "%s: i32 %s has a gradient", what, which);
-            continue;
-        }
-        CHECK(g != NULL, "%s: no gradient for %s", what, which);
-        if (!g) continue;
-        double *an = malloc((size_t)n * sizeof(double));
-        memcpy(an, g, (size_t)n * sizeof(double));
-        if (ins[i].zero) {
-            int64_t nz = 0;
-            for (int64_t k = 0; k < n; k++) nz += an[k] != 0.0;
-            CHECK(nz == 0, "%s: %s must get an exactly zero gradient; %lld of %lld elements nonzero", what, which,
-                  (long long)nz, (long long)n);
-        } else {
-            fd_compare(what, which, p, tg_probe_input(p, i), an, n);
-        }
-        free(an);
-    }
-    for (int k = 0; k < tg_model_n_params(m); k++) {
-        double *pv = tg_probe_param(p, k);
-        const double *g = tg_probe_param_grad(p, k);
-        CHECK((pv == NULL) == (g == NULL), "%s: param %s: value %p but gradient %p", what, tg_model_param_name(m, k),
-              (void *)pv, (const void *)g);
-        if (!pv || !g) continue;
-        int64_t n = nel(tg_model_param_shape(m, k));
-        double *an = malloc((size_t)n * sizeof(double));
-        memcpy(an, g, (size_t)n * sizeof(double));
-        char which[96];
-        snprintf(which, sizeof which, "param %s", tg_model_param_name(m, k));
-        fd_compare(what, which, p, pv, an, n);
-        free(an);
-    }
-    tg_probe_run(p);
-    if (keep) return p;
-    tg_probe_free(p);
-    return NULL;
-}
-
-/* An op case: find the op's output shape, add W of that shape, check sum(op * W). */
+/* An op case: check the gradients of sum(op * W), W random of the op's output shape. */
 static tg_probe *grad_case_seeded(const char *what, const opctx *c, tg_model *model, int n_in, const inspec *ins,
                                   uint64_t seed, bool keep) {
-    tg_model *m = model ? model : tg_model_new(3);
-    tg_input_decl decl[MAXIN] = { { 0 } };
-    for (int i = 0; i < n_in; i++) decl[i] = ins[i].d;
-    tg_error err;
-    memset(&err, 0, sizeof err);
-    tg_probe *p = tg_probe_new(m, op_forward, c, decl, n_in, false, false, &err), *kept = NULL;
-    CHECK(p != NULL, "%s: tg_probe_new (forward only) failed: %s", what, err.msg);
-    if (p) {
-        tg_shape os = tg_probe_output_shape(p);
-        tg_probe_free(p);
-        if (os.ndim == 0) os = TG_SHAPE(1);
-        inspec all[MAXIN + 1];
-        memcpy(all, ins, (size_t)n_in * sizeof *all);
-        all[n_in] = (inspec){ { "W", TG_FLOAT32, os }, F_AWAY, 0.5, 1.5, false };
-        wctx w = { c, n_in };
-        kept = gradcheck(what, m, weighted_loss, &w, n_in + 1, all, seed, keep);
-    }
-    if (!model) tg_model_free(m);
-    return kept;
+    return op_gradcheck(what, op_forward, c, model, n_in, ins, seed, keep);
 }
 static void grad_case(const char *what, const opctx *c, tg_model *model, int n_in, const inspec *ins) {
     grad_case_seeded(what, c, model, n_in, ins, SEED_A, false);
@@ -785,7 +534,7 @@ static void test_elementwise(void) {
     for (size_t k = 0; k < sizeof bounds / sizeof *bounds; k++) {
         double lo = bounds[k][0], hi = bounds[k][1];
         opctx c = { .op = O_CLAMP, .lo = lo, .hi = hi };
-        wctx w = { &c, 1 };
+        wctx w = { op_forward, &c, 1 };
         inspec ins[2] = { QIN("x", 6, 5), AIN("W", 0.5, 1.5, 6, 5) };
         tg_model *m = tg_model_new(2);
         snprintf(what, sizeof what, "clamp(x, %g, %g) gradient at the bounds", lo, hi);
@@ -1474,7 +1223,7 @@ static void test_images(void) {
     /* Ties (a constant image): each window's gradient goes to its first maximum (row-major). */
     {
         opctx c = { .op = O_MAXPOOL, .k = 3, .stride = 2, .pad = 1 };
-        wctx w = { &c, 1 };
+        wctx w = { op_forward, &c, 1 };
         inspec ins[2] = { { TG_F32("x", 1, 1, 5, 5), F_UNI, 0.5, 0.5, false }, AIN("W", 0.5, 1.5, 1, 1, 3, 3) };
         tg_model *m = tg_model_new(1);
         tg_probe *p = make_probe("max_pool2d ties", m, weighted_loss, &w, 2, ins, true, false, 0);
@@ -1974,6 +1723,6 @@ int main(void) {
     test_adamw_filter();
     printf("test_ops_more: %d forward cases (each in f64 and f32), %d gradient probes, %lld gradient elements by finite "
            "differences; worst rel err %.3g (%s)\n",
-           n_fwd_cases, n_grad_cases, (long long)n_grad_elements, worst_err, worst_what);
+           n_fwd_cases, fd_stats.cases, (long long)fd_stats.elements, fd_stats.worst_err, fd_stats.worst_what);
     return check_report("test_ops_more");
 }
