@@ -2,6 +2,7 @@
  * from the repo root). Runs the built example binary (BUILD/examples/digits, which `make test`
  * builds first) and checks its exit status and the losses it prints, so the example and this
  * test cannot drift apart. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,21 @@ int main(int argc, char **argv) {
     }
     CHECK(acc >= 90.0, "test accuracy %g%% after 10 epochs", acc);
     if (rc != 0 || n != 10 || acc < 90.0) fprintf(stderr, "--- digits output ---\n%s---\n", example_output);
+
+    /* The CNN variant trains too, and --save writes a safetensors checkpoint: an 8-byte
+     * little-endian header length, then a JSON header naming the parameters. */
+    rc = run_example("digits", "--cnn --epochs 3 --save /tmp/tg_test_digits.safetensors");
+    CHECK(rc == 0 && strstr(example_output, "CNN"), "digits --cnn exited %d\n%s", rc, example_output);
+    FILE *f = fopen("/tmp/tg_test_digits.safetensors", "rb");
+    unsigned char head[8] = { 0 };
+    char json[256] = { 0 };
+    bool read_ok = f && fread(head, 1, 8, f) == 8 && fread(json, 1, sizeof json - 1, f) > 0;
+    if (f) fclose(f);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen * 256 + head[i];
+    CHECK(read_ok && hlen > 0 && hlen < 100000 && json[0] == '{' && strstr(json, "c1.W"),
+          "digits --save: header length %llu, header '%.60s'", (unsigned long long)hlen, json);
+    remove("/tmp/tg_test_digits.safetensors");
 
     /* --min-acc gates the exit status. */
     rc = run_example("digits", "--epochs 1 --min-acc 1.01");

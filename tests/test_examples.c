@@ -120,6 +120,25 @@ static void test_chargpt(const char *tmp) {
     if (rc != 0 || n != 3) fprintf(stderr, "--- chargpt output ---\n%s---\n", example_output);
     if (rc == 0) check_plot(prefix, "step,loss,heldout\n", 15, 3);
 
+    /* --save writes a checkpoint at every evaluation; --resume continues from its step. */
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%s/chargpt.safetensors", tmp);
+    snprintf(args, sizeof args, "'%s' --backend reference --steps 10 --lr 1e-2 --eval-every 10 --sample-every 0 "
+             "--sample-len 10 --save '%s'", text, ckpt);
+    rc = run_example("chargpt", args);
+    n = progress_losses(loss, held, 16);
+    CHECK(rc == 0 && n == 1, "chargpt --save exited %d with %d progress lines", rc, n);
+    double saved_loss = n == 1 ? loss[0] : NAN;
+    snprintf(args, sizeof args, "'%s' --backend reference --steps 20 --lr 1e-2 --eval-every 10 --sample-every 0 "
+             "--sample-len 10 --resume '%s'", text, ckpt);
+    rc = run_example("chargpt", args);
+    n = progress_losses(loss, held, 16);
+    CHECK(rc == 0 && strstr(example_output, "resumed from") && strstr(example_output, "at step 11"),
+          "chargpt --resume exited %d\n%s", rc, example_output);
+    CHECK(n == 1 && loss[0] < saved_loss, "chargpt: steps 11-20 after resuming (loss %g) continue below steps 1-10 (%g)",
+          n == 1 ? loss[0] : NAN, saved_loss);
+    remove(ckpt);
+
     /* Bad input is a message and a non-zero exit, not a crash. */
     snprintf(args, sizeof args, "'%s/no-such-file.txt'", tmp);
     rc = run_example("chargpt", args);
