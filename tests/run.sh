@@ -8,10 +8,11 @@ for t in "$@"; do
     out=$("$t" 2>&1); rc=$?
     printf '%s\n' "$out" | tail -n 40
     line=$(printf '%s\n' "$out" | grep -E '^[a-z_]+: [0-9]+ passed, [0-9]+ failed$' | tail -n 1)
-    if [ -z "$line" ] || [ $rc -ne 0 ] && [ "$(printf '%s' "$line" | sed 's/.*, \([0-9]*\) failed/\1/')" = 0 ]; then
+    p=$(printf '%s' "$line" | sed -n 's/.*: \([0-9]*\) passed.*/\1/p'); f=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) failed/\1/p')
+    # A binary that crashed, or exited non-zero while reporting no failure, is a failure itself.
+    if [ -z "$line" ] || { [ $rc -ne 0 ] && [ "${f:-0}" -eq 0 ]; }; then
         echo "$t: exited $rc without a clean summary"; broken=$((broken + 1))
     fi
-    p=$(printf '%s' "$line" | sed -n 's/.*: \([0-9]*\) passed.*/\1/p'); f=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) failed/\1/p')
     passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
 done
 failed=$((failed + broken))
