@@ -21,6 +21,14 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* CPU time of the whole process (every thread): with one thread, a step's time net of whatever
+ * else the machine runs. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static uint64_t rng = 0x243F6A8885A308D3ull;
 static double uniform(void) {
     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -293,11 +301,12 @@ static int run(const char *name, const char *backend, double scale) {
     }
     int base = strcmp(backend, "cuda") == 0 ? w.gpu_steps : w.steps;
     int steps = (int)(base * scale) > 0 ? (int)(base * scale) : 1;
-    double times[5];
+    double times[5], cpu[5];
     for (int k = 0; k < 5 && r.status == TG_OK; k++) {
-        double t0 = now();
+        double t0 = now(), c0 = cpu_now();
         for (int i = 0; i < steps && r.status == TG_OK; i++) r = tg_step(t, data, 2);
         times[k] = (now() - t0) / steps * 1e3;
+        cpu[k] = (cpu_now() - c0) / steps * 1e3;
     }
     if (r.status != TG_OK) {
         fprintf(stderr, "%s: step failed: %s\n", name, r.error);
@@ -306,15 +315,16 @@ static int run(const char *name, const char *backend, double scale) {
     double sorted[5];
     memcpy(sorted, times, sizeof times);
     qsort(sorted, 5, sizeof(double), cmp_double);
+    qsort(cpu, 5, sizeof(double), cmp_double);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     /* Everything the step keeps in (device) memory: the planned intermediates, the parameters
      * with Adam's two moments, and the inputs. */
     double state_mb = (tg_train_planned_bytes(t) + 4.0 * (3 * n_params(t) + bt + by)) / 1048576.0;
     printf("%-16s %-4s %-8s params=%9lld ms/step median=%8.3f min=%8.3f loss=%.4f compile cold=%.2fs warm=%.3fs "
-           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB\n",
+           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f\n",
            name, backend, "tg", (long long)n_params(t), sorted[2], sorted[0], r.loss, cold, warm,
-           tg_train_planned_bytes(t) / 1048576.0, state_mb, ru.ru_maxrss / 1024.0);
+           tg_train_planned_bytes(t) / 1048576.0, state_mb, ru.ru_maxrss / 1024.0, cpu[2]);
     fflush(stdout);
     tg_destroy(t);
     release(&w);

@@ -26,7 +26,15 @@ typedef struct {
     void *dl;
     entry_fn entry;
     char *source;
+    bool *mat;            /* per node: has memory of its own (else inlined or absorbed by its consumer) */
+    int *inplace;         /* per node: the PARAM/STATE leaf its kernel writes in place, or -1 */
 } cpu_exec;
+
+/* codegen_c.c: the CPU backend's refinements of fuse.c's schedule (absorbed producers, in-place
+ * write-backs) and the C source of the refined schedule. */
+void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *materialized, int *alias, int *inplace);
+char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min,
+                        const int *inplace);
 
 /* ----- buffers: 64-byte aligned, float or int32 by dtype (both 4 bytes) ----- */
 
@@ -54,7 +62,10 @@ static void cpu_read(const void *buf, tg_dtype dt, double *dst, size_t n) {
 }
 
 static void cpu_upload(void *buf, tg_dtype dt, const void *src, size_t n) { memcpy(buf, src, n * 4); }
-static void cpu_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n * 4); }
+/* A write-back whose kernel already wrote the leaf in place has dst == src. */
+static void cpu_copy(void *dst, const void *src, size_t n) {
+    if (dst != src) memcpy(dst, src, n * 4);
+}
 
 /* ----- the kernel cache ----- */
 
@@ -72,7 +83,7 @@ static bool compile(const char *cc, const char *flags, const char *path_c, const
     char tmp[1100], log[1100], cmd[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path_so, (int)getpid());
     snprintf(log, sizeof log, "%s.log", path_c);
-    snprintf(cmd, sizeof cmd, "%s %s -fopenmp -fPIC -shared -fno-strict-aliasing -o '%s' '%s' -lm > '%s' 2>&1", cc, flags,
+    snprintf(cmd, sizeof cmd, "%s %s -fopenmp -fPIC -shared -fno-strict-aliasing -fno-math-errno -o '%s' '%s' -lm > '%s' 2>&1", cc, flags,
              tmp, path_c, log);
     int rc = system(cmd);
     if (rc != 0) {
@@ -126,25 +137,31 @@ static void cpu_release(void *h) {
     free(e->arena);
     free(e->bound);
     free(e->source);
+    free(e->mat);
+    free(e->inplace);
     plan_free(&e->plan);
     free(e);
 }
 
-/* Pointwise ops of fewer elements than this run on one thread. */
-#define PARALLEL_MIN 32768
+/* Pointwise ops of fewer elements than this run on one thread: an OpenMP fork and join costs
+ * about 3 us here, what a memory-bound pass over ~100K floats saves on a second core. */
+#define PARALLEL_MIN 131072
 
 static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
     cpu_blas_single_threaded();
     cpu_exec *e = tg_xmalloc(sizeof *e);
     e->g = g;
-    bool *mat = tg_xmalloc(sizeof(bool) * (size_t)(g->n + 1));
+    bool *mat = e->mat = tg_xmalloc(sizeof(bool) * (size_t)(g->n + 1));
+    e->inplace = tg_xmalloc(sizeof(int) * (size_t)(g->n + 1));
+    for (int i = 0; i < g->n; i++) e->inplace[i] = -1;
     const char *nofuse = getenv("TG_NO_FUSE");
+    bool fuse = !(nofuse && nofuse[0] == '1');
     int *alias = tg_xmalloc(sizeof(int) * (size_t)(g->n + 1));
-    fuse_schedule(g, keep, n_keep, !(nofuse && nofuse[0] == '1'), mat, alias);
+    fuse_schedule(g, keep, n_keep, fuse, mat, alias);
+    if (fuse) codegen_c_refine(g, keep, n_keep, mat, alias, e->inplace);
     plan_build(g, keep, n_keep, mat, alias, &e->plan);
     free(alias);
-    e->source = codegen_c(g, mat, &e->plan, PARALLEL_MIN);
-    free(mat);
+    e->source = codegen_c_inplace(g, mat, &e->plan, PARALLEL_MIN, e->inplace);
     e->arena = cpu_alloc(e->plan.arena);
     e->bound = tg_xmalloc(sizeof(void *) * (size_t)(g->n + 1));
     e->dl = load_kernels(e->source, err);
@@ -169,10 +186,12 @@ static bool cpu_run(void *h, const double *hyper, tg_error *err) {
     return true;
 }
 
+/* A node's values live in its home buffer (plan_home), or in the leaf its kernel wrote in place. */
 static void *cpu_node_buf(void *h, int node) {
     cpu_exec *e = h;
     node = plan_home(&e->plan, node);
     if (e->bound[node]) return e->bound[node];
+    if (e->inplace[node] >= 0) return e->bound[e->inplace[node]];
     return e->plan.offset[node] == PLAN_BOUND ? NULL : e->arena + e->plan.offset[node];
 }
 

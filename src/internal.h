@@ -275,6 +275,8 @@ void cuda_plan_free(cuda_plan *p);
 extern void *const cpu_kernels[];
 void cpu_set_threads(int n);
 void cpu_blas_single_threaded(void);
+/* On: the CPU library kernels take their portable paths even where AVX-512 ones exist (tests). */
+void cpu_kernels_portable(bool on);
 
 /* backend_ref.c: the reference interpreter. Every value is a double; with round_f32 set, each
  * f32 node's result is rounded to float after its kernel, so it computes what an f32 machine
