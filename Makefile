@@ -1,5 +1,6 @@
 # tensorgrad: `make` builds the libraries and examples, `make test` runs the suite,
-# `make sanitize` runs it under AddressSanitizer + UndefinedBehaviorSanitizer, `make check` both.
+# `make sanitize` runs it under AddressSanitizer + UndefinedBehaviorSanitizer, `make tsan` the
+# concurrency tests under ThreadSanitizer, `make check` all three.
 CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
@@ -43,15 +44,22 @@ test: $(TESTS) $(EXAMPLES)
 # The whole suite: plain, then under AddressSanitizer + UndefinedBehaviorSanitizer.
 check: test
 	$(MAKE) sanitize
+	$(MAKE) tsan
 
 sanitize:
 	$(MAKE) BUILD=build-san OPT=-O1 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
+
+# The concurrency tests under ThreadSanitizer, on the reference interpreter (TSan does not see
+# OpenMP's synchronization inside the compiled CPU kernels).
+tsan:
+	$(MAKE) BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread" build-tsan/tests/test_session
+	TG_SESSION_BACKENDS=reference TSAN_OPTIONS="halt_on_error=1" sh tests/run.sh build-tsan/tests/test_session
 
 demo: $(BUILD)/examples/digits
 	$(BUILD)/examples/digits
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-tsan
 
-.PHONY: all test check sanitize demo clean
+.PHONY: all test check sanitize tsan demo clean
 .SECONDARY:

@@ -19,7 +19,8 @@
  * in the graph being traced; tg_compile then fails with that message. Run-time failures come
  * back in tg_result.status / tg_result.error.
  *
- * Thread model: one trace at a time per thread (tracing state is thread-local).
+ * Thread model: one trace at a time per thread (tracing state is thread-local); calls on handles
+ * from several threads serialize (see "Threads" below).
  */
 #ifndef TENSORGRAD_H
 #define TENSORGRAD_H
@@ -284,6 +285,19 @@ tg_tensor tg_dropout_at(tg_site s, tg_tensor x, double p);
 #define tg_stop_gradient(x) tg_stop_gradient_at(TG_HERE, x)
 #define tg_dropout(x, p) tg_dropout_at(TG_HERE, x, p)
 
+/* Captures and patch sites: named places in a forward, both returning x.
+ * capture: after each step or run, x's values and shape can be read by name
+ * (tg_train_capture, tg_forward_capture). A graph without captures compiles exactly as before.
+ * patch: a place where a forward handle can replace x's values per call (tg_patch_set: zeros,
+ * the batch mean, given values, or the values x takes on another input) without retracing. In a
+ * training graph, or while no patch is set, a site is x itself: inactive sites cost nothing (a
+ * handle with patches set runs a second compiled variant in which every site selects its value).
+ * Names are unique per graph; patch sites must be f32. */
+tg_tensor tg_capture_at(tg_site s, const char *name, tg_tensor x);
+tg_tensor tg_patch_at(tg_site s, const char *name, tg_tensor x);
+#define tg_capture(name, x) tg_capture_at(TG_HERE, name, x)
+#define tg_patch(name, x) tg_patch_at(TG_HERE, name, x)
+
 /* Images, NCHW. conv2d: x [N,C,H,W], w [O,C,kh,kw] -> [N,O,Ho,Wo] (F.conv2d without bias; zero
  * padding). max_pool2d: k x k windows (F.max_pool2d; padding counts as -inf, padding <= k/2).
  * nearest_upsample2d: each pixel repeated factor x factor times (F.interpolate mode="nearest"). */
@@ -418,18 +432,25 @@ typedef struct {
     const char *backend;         /* "cpu" (default, or $TG_BACKEND), "cuda", "reference" */
 } tg_train_spec;
 
+/* A forward's inputs may leave dimensions open: TG_F32("x", TG_ANY, 784). The graph is then
+ * traced and compiled for each concrete size on first use (found from the data's element
+ * counts; all open dimensions of one call must agree) and kept, least recently used evicted
+ * beyond max_variants. */
+#define TG_ANY (-1)
 typedef struct {
     tg_forward_fn forward;
     const void *ctx;
     const tg_input_decl *inputs;
     int n_inputs;
+    int max_variants;            /* compiled sizes kept for open dimensions; 0 = 8 */
 } tg_forward_spec;
 
 typedef struct tg_train tg_train;
 typedef struct tg_forward tg_forward;
 
 /* Result of a call: a value, never a crash. For tg_run, output points at the handle's own copy
- * (valid until the next call on that handle). */
+ * (valid until the next call on that handle: threads sharing a forward use tg_run_submit or
+ * tg_flight_run, which copy, or a forward each). */
 typedef struct {
     tg_status status;
     float loss;               /* tg_step */
@@ -447,9 +468,62 @@ tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs);
 tg_result tg_eval_loss(tg_train *t, const tg_data *inputs, int n_inputs);
 void tg_destroy(tg_train *t);  /* frees attached forwards too */
 
-/* A forward graph that shares t's parameter buffers: every step is visible to it at once. */
+/* A forward graph that shares t's parameter buffers: every step is visible to it at once.
+ * Without open dimensions it is compiled here (trace errors come back now); with them, at the
+ * first call of each size. Freed by tg_destroy(t), or earlier by tg_detach. */
 tg_forward *tg_attach(tg_train *t, const tg_forward_spec *spec, tg_error *err);
 tg_result tg_run(tg_forward *f, const tg_data *inputs, int n_inputs);
+void tg_detach(tg_forward *f);
+
+/* Swap the model behind t: the loss function, inputs and backend stay; parameters are the new
+ * model's, initialized from its seed; the optimizer is *opt (NULL: keep the current one); the
+ * step count restarts at 0. On failure t is unchanged. Attached forwards stay valid and are
+ * traced again, against the new model, at their next call (their functions must fit it). Calls
+ * queued or in flight (tg_step_submit, tg_run_submit) resolve TG_ABORTED. */
+tg_status tg_replace_model(tg_train *t, tg_model *m, const tg_optimizer *opt, tg_error *err);
+
+/* Captured values (tg_capture) of the handle's last call: shape (if shape is non-NULL) and,
+ * when dst is non-NULL, the n values (n must be the element count). */
+tg_status tg_train_capture(tg_train *t, const char *name, float *dst, size_t n, tg_shape *shape, tg_error *err);
+tg_status tg_forward_capture(tg_forward *f, const char *name, float *dst, size_t n, tg_shape *shape, tg_error *err);
+/* One head of a captured attention map: values of shape [B, H, T, S] (or [H, T, S]) -> the
+ * [B, T, S] (or [T, S]) of head `head`, into dst of n elements; its shape to *head_shape. */
+tg_status tg_capture_head(const float *values, tg_shape shape, int head, float *dst, size_t n, tg_shape *head_shape,
+                          tg_error *err);
+
+/* Activation patching on a forward handle (sites are tg_patch calls in its function):
+ *   TG_PATCH_OFF     the site passes its value through
+ *   TG_PATCH_ZERO    zeros
+ *   TG_PATCH_MEAN    the mean over the batch (axis 0) of the site's own values in this call
+ *   TG_PATCH_VALUES  n given values (copied), the site's element count
+ * A site name is checked at the next call (an unknown name fails it). tg_patch_from sets VALUES
+ * to what the site holds when the forward runs on other inputs (sites patched as they are set);
+ * tg_patch_clear turns every site off. */
+typedef enum { TG_PATCH_OFF, TG_PATCH_ZERO, TG_PATCH_MEAN, TG_PATCH_VALUES } tg_patch_mode;
+tg_status tg_patch_set(tg_forward *f, const char *site, tg_patch_mode mode, const float *values, size_t n, tg_error *err);
+tg_status tg_patch_from(tg_forward *f, const char *site, const tg_data *inputs, int n_inputs, tg_error *err);
+void tg_patch_clear(tg_forward *f);
+
+/* Threads. Every call on a training handle and the forwards attached to it takes one lock, so
+ * calls from several threads serialize safely. A handle that was destroyed is recognized and
+ * refused (as long as its address has not been reused by a new handle).
+ * Async: a submit copies the inputs and queues the call on the handle's worker thread (one per
+ * training handle, started on first use, calls in submission order); tg_wait blocks until it is
+ * done and returns its result (a run's output stays valid until tg_job_free). A call queued or
+ * in flight when the model is replaced or the handle destroyed resolves TG_ABORTED.
+ * Single flight (live previews): at most one call running and one waiting; a newer call displaces
+ * the waiting one, whose caller gets TG_ABORTED. tg_flight_run blocks and copies the output into
+ * out (out_len elements at most). */
+typedef struct tg_job tg_job;
+tg_job *tg_step_submit(tg_train *t, const tg_data *inputs, int n_inputs);
+tg_job *tg_run_submit(tg_forward *f, const tg_data *inputs, int n_inputs);
+tg_result tg_wait(tg_job *j);
+int tg_job_done(tg_job *j);   /* 1 once tg_wait would not block */
+void tg_job_free(tg_job *j);
+typedef struct tg_flight tg_flight;
+tg_flight *tg_flight_new(tg_forward *f);
+tg_result tg_flight_run(tg_flight *fl, const tg_data *inputs, int n_inputs, float *out, size_t out_len);
+void tg_flight_free(tg_flight *fl);
 
 /* Parameters by name. upload is partial: names not given keep their values. */
 int tg_train_n_params(const tg_train *t);
@@ -499,6 +573,18 @@ int tg_graph_output(const tg_graph *g);            /* the loss or forward output
 char *tg_graph_dot(const tg_graph *g);
 /* Bytes of intermediate memory the buffer plan needs (parameters and state not counted). */
 size_t tg_train_planned_bytes(const tg_train *t);
+/* The generated kernel source of the handle's graph (C for "cpu", CUDA C for "cuda"; for a
+ * forward, the variant of its last call), or NULL (the reference interpreter, or not compiled
+ * yet). Valid until the handle's next call or change. */
+const char *tg_train_kernel_source(const tg_train *t);
+const char *tg_forward_kernel_source(const tg_forward *f);
+/* Compiled variants a forward holds now (sizes of its open dimensions, plain or patchable). */
+int tg_forward_n_variants(const tg_forward *f);
+/* Captures and patch sites of a graph, by index. */
+int tg_graph_n_captures(const tg_graph *g);
+const char *tg_graph_capture(const tg_graph *g, int i, int *node);
+int tg_graph_n_patches(const tg_graph *g);
+const char *tg_graph_patch(const tg_graph *g, int i, int *node);
 
 /* Can this backend run here? 1 if so; else 0 with the reason in why (e.g. "CUDA is not
  * available: no CUDA device"). Backends: "cpu" (default), "cuda", "reference". */

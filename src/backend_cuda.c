@@ -576,7 +576,7 @@ static bool cuda_step(void *h, const double *hyper, int loss, const tg_assign *w
 
 const tg_backend backend_cuda = {
     "cuda", cuda_alloc, cuda_free, cuda_write, cuda_upload, cuda_read, cuda_copy,
-    cuda_prepare, cuda_planned_bytes, cuda_bind, cuda_run, cuda_node_buf, cuda_release, cuda_step,
+    cuda_prepare, cuda_planned_bytes, cuda_bind, cuda_run, cuda_node_buf, cuda_release, cuda_step, cuda_source,
 };
 
 /* ----- compile-only variant: host buffers, NVRTC for sm_90, nothing runs ----- */
@@ -630,7 +630,7 @@ static void *nvrtc_node_buf(void *h, int node) { return ((cuda_exec *)h)->bound[
 
 const tg_backend backend_cuda_nvrtc = {
     "cuda-nvrtc", host_alloc, free, host_write, host_upload, host_read, host_copy,
-    nvrtc_prepare, cuda_planned_bytes, cuda_bind, nvrtc_run, nvrtc_node_buf, nvrtc_release, NULL,
+    nvrtc_prepare, cuda_planned_bytes, cuda_bind, nvrtc_run, nvrtc_node_buf, nvrtc_release, NULL, cuda_source,
 };
 
 const char *cuda_source(void *exec) { return ((cuda_exec *)exec)->source; }

@@ -140,6 +140,11 @@ typedef struct {
  * (PARAM or STATE) takes the value of node `src`. This is how the optimizer updates state. */
 typedef struct { int dst, src; } tg_assign;
 
+/* A named place in a forward (tg_capture, tg_patch): `node` holds the value there. A patch site
+ * of a patchable trace also has its replacement INPUT node and its two HYPER slots (replace,
+ * then batch mean; each 0 or 1 per call); -1 otherwise. */
+typedef struct { char *name; int node, input, hyper; } tg_named;
+
 struct tg_graph {
     tg_node *nodes;
     int n, cap;
@@ -153,6 +158,9 @@ struct tg_graph {
     tg_assign *assigns;
     int n_assigns, cap_assigns;
     int n_hyper;                    /* HYPER slots used */
+    tg_named *captures, *patches;
+    int n_captures, n_patches;
+    bool patchable;                 /* set before tracing: patch sites select their values */
     char error[TG_ERROR_LEN];       /* first trace error; empty if none */
 };
 
@@ -271,6 +279,19 @@ typedef struct { const tg_graph *g; cuda_launch *launch; int n, cap; } cuda_plan
 char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches);
 void cuda_plan_free(cuda_plan *p);
 
+/* async.c: queued calls on a worker thread per training handle. A job_fn runs one call for
+ * `handle` of `family` (locking it, aborting when its model generation moved on); a run puts a
+ * malloc'd copy of its output in *out. */
+typedef struct async_queue async_queue;
+typedef tg_result (*job_fn)(void *family, void *handle, const tg_data *in, int n, uint64_t generation, float **out);
+async_queue *async_new(void);
+tg_job *async_submit(async_queue *q, job_fn fn, void *family, void *handle, const tg_data *inputs, int n,
+                     uint64_t generation);
+/* Queued jobs (of `handle`, or all when NULL) resolve TG_ABORTED with `why`. */
+void async_abort(async_queue *q, const void *handle, const char *why);
+/* Aborts what is queued, lets the job in flight finish, joins the worker and frees q. */
+void async_free(async_queue *q, const char *why);
+
 /* kernels_cpu.c: the library kernels generated C calls, indexed by its TGK_* ids; threads. */
 extern void *const cpu_kernels[];
 void cpu_set_threads(int n);
@@ -295,6 +316,9 @@ void ref_eval_node(const tg_graph *g, int id, double *const *bufs, const double 
  * set on failure, including the first shape error an op recorded. */
 tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *inputs, int n,
                    tg_error *err);
+/* The same with patch sites selecting their values (tg_patch; graph->patchable). */
+tg_graph *rt_trace_patchable(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *inputs, int n,
+                             tg_error *err);
 
 /* probe.c: for tests. Traces fn like tg_compile does, optionally adds gradients with respect to
  * every f32 input and every parameter the graph uses, and runs it on a backend: tg_probe_new on
@@ -344,6 +368,7 @@ typedef struct tg_backend {
      * NULL: the runtime does run, read and copy itself. */
     bool (*step)(void *exec, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst,
                  double *loss_out, tg_error *err);
+    const char *(*source)(void *exec);                               /* generated kernels, or NULL */
 } tg_backend;
 
 /* By name: "cpu" (the default; $TG_BACKEND overrides), "reference" (the interpreter, f32),

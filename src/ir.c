@@ -66,6 +66,10 @@ void ir_free(tg_graph *g) {
     free(g->grad_of_param);
     free(g->state_shape_node);
     free(g->assigns);
+    for (int i = 0; i < g->n_captures; i++) free(g->captures[i].name);
+    for (int i = 0; i < g->n_patches; i++) free(g->patches[i].name);
+    free(g->captures);
+    free(g->patches);
     free(g);
 }
 
@@ -109,6 +113,17 @@ void ir_add_assign(tg_graph *g, int dst, int src) {
 }
 
 /* ----- inspection ----- */
+
+int tg_graph_n_captures(const tg_graph *g) { return g ? g->n_captures : 0; }
+int tg_graph_n_patches(const tg_graph *g) { return g ? g->n_patches : 0; }
+
+static const char *named_at(const tg_named *list, int n, int i, int *node) {
+    if (i < 0 || i >= n) return NULL;
+    if (node) *node = list[i].node;
+    return list[i].name;
+}
+const char *tg_graph_capture(const tg_graph *g, int i, int *node) { return g ? named_at(g->captures, g->n_captures, i, node) : NULL; }
+const char *tg_graph_patch(const tg_graph *g, int i, int *node) { return g ? named_at(g->patches, g->n_patches, i, node) : NULL; }
 
 int tg_graph_n_nodes(const tg_graph *g) { return g ? g->n : 0; }
 int tg_graph_output(const tg_graph *g) { return g ? g->output : -1; }

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static const tg_tensor BAD = { NULL, -1 };
 static tg_tensor bad(tg_graph *g) { tg_tensor t = { g, -1 }; return t; }
@@ -833,4 +834,53 @@ tg_tensor tg_nearest_upsample2d_at(tg_site s, tg_tensor x, int factor) {
     int64_t n = xs.d[0], c = xs.d[1], h = xs.d[2], w = xs.d[3];
     tg_tensor up = op_expand(s, op_reshape(s, x, TG_SHAPE(n, c, h, 1, w, 1)), TG_SHAPE(n, c, h, factor, w, factor));
     return op_reshape(s, up, TG_SHAPE(n, c, h * factor, w * factor));
+}
+
+/* ----- named places: captures and patch sites ----- */
+
+/* Append {name, node} to a graph's list of captures or patch sites; false (error recorded) when
+ * the name is missing or taken. */
+static bool add_named(tg_site s, const char *op, tg_graph *g, tg_named **list, int *n, const char *name, int node) {
+    if (!name || !name[0]) { ir_fail(g, s, "%s: no name given", op); return false; }
+    for (int i = 0; i < *n; i++)
+        if (strcmp((*list)[i].name, name) == 0) { ir_fail(g, s, "%s: the name '%s' is used twice", op, name); return false; }
+    *list = realloc(*list, sizeof(tg_named) * (size_t)(*n + 1));
+    (*list)[(*n)++] = (tg_named){ tg_strdup(name), node, -1, -1 };
+    return true;
+}
+
+tg_tensor tg_capture_at(tg_site s, const char *name, tg_tensor x) {
+    if (!usable(s, "tg_capture", x)) return bad(x.g);
+    if (!add_named(s, "tg_capture", x.g, &x.g->captures, &x.g->n_captures, name, x.id)) return bad(x.g);
+    return x;
+}
+
+/* A HYPER scalar: hyper[slot], set per call. */
+static tg_tensor hyper_scalar(tg_site s, tg_graph *g, int slot) {
+    tg_tensor h = emit(g, s, OP_HYPER, TG_FLOAT32, TG_SHAPE0, 0, NULL);
+    if (h.id >= 0) g->nodes[h.id].iarg[0] = slot;
+    return h;
+}
+
+/* In a patchable trace, the site's value is where(replace, R, where(mean, batch mean of x, x)),
+ * R an extra INPUT node that the runtime fills per call; otherwise x itself. */
+tg_tensor tg_patch_at(tg_site s, const char *name, tg_tensor x) {
+    if (!usable(s, "tg_patch", x) || !need_f32(s, "tg_patch", x)) return bad(x.g);
+    tg_graph *g = x.g;
+    if (!add_named(s, "tg_patch", g, &g->patches, &g->n_patches, name, x.id)) return bad(g);
+    if (!g->patchable) return x;
+    tg_named *site = &g->patches[g->n_patches - 1];
+    if (g->n_hyper < 1) g->n_hyper = 1;   /* slot HYPER_SEED stays the seed's */
+    site->hyper = g->n_hyper;
+    g->n_hyper += 2;
+    tg_tensor r = emit(g, s, OP_INPUT, TG_FLOAT32, node_of(x)->shape, 0, NULL);
+    if (r.id < 0) return bad(g);
+    char *rname = malloc(strlen(name) + 7);
+    sprintf(rname, "patch:%s", name);
+    g->nodes[r.id].name = rname;
+    g->nodes[r.id].iarg[0] = -1;
+    site->input = r.id;
+    tg_tensor mean = node_of(x)->shape.ndim > 0 ? tg_mean_at(s, x, 0, 1) : x;
+    tg_tensor kept = tg_where_at(s, hyper_scalar(s, g, site->hyper + 1), mean, x);
+    return tg_where_at(s, hyper_scalar(s, g, site->hyper), r, kept);
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything CUDA in one call on a machine with an NVIDIA GPU: the op-by-op backend suite (every
-# op, forward and gradients, CUDA against the reference interpreter), the model tests on CUDA,
-# the digits demo with --backend cuda, then the benchmark beside the PyTorch peer.
+# op, forward and gradients, CUDA against the reference interpreter), the model and session
+# tests on CUDA, the digits demo with --backend cuda, then the benchmark beside the PyTorch peer.
 #   tests/run_gpu.sh [quick]      (binaries from `make`; logs under $OUT or /tmp/tg_gpu)
 # Where the machine lacks OpenBLAS, put its shared libraries in .devlibs/ (see bench/RESULTS.md).
 set -u
@@ -14,6 +14,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 run() { echo "== $*"; "$@" 2>&1 | tee -a "$out/log.txt" | tail -n 25; }
 run build/tests/test_backend
 run build/tests/test_models
+TG_SESSION_BACKENDS=cuda run build/tests/test_session
 run build/examples/digits --backend cuda
 [ "${1:-}" = quick ] && exit 0
 run build/bench/bench --backend cuda sin_mlp mnist_mlp cifar_cnn char_gpt_small char_gpt
