@@ -311,13 +311,14 @@ typedef struct {
     void **bound;            /* host mirror of the device table of bound leaves */
     bool table_dirty;
     double *hyper_host;      /* pinned */
+    int n_hyper;             /* slots of hyper_host and hyper_dev */
     float *loss_host;        /* pinned */
     CUgraphExec run_graph, step_graph;
     int n_wb;
     double *profile;         /* TG_CUDA_PROFILE: seconds per op (OP_COUNT: memsets) */
 } cuda_exec;
 
-#define N_HYPER_SLOTS 8
+#define N_HYPER_SLOTS 8   /* at least: the optimizer's; patch sites may add more */
 
 static void print_profile(const cuda_exec *e) {
     double total = 0;
@@ -384,10 +385,11 @@ static void *cuda_prepare(const tg_graph *g, const int *keep, int n_keep, tg_err
     TRY(cu.ModuleGetFunction(&e->writeback, e->module, "tg_writeback"), "tg_writeback");
     TRY(cu.MemAlloc(&e->arena, (e->plan.arena ? e->plan.arena : 1) * 4), "allocating the arena");
     TRY(cu.MemAlloc(&e->table, sizeof(void *) * (size_t)(g->n + 1)), "allocating the buffer table");
-    TRY(cu.MemAlloc(&e->hyper_dev, sizeof(double) * N_HYPER_SLOTS), "allocating hyper scalars");
-    TRY(cu.MemAllocHost((void **)&e->hyper_host, sizeof(double) * N_HYPER_SLOTS), "allocating pinned memory");
+    e->n_hyper = g->n_hyper > N_HYPER_SLOTS ? g->n_hyper : N_HYPER_SLOTS;
+    TRY(cu.MemAlloc(&e->hyper_dev, sizeof(double) * (size_t)e->n_hyper), "allocating hyper scalars");
+    TRY(cu.MemAllocHost((void **)&e->hyper_host, sizeof(double) * (size_t)e->n_hyper), "allocating pinned memory");
     TRY(cu.MemAllocHost((void **)&e->loss_host, sizeof(float) * 2), "allocating pinned memory");
-    memset(e->hyper_host, 0, sizeof(double) * N_HYPER_SLOTS);
+    memset(e->hyper_host, 0, sizeof(double) * (size_t)e->n_hyper);
     e->bound = tg_xmalloc(sizeof(void *) * (size_t)(g->n + 1));
     e->table_dirty = true;
     const char *prof = getenv("TG_CUDA_PROFILE");
@@ -449,7 +451,7 @@ static double now_s(void) {
 /* Enqueue the whole launch list on the stream (captured by the caller; or, profiling, run
  * launch by launch with the time of each added to its op's total). */
 static bool enqueue(cuda_exec *e, tg_error *err) {
-    TRY(cu.MemcpyHtoDAsync(e->hyper_dev, e->hyper_host, sizeof(double) * N_HYPER_SLOTS, g_cuda.stream), "hyper upload");
+    TRY(cu.MemcpyHtoDAsync(e->hyper_dev, e->hyper_host, sizeof(double) * (size_t)e->n_hyper, g_cuda.stream), "hyper upload");
     CUdeviceptr table = e->table, hyper = e->hyper_dev;
     for (int i = 0; i < e->launches.n; i++) {
         const cuda_launch *l = &e->launches.launch[i];
@@ -502,8 +504,7 @@ fail:
 }
 
 static bool launch_graph(cuda_exec *e, CUgraphExec graph, const double *hyper, tg_error *err) {
-    int n = e->g->n_hyper > 1 ? e->g->n_hyper : 1;   /* forward graphs have only the seed */
-    if (n > N_HYPER_SLOTS) { tg_seterr(err, "too many hyper scalars"); return false; }
+    int n = e->g->n_hyper > 1 ? e->g->n_hyper : 1;   /* forward graphs may have only the seed */
     memcpy(e->hyper_host, hyper, sizeof(double) * (size_t)n);
     TRY(cu.GraphLaunch(graph, g_cuda.stream), "launching the CUDA graph");
     TRY(cu.StreamSynchronize(g_cuda.stream), "running the CUDA graph");

@@ -855,13 +855,6 @@ tg_tensor tg_capture_at(tg_site s, const char *name, tg_tensor x) {
     return x;
 }
 
-/* A HYPER scalar: hyper[slot], set per call. */
-static tg_tensor hyper_scalar(tg_site s, tg_graph *g, int slot) {
-    tg_tensor h = emit(g, s, OP_HYPER, TG_FLOAT32, TG_SHAPE0, 0, NULL);
-    if (h.id >= 0) g->nodes[h.id].iarg[0] = slot;
-    return h;
-}
-
 /* In a patchable trace, the site's value is where(replace, R, where(mean, batch mean of x, x)),
  * R an extra INPUT node that the runtime fills per call; otherwise x itself. */
 tg_tensor tg_patch_at(tg_site s, const char *name, tg_tensor x) {
@@ -870,17 +863,15 @@ tg_tensor tg_patch_at(tg_site s, const char *name, tg_tensor x) {
     if (!add_named(s, "tg_patch", g, &g->patches, &g->n_patches, name, x.id)) return bad(g);
     if (!g->patchable) return x;
     tg_named *site = &g->patches[g->n_patches - 1];
-    if (g->n_hyper < 1) g->n_hyper = 1;   /* slot HYPER_SEED stays the seed's */
-    site->hyper = g->n_hyper;
-    g->n_hyper += 2;
+    site->hyper = g->n_hyper > HYPER_SEED + 1 ? g->n_hyper : HYPER_SEED + 1;   /* two slots after the seed's */
     tg_tensor r = emit(g, s, OP_INPUT, TG_FLOAT32, node_of(x)->shape, 0, NULL);
     if (r.id < 0) return bad(g);
-    char *rname = malloc(strlen(name) + 7);
+    char *rname = tg_xmalloc(strlen(name) + 7);
     sprintf(rname, "patch:%s", name);
     g->nodes[r.id].name = rname;
     g->nodes[r.id].iarg[0] = -1;
     site->input = r.id;
     tg_tensor mean = node_of(x)->shape.ndim > 0 ? tg_mean_at(s, x, 0, 1) : x;
-    tg_tensor kept = tg_where_at(s, hyper_scalar(s, g, site->hyper + 1), mean, x);
-    return tg_where_at(s, hyper_scalar(s, g, site->hyper), r, kept);
+    tg_tensor kept = tg_where_at(s, op_hyper(g, site->hyper + 1), mean, x);
+    return tg_where_at(s, op_hyper(g, site->hyper), r, kept);
 }

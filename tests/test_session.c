@@ -331,6 +331,42 @@ static void test_patching(void) {
     tg_model_free(m);
 }
 
+/* Five sites in a chain (eleven hyper scalars: more than the optimizer's slots). */
+static tg_tensor chain5(const void *ctx, const tg_tensor *in) {
+    static const char *names[5] = { "p0", "p1", "p2", "p3", "p4" };
+    tg_tensor y = in[0];
+    for (int k = 0; k < 5; k++) y = tg_patch(names[k], tg_mul(y, 2.0));
+    return y;
+}
+
+static void test_many_sites(void) {
+    mlp n;
+    tg_model *m = mlp_model(&n, 22, HID);
+    tg_train *t = mlp_train(&n, m);
+    if (!t) { tg_model_free(m); return; }
+    tg_forward *f = tg_attach(t, &(tg_forward_spec){ .forward = chain5, .inputs = TRAIN_IN, .n_inputs = 1 }, &err);
+    float x[B * IN], v[B * IN];
+    fill(x, B * IN, -1, 1);
+    for (int i = 0; i < B * IN; i++) v[i] = (float)i;
+    CHECK(f && tg_patch_set(f, "p3", TG_PATCH_VALUES, v, B * IN, &err) == TG_OK, "set p3: %s", err.msg);
+    CHECK(tg_patch_set(f, "p1", TG_PATCH_MEAN, NULL, 0, &err) == TG_OK, "set p1");
+    tg_result r = tg_run(f, (tg_data[]){ tg_f32("x", x, B * IN) }, 1);
+    int bad = r.status != TG_OK;
+    for (int i = 0; r.status == TG_OK && i < B * IN; i++) bad += !near(r.output[i], 2.0 * v[i]);   /* p3 = v, then p4 doubles */
+    CHECK(bad == 0, "%s: the fourth of five sites replaced: %s", backend, r.error);
+    tg_patch_set(f, "p3", TG_PATCH_OFF, NULL, 0, &err);
+    r = tg_run(f, (tg_data[]){ tg_f32("x", x, B * IN) }, 1);
+    bad = r.status != TG_OK;
+    for (int i = 0; r.status == TG_OK && i < B * IN; i++) {   /* p1: the batch mean of 4x, then x8 */
+        double mean = 0;
+        for (int b = 0; b < B; b++) mean += 4.0 * x[b * IN + i % IN] / B;
+        bad += !near(r.output[i], 8.0 * mean);
+    }
+    CHECK(bad == 0, "%s: the second of five sites takes the batch mean", backend);
+    tg_destroy(t);
+    tg_model_free(m);
+}
+
 /* ----- replacing the model ----- */
 
 static void test_replace(void) {
@@ -645,6 +681,7 @@ int main(void) {
         test_captures();
         test_capture_heads();
         test_patching();
+        test_many_sites();
         test_replace();
         test_dead_handles();
         test_threads();
