@@ -81,7 +81,7 @@ static void read_log(const char *path, char *buf, size_t len) {
 /* Compile the source into path_so; the compiler's own message comes back in err. */
 static bool compile(const char *cc, const char *flags, const char *path_c, const char *path_so, tg_error *err) {
     char tmp[1100], log[1100], cmd[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path_so, (int)getpid());
+    cache_tmp_name(tmp, sizeof tmp, path_so);
     snprintf(log, sizeof log, "%s.log", path_c);
     snprintf(cmd, sizeof cmd, "%s %s -fopenmp -fPIC -shared -fno-strict-aliasing -fno-math-errno -o '%s' '%s' -lm > '%s' 2>&1", cc, flags,
              tmp, path_c, log);

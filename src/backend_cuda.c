@@ -264,7 +264,12 @@ static void *compile_cubin(const char *source, const char *arch, size_t *len, tg
 
 /* ----- buffers ----- */
 
+/* Every entry point makes the context current first: the calling thread may be new (an async
+ * worker, a caller's own thread). */
+static void current(void) { cu.CtxSetCurrent(g_cuda.ctx); }
+
 static void *cuda_alloc(size_t numel) {
+    current();
     CUdeviceptr p = 0;
     size_t bytes = (numel ? numel : 1) * 4;
     if (cu.MemAlloc(&p, bytes) != 0) return NULL;
@@ -272,9 +277,13 @@ static void *cuda_alloc(size_t numel) {
     return (void *)p;
 }
 
-static void cuda_free(void *buf) { cu.MemFree((CUdeviceptr)buf); }
+static void cuda_free(void *buf) {
+    current();
+    cu.MemFree((CUdeviceptr)buf);
+}
 
 static void cuda_write(void *buf, tg_dtype dt, const double *src, size_t n) {
+    current();
     void *tmp = tg_xmalloc(n * 4);
     for (size_t i = 0; i < n; i++) {
         if (dt == TG_INT32) ((int32_t *)tmp)[i] = (int32_t)src[i];
@@ -285,6 +294,7 @@ static void cuda_write(void *buf, tg_dtype dt, const double *src, size_t n) {
 }
 
 static void cuda_read(const void *buf, tg_dtype dt, double *dst, size_t n) {
+    current();
     void *tmp = tg_xmalloc(n * 4);
     cu.StreamSynchronize(g_cuda.stream);
     cu.MemcpyDtoH(tmp, (CUdeviceptr)buf, n * 4);
@@ -292,8 +302,15 @@ static void cuda_read(const void *buf, tg_dtype dt, double *dst, size_t n) {
     free(tmp);
 }
 
-static void cuda_upload(void *buf, tg_dtype dt, const void *src, size_t n) { cu.MemcpyHtoD((CUdeviceptr)buf, src, n * 4); }
-static void cuda_copy(void *dst, const void *src, size_t n) { cu.MemcpyDtoD((CUdeviceptr)dst, (CUdeviceptr)src, n * 4); }
+static void cuda_upload(void *buf, tg_dtype dt, const void *src, size_t n) {
+    current();
+    cu.MemcpyHtoD((CUdeviceptr)buf, src, n * 4);
+}
+
+static void cuda_copy(void *dst, const void *src, size_t n) {
+    current();
+    cu.MemcpyDtoD((CUdeviceptr)dst, (CUdeviceptr)src, n * 4);
+}
 
 /* ----- executors ----- */
 
@@ -333,6 +350,7 @@ static void print_profile(const cuda_exec *e) {
 static void cuda_release(void *h) {
     cuda_exec *e = h;
     if (!e) return;
+    current();
     if (e->profile) {
         print_profile(e);
         free(e->profile);
@@ -523,7 +541,7 @@ static bool run_eager(cuda_exec *e, const double *hyper, bool (*tail)(cuda_exec 
 
 static bool cuda_run(void *h, const double *hyper, tg_error *err) {
     cuda_exec *e = h;
-    cu.CtxSetCurrent(g_cuda.ctx);
+    current();
     if (!sync_table(e, err)) return false;
     if (e->profile) return run_eager(e, hyper, NULL, NULL, err);
     if (!e->run_graph && !capture(e, &e->run_graph, NULL, NULL, err)) return false;
@@ -549,7 +567,7 @@ fail:
 static bool cuda_step(void *h, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst,
                       double *loss_out, tg_error *err) {
     cuda_exec *e = h;
-    cu.CtxSetCurrent(g_cuda.ctx);
+    current();
     if (!sync_table(e, err)) return false;
     if (!e->step_graph) {
         wb_entry *t = tg_xmalloc(sizeof(wb_entry) * (size_t)(n_wb + 1));
@@ -575,9 +593,31 @@ static bool cuda_step(void *h, const double *hyper, int loss, const tg_assign *w
     return true;
 }
 
+/* ----- the entry points: one thread at a time on the device -----
+ * Every handle enqueues on one stream, and the first run of a graph captures that stream into a
+ * CUDA graph: work that another thread enqueued meanwhile would land in the capture (or break
+ * it). So each entry point that touches the device holds one process-wide lock; the device runs
+ * one stream's work in order anyway. Recursive: a failed prepare releases what it made. */
+static pthread_mutex_t device_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+#define LOCKED(type, call) { pthread_mutex_lock(&device_mu); type r_ = call; pthread_mutex_unlock(&device_mu); return r_; }
+#define LOCKED_VOID(call) { pthread_mutex_lock(&device_mu); call; pthread_mutex_unlock(&device_mu); }
+
+static void *locked_alloc(size_t numel) LOCKED(void *, cuda_alloc(numel))
+static void locked_free(void *buf) LOCKED_VOID(cuda_free(buf))
+static void locked_write(void *buf, tg_dtype dt, const double *src, size_t n) LOCKED_VOID(cuda_write(buf, dt, src, n))
+static void locked_upload(void *buf, tg_dtype dt, const void *src, size_t n) LOCKED_VOID(cuda_upload(buf, dt, src, n))
+static void locked_read(const void *buf, tg_dtype dt, double *dst, size_t n) LOCKED_VOID(cuda_read(buf, dt, dst, n))
+static void locked_copy(void *dst, const void *src, size_t n) LOCKED_VOID(cuda_copy(dst, src, n))
+static void *locked_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err)
+    LOCKED(void *, cuda_prepare(g, keep, n_keep, err))
+static bool locked_run(void *h, const double *hyper, tg_error *err) LOCKED(bool, cuda_run(h, hyper, err))
+static void locked_release(void *h) LOCKED_VOID(cuda_release(h))
+static bool locked_step(void *h, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst, double *loss_out,
+                        tg_error *err) LOCKED(bool, cuda_step(h, hyper, loss, wb, n_wb, dst, loss_out, err))
+
 const tg_backend backend_cuda = {
-    "cuda", cuda_alloc, cuda_free, cuda_write, cuda_upload, cuda_read, cuda_copy,
-    cuda_prepare, cuda_planned_bytes, cuda_bind, cuda_run, cuda_node_buf, cuda_release, cuda_step, cuda_source,
+    "cuda", locked_alloc, locked_free, locked_write, locked_upload, locked_read, locked_copy,
+    locked_prepare, cuda_planned_bytes, cuda_bind, locked_run, cuda_node_buf, locked_release, locked_step, cuda_source,
 };
 
 /* ----- compile-only variant: host buffers, NVRTC for sm_90, nothing runs ----- */

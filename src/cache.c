@@ -3,6 +3,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,9 +34,16 @@ bool cache_dir(char *dir, size_t len, tg_error *err) {
     return true;
 }
 
+/* A temporary name beside path, unique to this process and call: threads of one process may
+ * write the same entry at once. */
+void cache_tmp_name(char *tmp, size_t len, const char *path) {
+    static _Atomic unsigned counter;
+    snprintf(tmp, len, "%s.tmp.%d.%u", path, (int)getpid(), atomic_fetch_add(&counter, 1));
+}
+
 bool cache_write(const char *path, const void *data, size_t len, tg_error *err) {
     char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    cache_tmp_name(tmp, sizeof tmp, path);
     FILE *f = fopen(tmp, "wb");
     bool ok = f && fwrite(data, 1, len, f) == len;
     if (f && fclose(f) != 0) ok = false;

@@ -392,6 +392,7 @@ const char *cpu_source(void *exec);
 uint64_t cache_hash(uint64_t h, const void *data, size_t len);   /* FNV-1a; start h at 1469598103934665603 */
 bool cache_dir(char *dir, size_t len, tg_error *err);
 bool cache_write(const char *path, const void *data, size_t len, tg_error *err);
+void cache_tmp_name(char *tmp, size_t len, const char *path);
 void *cache_read(const char *path, size_t *len);
 
 /* util */

@@ -549,6 +549,47 @@ static void free_jobs(tg_job **jobs, int n, int *ok, int *aborted) {
     free(jobs);
 }
 
+/* Two training handles, one thread each, at once: identical twins must stay identical (no
+ * interference through shared backend state: the CUDA stream, the kernel cache). */
+typedef struct { tg_train *t; const float *x; const int32_t *y; float loss[20]; int ok; } twin_arg;
+
+static void *twin_steps(void *p) {
+    twin_arg *a = p;
+    for (int i = 0; i < 20; i++) {
+        tg_result r = tg_step(a->t, (tg_data[]){ tg_f32("x", a->x, B * IN), tg_i32("y", a->y, B) }, 2);
+        a->loss[i] = r.loss;
+        a->ok += r.status == TG_OK;
+    }
+    return NULL;
+}
+
+static void test_two_families(void) {
+    mlp n1, n2;
+    tg_model *m1 = mlp_model(&n1, 23, HID), *m2 = mlp_model(&n2, 23, HID);
+    float x[B * IN];
+    int32_t y[B] = { 1, 0, 2, 2 };
+    fill(x, B * IN, -1, 1);
+    twin_arg a = { 0 }, b = { 0 };
+    pthread_t ta, tb;
+    /* Compiled in their threads' stead here, then stepped at once. */
+    a.t = mlp_train(&n1, m1);
+    b.t = mlp_train(&n2, m2);
+    a.x = b.x = x;
+    a.y = b.y = y;
+    if (a.t && b.t) {
+        pthread_create(&ta, NULL, twin_steps, &a);
+        pthread_create(&tb, NULL, twin_steps, &b);
+        pthread_join(ta, NULL);
+        pthread_join(tb, NULL);
+        CHECK(a.ok == 20 && b.ok == 20 && memcmp(a.loss, b.loss, sizeof a.loss) == 0, "%s: twins stepped at once agree (%d, %d ok)",
+              backend, a.ok, b.ok);
+    }
+    tg_destroy(a.t);
+    tg_destroy(b.t);
+    tg_model_free(m1);
+    tg_model_free(m2);
+}
+
 static void test_async(void) {
     mlp n, n2;
     tg_model *m = mlp_model(&n, 18, HID), *m2 = mlp_model(&n2, 18, HID);
@@ -571,7 +612,10 @@ static void test_async(void) {
     for (int k = 0; k < K; k++) {
         tg_result a = tg_wait(jobs[k]);
         tg_result b = tg_step(twin, (tg_data[]){ tg_f32("x", xs[k], B * IN), tg_i32("y", y, B) }, 2);
-        same += a.status == TG_OK && b.status == TG_OK && a.loss == b.loss && a.step == k + 1;
+        bool eq = a.status == TG_OK && b.status == TG_OK && a.loss == b.loss && a.step == k + 1;
+        if (!eq) fprintf(stderr, "step %d: async %d %.9g (%s), sync %d %.9g (%s)\n", k + 1, a.status, a.loss, a.error, b.status,
+                         b.loss, b.error);
+        same += eq;
         tg_job_free(jobs[k]);
     }
     CHECK(same == K, "%s: async steps equal synchronous ones, in order (%d of %d)", backend, same, K);
@@ -685,6 +729,7 @@ int main(void) {
         test_replace();
         test_dead_handles();
         test_threads();
+        test_two_families();
         test_async();
         test_single_flight();
     }
