@@ -154,6 +154,31 @@ AVX512 static void im2col_segment_avx512(const im2col_view *v, int64_t r, int64_
     }
 }
 
+/* Eight floats from each of eight rows (rows[r] + k) into eight rows of dst, stride apart,
+ * transposed: dst[i * stride + r] = rows[r][k + i]. */
+AVX512 static inline void transpose8(const float *const *rows, int64_t k, float *dst, int64_t stride) {
+    __m256 r0 = _mm256_loadu_ps(rows[0] + k), r1 = _mm256_loadu_ps(rows[1] + k);
+    __m256 r2 = _mm256_loadu_ps(rows[2] + k), r3 = _mm256_loadu_ps(rows[3] + k);
+    __m256 r4 = _mm256_loadu_ps(rows[4] + k), r5 = _mm256_loadu_ps(rows[5] + k);
+    __m256 r6 = _mm256_loadu_ps(rows[6] + k), r7 = _mm256_loadu_ps(rows[7] + k);
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(dst + 0 * stride, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(dst + 1 * stride, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(dst + 2 * stride, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(dst + 3 * stride, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(dst + 4 * stride, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(dst + 5 * stride, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(dst + 6 * stride, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(dst + 7 * stride, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
 /* Pack rows [i0, i0 + mc) x depth [p0, p0 + kc) of op(A) into GEMM_MR-row panels, k-major within
  * a panel (ap[panel][k][r]), rows past mc zero. */
 AVX512 static void pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float *ap) {
@@ -165,29 +190,7 @@ AVX512 static void pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64
             for (int r = 0; r < GEMM_MR; r++) rows[r] = A + (i0 + ir + (r < mr ? r : 0)) * lda + p0;
             if (mr == GEMM_MR) {
                 int64_t k = 0;
-                for (; k + 8 <= kc; k += 8) {   /* an 8x8 transpose per step */
-                    __m256 r0 = _mm256_loadu_ps(rows[0] + k), r1 = _mm256_loadu_ps(rows[1] + k);
-                    __m256 r2 = _mm256_loadu_ps(rows[2] + k), r3 = _mm256_loadu_ps(rows[3] + k);
-                    __m256 r4 = _mm256_loadu_ps(rows[4] + k), r5 = _mm256_loadu_ps(rows[5] + k);
-                    __m256 r6 = _mm256_loadu_ps(rows[6] + k), r7 = _mm256_loadu_ps(rows[7] + k);
-                    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-                    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-                    __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
-                    __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-                    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-                    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-                    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-                    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-                    float *d = dst + k * GEMM_MR;
-                    _mm256_storeu_ps(d + 0 * 8, _mm256_permute2f128_ps(u0, u4, 0x20));
-                    _mm256_storeu_ps(d + 1 * 8, _mm256_permute2f128_ps(u1, u5, 0x20));
-                    _mm256_storeu_ps(d + 2 * 8, _mm256_permute2f128_ps(u2, u6, 0x20));
-                    _mm256_storeu_ps(d + 3 * 8, _mm256_permute2f128_ps(u3, u7, 0x20));
-                    _mm256_storeu_ps(d + 4 * 8, _mm256_permute2f128_ps(u0, u4, 0x31));
-                    _mm256_storeu_ps(d + 5 * 8, _mm256_permute2f128_ps(u1, u5, 0x31));
-                    _mm256_storeu_ps(d + 6 * 8, _mm256_permute2f128_ps(u2, u6, 0x31));
-                    _mm256_storeu_ps(d + 7 * 8, _mm256_permute2f128_ps(u3, u7, 0x31));
-                }
+                for (; k + 8 <= kc; k += 8) transpose8(rows, k, dst + k * GEMM_MR, GEMM_MR);
                 for (; k < kc; k++)
                     for (int r = 0; r < GEMM_MR; r++) dst[k * GEMM_MR + r] = rows[r][k];
             } else {
@@ -229,31 +232,10 @@ AVX512 static void pack_b(int tb, const float *B, int64_t ldb, const im2col_view
         } else {   /* op(B)[k, j] = B[j * ldb + k] */
             int64_t c = 0;
             for (; c + 8 <= nr; c += 8) {
-                const float *s0 = B + (j0 + jr + c) * ldb + p0;
+                const float *s0 = B + (j0 + jr + c) * ldb + p0, *cols[8];
+                for (int r = 0; r < 8; r++) cols[r] = s0 + r * ldb;
                 int64_t k = 0;
-                for (; k + 8 <= kc; k += 8) {   /* an 8x8 transpose per step */
-                    __m256 r0 = _mm256_loadu_ps(s0 + 0 * ldb + k), r1 = _mm256_loadu_ps(s0 + 1 * ldb + k);
-                    __m256 r2 = _mm256_loadu_ps(s0 + 2 * ldb + k), r3 = _mm256_loadu_ps(s0 + 3 * ldb + k);
-                    __m256 r4 = _mm256_loadu_ps(s0 + 4 * ldb + k), r5 = _mm256_loadu_ps(s0 + 5 * ldb + k);
-                    __m256 r6 = _mm256_loadu_ps(s0 + 6 * ldb + k), r7 = _mm256_loadu_ps(s0 + 7 * ldb + k);
-                    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-                    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-                    __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
-                    __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-                    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-                    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-                    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-                    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-                    float *d = dst + k * GEMM_NR + c;
-                    _mm256_storeu_ps(d + 0 * GEMM_NR, _mm256_permute2f128_ps(u0, u4, 0x20));
-                    _mm256_storeu_ps(d + 1 * GEMM_NR, _mm256_permute2f128_ps(u1, u5, 0x20));
-                    _mm256_storeu_ps(d + 2 * GEMM_NR, _mm256_permute2f128_ps(u2, u6, 0x20));
-                    _mm256_storeu_ps(d + 3 * GEMM_NR, _mm256_permute2f128_ps(u3, u7, 0x20));
-                    _mm256_storeu_ps(d + 4 * GEMM_NR, _mm256_permute2f128_ps(u0, u4, 0x31));
-                    _mm256_storeu_ps(d + 5 * GEMM_NR, _mm256_permute2f128_ps(u1, u5, 0x31));
-                    _mm256_storeu_ps(d + 6 * GEMM_NR, _mm256_permute2f128_ps(u2, u6, 0x31));
-                    _mm256_storeu_ps(d + 7 * GEMM_NR, _mm256_permute2f128_ps(u3, u7, 0x31));
-                }
+                for (; k + 8 <= kc; k += 8) transpose8(cols, k, dst + k * GEMM_NR + c, GEMM_NR);
                 for (; k < kc; k++)
                     for (int64_t cc = 0; cc < 8; cc++) dst[k * GEMM_NR + c + cc] = s0[cc * ldb + k];
             }
