@@ -464,7 +464,8 @@ typedef struct {
 /* NULL on failure, with err->msg set (trace-time shape errors name the caller's file:line). */
 tg_train *tg_compile(const tg_train_spec *spec, tg_error *err);
 tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs);
-/* The loss at the current parameters without an update (held-out evaluation). */
+/* The loss at the current parameters without an update (held-out evaluation), with the training
+ * input shapes; for other batch sizes, attach the loss function as a forward with TG_ANY dims. */
 tg_result tg_eval_loss(tg_train *t, const tg_data *inputs, int n_inputs);
 void tg_destroy(tg_train *t);  /* frees attached forwards too */
 
