@@ -442,6 +442,9 @@ typedef struct {
 
 /* NULL on failure, with err->msg set (trace-time shape errors name the caller's file:line). */
 tg_train *tg_compile(const tg_train_spec *spec, tg_error *err);
+/* A step whose loss or any gradient element is NaN or infinite fails, naming the first parameter
+ * (in declaration order) whose gradient is not finite, and leaves parameters, optimizer state
+ * and the step count as they were. */
 tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs);
 /* The loss at the current parameters without an update (held-out evaluation). */
 tg_result tg_eval_loss(tg_train *t, const tg_data *inputs, int n_inputs);

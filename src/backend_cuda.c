@@ -7,8 +7,8 @@
  * source, the architecture and the NVRTC version). The first run captures the whole launch list
  * (hyper scalars upload, kernels, cuBLAS products, memsets) into a CUDA graph, replayed by every
  * later run. A training step's graph also holds the write-backs, guarded on the device by the
- * loss being finite, and the loss's copy into pinned memory: one graph launch and one
- * synchronisation per step.
+ * step's guard node (finite only when the loss and every gradient are), and the copies of the
+ * loss and the guard into pinned memory: one graph launch and one synchronisation per step.
  *
  * Environment: TG_TF32=1 lets cuBLAS use TF32 tensor cores (off by default: full f32).
  * TG_CUDA_PROFILE=1 runs each step's launches one by one, synchronised, and prints the time spent
@@ -529,24 +529,26 @@ static bool cuda_run(void *h, const double *hyper, tg_error *err) {
     return launch_graph(e, e->run_graph, hyper, err);
 }
 
-typedef struct { int loss; } step_ctx;
+typedef struct { int loss, guard; } step_ctx;
 
-/* The end of a step's graph: guarded write-backs, then the loss into pinned memory. */
+/* The end of a step's graph: write-backs guarded by the guard node (loss + 0 * every gradient),
+ * then the loss and the guard into pinned memory. */
 static bool step_tail(cuda_exec *e, void *ctx, tg_error *err) {
-    int loss = ((step_ctx *)ctx)->loss;
-    CUdeviceptr loss_ptr = node_ptr(e, loss), table = e->wb_table;
+    const step_ctx *c = ctx;
+    CUdeviceptr loss_ptr = node_ptr(e, c->loss), guard_ptr = node_ptr(e, c->guard), table = e->wb_table;
     if (e->n_wb > 0) {
-        void *args[] = { &loss_ptr, &table };
+        void *args[] = { &guard_ptr, &table };
         TRY(cu.LaunchKernel(e->writeback, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, g_cuda.stream, args, NULL), "write-backs");
     }
     TRY(cu.MemcpyDtoHAsync(e->loss_host, loss_ptr, sizeof(float), g_cuda.stream), "reading the loss");
+    TRY(cu.MemcpyDtoHAsync(e->loss_host + 1, guard_ptr, sizeof(float), g_cuda.stream), "reading the step guard");
     return true;
 fail:
     return false;
 }
 
-static bool cuda_step(void *h, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst,
-                      double *loss_out, tg_error *err) {
+static bool cuda_step(void *h, const double *hyper, int loss, int guard, const tg_assign *wb, int n_wb, void *const *dst,
+                      double *loss_out, double *guard_out, tg_error *err) {
     cuda_exec *e = h;
     cu.CtxSetCurrent(g_cuda.ctx);
     if (!sync_table(e, err)) return false;
@@ -559,10 +561,11 @@ static bool cuda_step(void *h, const double *hyper, int loss, const tg_assign *w
         if (!r) r = cu.MemcpyHtoD(e->wb_table, t, sizeof(wb_entry) * (size_t)n_wb);
         free(t);
         if (r) { tg_seterr(err, "write-back table: %s", cu_error(r)); return false; }
-        step_ctx ctx = { loss };
+        step_ctx ctx = { loss, guard };
         if (e->profile) {
             bool ok = run_eager(e, hyper, step_tail, &ctx, err);
             *loss_out = e->loss_host[0];
+            *guard_out = e->loss_host[1];
             cu.MemFree(e->wb_table);   /* rebuilt on the next step: profiling keeps no graph */
             e->wb_table = 0;
             return ok;
@@ -571,6 +574,7 @@ static bool cuda_step(void *h, const double *hyper, int loss, const tg_assign *w
     }
     if (!launch_graph(e, e->step_graph, hyper, err)) return false;
     *loss_out = e->loss_host[0];
+    *guard_out = e->loss_host[1];
     return true;
 }
 

@@ -71,8 +71,9 @@ static int home_of(const tg_graph *g, const bool *mat, const int *alias, int id)
  *    plan keeps their sources alive until then;
  *  - in-place write-backs: an optimizer update whose kernel is the last reader of the parameter
  *    or state it replaces, reading it only at the element it writes, writes the persistent
- *    buffer directly; the generated entry returns before the first such kernel when the loss is
- *    not finite, so a failed step still leaves parameters and optimizer state unchanged. */
+ *    buffer directly; the generated entry returns before the first such kernel when the guard
+ *    (loss + 0 * every gradient) is not finite, so a failed step still leaves parameters and
+ *    optimizer state unchanged. */
 
 /* Does `node` read source k at its own flat index (so an element depends only on the same
  * element of that source)? */
@@ -233,10 +234,10 @@ void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *mat,
             if (last[g->nodes[i].src[k]] < reader) last[g->nodes[i].src[k]] = reader;
         if (alias[i] >= 0 && last[alias[i]] < last[i]) last[alias[i]] = last[i];
     }
-    int loss = g->output;
-    bool loss_ok = g->n_assigns > 0 && loss >= 0 && loss < n && mat[loss] && alias[loss] < 0 && g->nodes[loss].numel == 1 &&
-                   g->nodes[loss].dtype == TG_FLOAT32;
-    for (int k = 0; loss_ok && k < g->n_assigns; k++) {
+    int guard = g->guard;
+    bool guard_ok = g->n_assigns > 0 && guard >= 0 && guard < n && mat[guard] && alias[guard] < 0 &&
+                    g->nodes[guard].numel == 1 && g->nodes[guard].dtype == TG_FLOAT32;
+    for (int k = 0; guard_ok && k < g->n_assigns; k++) {
         int dst = g->assigns[k].dst, src = g->assigns[k].src;
         const tg_node *ns = &g->nodes[src], *nd = &g->nodes[dst];
         bool absorbs = false;   /* an add computed by a product kernel */
@@ -245,7 +246,7 @@ void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *mat,
             absorbs |= !mat[m] && g->nodes[m].op == OP_MATMUL;
         }
         bool ok = !absorbs && mat[src] && alias[src] < 0 && fuse_pointwise(ns->op) && ns->numel == nd->numel &&
-                  ns->dtype == nd->dtype && src > loss && (nd->op == OP_PARAM || nd->op == OP_STATE) && last[dst] <= src;
+                  ns->dtype == nd->dtype && src > guard && (nd->op == OP_PARAM || nd->op == OP_STATE) && last[dst] <= src;
         for (int j = 0; ok && j < n_keep; j++) ok = keep[j] != src;
         for (int j = 0; ok && j < g->n_assigns; j++)
             if (j != k) ok = g->assigns[j].src != src && g->assigns[j].dst != dst;
@@ -453,7 +454,7 @@ static void memo_push(cg *c, int node, const char *key, const char *name) {
  * place read only by the root replacing it. */
 static bool group_ok(gen *G) {
     cg *c = &G->c;
-    /* In-place roots run only after a finite loss (the entry returns before them otherwise):
+    /* In-place roots run only after a finite guard (the entry returns before them otherwise):
      * nothing else may share their loop, so that a failed step still computes the gradients. */
     int n_inplace = 0;
     for (int k = 0; k < G->n_roots; k++) n_inplace += inplace_of(G, G->roots[k]) >= 0;
@@ -988,8 +989,9 @@ char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_pl
         bool writes_leaf = false;
         for (int r = 0; r < G.n_roots; r++) writes_leaf |= inplace_of(&G, G.roots[r]) >= 0;
         if (writes_leaf && !guarded) {
-            /* Parameters and optimizer state are replaced from here on: only after a finite loss. */
-            sb_printf(&entry, "    if (!isfinite(((const float *)(A + %zu))[0])) return;\n", plan->offset[g->output]);
+            /* Parameters and optimizer state are replaced from here on: only when the loss and every
+             * gradient are finite (the guard). */
+            sb_printf(&entry, "    if (!isfinite(((const float *)(A + %zu))[0])) return;\n", plan->offset[g->guard]);
             guarded = true;
         }
         sb_printf(&entry, "%s", G.call.s);

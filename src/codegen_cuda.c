@@ -312,10 +312,11 @@ static const char DEVICE_KERNELS[] =
     "    if (g) { if (best >= 0) atomicAdd(out + nc * H * W + best, g[e]); }\n"
     "    else out[e] = best >= 0 ? img[best] : -INFINITY;\n}\n"
     /* The end of a training step: write-back y of the table (blockIdx.y) copies its source into
-     * its persistent buffer, only if the loss is finite (so a NaN step changes nothing). */
+     * its persistent buffer, only if the step's guard (loss + 0 * every gradient) is finite, so
+     * a step with a NaN or infinite loss or gradient changes nothing. */
     "struct tgk_copy { const float *src; float *dst; long long n; };\n"
-    "extern \"C\" __global__ void tg_writeback(const float *loss, const tgk_copy *table) {\n"
-    "    if (!isfinite(*loss)) return;\n"
+    "extern \"C\" __global__ void tg_writeback(const float *guard, const tgk_copy *table) {\n"
+    "    if (!isfinite(*guard)) return;\n"
     "    const tgk_copy c = table[blockIdx.y];\n"
     "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < c.n; i += (long long)gridDim.x * blockDim.x)\n"
     "        c.dst[i] = c.src[i];\n}\n\n";

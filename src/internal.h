@@ -144,6 +144,8 @@ struct tg_graph {
     tg_node *nodes;
     int n, cap;
     int output;                     /* loss or forward output */
+    int guard;                      /* training graphs: finite only when the loss and every gradient
+                                     * are (see optim_build); write-backs wait on it. -1: none */
     tg_model *model;
     int *param_node;                /* per model param id: its PARAM node here, or -1 */
     int n_params;
@@ -216,8 +218,9 @@ int model_find(const tg_model *m, const char *name);
  * same values, independent of other params (each param has its own stream keyed by its name). */
 void model_init_param(const tg_model *m, int id, double *dst);
 
-/* optim.c: append the optimizer update of every parameter that has a gradient. Hyper slots:
- * see optim.c (lr and bias corrections the host computes per step). */
+/* optim.c: append the optimizer update of every parameter that has a gradient, and the step's
+ * guard (g->guard). Hyper slots: see optim.c (lr and bias corrections the host computes per
+ * step). */
 bool optim_build(tg_graph *g, const tg_optimizer *opt);
 /* Per-step host scalars for step t (1-based) at learning rate lr. */
 void optim_hyper(const tg_optimizer *opt, int64_t t, double lr, double *hyper);
@@ -339,11 +342,11 @@ typedef struct tg_backend {
     bool (*run)(void *exec, const double *hyper, tg_error *err);
     void *(*node_buf)(void *exec, int node);                         /* a node's values after run */
     void (*release)(void *exec);
-    /* Optional: one whole training step kept on the device: run; then, only if the loss node
-     * is finite, every write-back dst[k] <- node wb[k].src; *loss gets the loss either way.
-     * NULL: the runtime does run, read and copy itself. */
-    bool (*step)(void *exec, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst,
-                 double *loss_out, tg_error *err);
+    /* Optional: one whole training step kept on the device: run; then, only if the guard node
+     * is finite, every write-back dst[k] <- node wb[k].src; *loss_out and *guard_out get the
+     * loss and the guard either way. NULL: the runtime does run, read and copy itself. */
+    bool (*step)(void *exec, const double *hyper, int loss, int guard, const tg_assign *wb, int n_wb, void *const *dst,
+                 double *loss_out, double *guard_out, tg_error *err);
 } tg_backend;
 
 /* By name: "cpu" (the default; $TG_BACKEND overrides), "reference" (the interpreter, f32),

@@ -50,6 +50,7 @@ tg_graph *ir_new(tg_model *m) {
     tg_graph *g = tg_xmalloc(sizeof *g);
     g->model = m;
     g->output = -1;
+    g->guard = -1;
     g->n_params = m ? tg_model_n_params(m) : 0;
     g->param_node = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 1));
     g->grad_of_param = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 1));

@@ -162,6 +162,18 @@ static void sgd_update(tg_graph *g, const tg_optimizer *o, int pnode, tg_tensor 
     ir_add_assign(g, pnode, SUB(p, MUL(grad, op_hyper(g, H_LR))).id);
 }
 
+/* The step's guard: loss + sum over parameters of sum(grad * 0). Inf * 0 and NaN * 0 are NaN,
+ * so this one scalar is finite exactly when the loss and every gradient element are; backends
+ * check it before replacing any parameter or optimizer state. Built before the updates, so its
+ * kernel runs before theirs. */
+static void guard_build(tg_graph *g, const int *grads, int n) {
+    tg_site s = TG_HERE;
+    tg_tensor guard = mk_tensor(g, g->output);
+    for (int i = 0; i < n && ir_ok(g); i++)
+        guard = ADD(guard, tg_sum_at(s, MUL(mk_tensor(g, grads[i]), C(0)), TG_ALL, 0));
+    g->guard = guard.id;
+}
+
 bool optim_build(tg_graph *g, const tg_optimizer *opt) {
     int n = 0;
     int *params = malloc(sizeof(int) * (size_t)(g->n_params + 1));
@@ -174,6 +186,7 @@ bool optim_build(tg_graph *g, const tg_optimizer *opt) {
         grads[n++] = g->grad_of_param[i];
     }
     g->n_hyper = N_HYPER;
+    guard_build(g, grads, n);
     if (opt->clip_norm > 0 && n > 0) clip(g, TG_HERE, grads, n, opt->clip_norm);
     for (int i = 0; i < n && ir_ok(g); i++) {
         tg_tensor grad = mk_tensor(g, grads[i]);

@@ -243,7 +243,7 @@ tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
     if (!g) return NULL;
     int loss = g->output;
     int *wrt = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 1));
-    int *grads = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 1));
+    int *grads = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 2));
     int n_wrt = 0;
     for (int i = 0; i < g->n_params; i++)
         if (g->param_node[i] >= 0) wrt[n_wrt++] = g->param_node[i];
@@ -268,7 +268,8 @@ tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
     t->n_params = g->n_params;
     copy_schedule(t, &spec->optimizer.lr);
     grads[n_wrt] = loss;
-    ok = compile_graph(&t->c, be, g, spec->n_inputs, grads, n_wrt + 1, err) && alloc_store(t, err);
+    grads[n_wrt + 1] = g->guard;   /* read after every step: kept to the end */
+    ok = compile_graph(&t->c, be, g, spec->n_inputs, grads, n_wrt + 2, err) && alloc_store(t, err);
     free(grads);
     if (!ok) {
         tg_destroy(t);
@@ -297,6 +298,35 @@ static int64_t sched_step(const tg_train *t) { return t->step + 1 - t->sched_bas
 double tg_train_lr(const tg_train *t) { return t ? tg_schedule_at(&t->opt.lr, sched_step(t)) : 0; }
 int64_t tg_train_step_count(const tg_train *t) { return t ? t->step : 0; }
 
+/* A step whose guard was not finite changed nothing; its message names the first parameter, in
+ * declaration order, whose gradient went non-finite (the gradients are kept nodes, still
+ * readable after the run). */
+static tg_result nonfinite_step(tg_train *t, double loss) {
+    const tg_graph *g = t->c.g;
+    const char *name = NULL, *what = NULL;
+    for (int i = 0; i < t->n_params && !name; i++) {
+        int node = g->grad_of_param[i];
+        if (node < 0) continue;
+        size_t n = (size_t)g->nodes[node].numel;
+        double *v = tg_xmalloc(sizeof(double) * n);
+        read_node(&t->c, node, v);
+        for (size_t k = 0; k < n && !name; k++)
+            if (!isfinite(v[k])) {
+                name = model_param(t->model, i)->name;
+                what = isnan(v[k]) ? "NaN" : "infinite";
+            }
+        free(v);
+    }
+    long long step = (long long)t->step + 1;
+    if (!isfinite(loss) && name)
+        return failed("loss is %s at step %lld (first non-finite gradient: '%s'); parameters were left unchanged",
+                      isnan(loss) ? "NaN" : "infinite", step, name);
+    if (!isfinite(loss))
+        return failed("loss is %s at step %lld; parameters were left unchanged", isnan(loss) ? "NaN" : "infinite", step);
+    return failed("gradient of '%s' is not finite (%s) at step %lld; parameters were left unchanged", name ? name : "?",
+                  what ? what : "NaN", step);
+}
+
 tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs) {
     if (!t) return failed("tg_step: NULL training handle");
     tg_result r;
@@ -305,26 +335,25 @@ tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs) {
     optim_hyper(&t->opt, t->step + 1, tg_train_lr(t), t->hyper);
     t->hyper[HYPER_SEED] = call_seed(t->model, 0, t->step + 1);
     tg_error err;
-    double loss;
+    double loss, guard;
     const tg_graph *g = t->c.g;
     if (t->be->step) {
         if (!t->wb_dst) {   /* the write-back targets, in the graph's order */
             t->wb_dst = tg_xmalloc(sizeof(void *) * (size_t)(g->n_assigns + 1));
             for (int k = 0; k < g->n_assigns; k++) t->wb_dst[k] = leaf_storage(t, &g->nodes[g->assigns[k].dst]);
         }
-        if (!t->be->step(t->c.exec, t->hyper, t->loss, g->assigns, g->n_assigns, t->wb_dst, &loss, &err))
+        if (!t->be->step(t->c.exec, t->hyper, t->loss, g->guard, g->assigns, g->n_assigns, t->wb_dst, &loss, &guard, &err))
             return failed("tg_step: %s", err.msg);
     } else {
         if (!t->be->run(t->c.exec, t->hyper, &err)) return failed("tg_step: %s", err.msg);
         read_node(&t->c, t->loss, &loss);
-        for (int k = 0; k < g->n_assigns && isfinite(loss); k++) {
+        read_node(&t->c, g->guard, &guard);
+        for (int k = 0; k < g->n_assigns && isfinite(guard); k++) {
             const tg_node *dst = &g->nodes[g->assigns[k].dst];
             t->be->copy(leaf_storage(t, dst), t->be->node_buf(t->c.exec, g->assigns[k].src), (size_t)dst->numel);
         }
     }
-    if (!isfinite(loss))
-        return failed("loss is %s at step %lld; parameters were left unchanged", isnan(loss) ? "NaN" : "infinite",
-                      (long long)t->step + 1);
+    if (!isfinite(guard)) return nonfinite_step(t, loss);
     t->step++;
     r.status = TG_OK;
     r.loss = (float)loss;

@@ -1,0 +1,140 @@
+/* Faults: a non-finite gradient behind a finite loss, an unusable kernel cache and allocation
+ * failures. Each must come back as an error value naming the problem, change nothing it should
+ * not, and leave the handle usable and destroyable (LeakSanitizer checks the frees under
+ * `make sanitize`). Kernel compiler failures and a missing CUDA library are covered in
+ * test_backend. */
+#include "tensorgrad.h"
+#include "internal.h"
+#include "check.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int has(const char *msg, const char *part) { return msg && strstr(msg, part) != NULL; }
+
+/* ---------------------------------------------------------------------------------------------
+ * Non-finite gradients. Parameters are declared b, W1, W2, S; the forward uses W2 before W1, so
+ * "first in declaration order" differs from the trace order. With x = 0 in a row, sqrt(relu(0))
+ * is 0 (finite loss) but its gradient is 0 * inf = NaN, which reaches W1 and W2 and not b.
+ * S starts with a 0 element and enters as sum(sqrt(S)), whose gradient there is +inf.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct { tg_param b, W1, W2, S; int use_s; } nf_model;
+
+static tg_tensor nf_loss(const void *ctx, const tg_tensor *in) {
+    const nf_model *m = ctx;
+    tg_tensor x = in[0];
+    tg_tensor two = tg_sum(tg_sqrt(tg_relu(tg_matmul(x, tg_p(m->W2)))), TG_ALL, 0);
+    tg_tensor one = tg_sum(tg_sqrt(tg_relu(tg_matmul(x, tg_p(m->W1)))), TG_ALL, 0);
+    tg_tensor loss = tg_add(tg_add(one, two), tg_sum(tg_square(tg_p(m->b)), TG_ALL, 0));
+    return m->use_s ? tg_add(loss, tg_sum(tg_sqrt(tg_p(m->S)), TG_ALL, 0)) : loss;
+}
+
+static const float W_INIT[6] = { 0.5f, 0.25f, 0.75f, 1.0f, 0.125f, 0.5f };
+static const float S_INIT[3] = { 1.0f, 0.0f, 4.0f };
+
+static tg_model *nf_new(nf_model *nm, int use_s) {
+    static const float b0[2] = { 0.5f, -0.5f };
+    tg_model *m = tg_model_new(7);
+    nm->b = tg_param_new(m, "head.b", TG_SHAPE(2), tg_init_literal(b0, 2));
+    nm->W1 = tg_param_new(m, "l1.W", TG_SHAPE(3, 2), tg_init_literal(W_INIT, 6));
+    nm->W2 = tg_param_new(m, "l2.W", TG_SHAPE(3, 2), tg_init_literal(W_INIT, 6));
+    nm->S = tg_param_new(m, "scale", TG_SHAPE(3), tg_init_literal(use_s ? S_INIT : W_INIT, 3));
+    nm->use_s = use_s;
+    return m;
+}
+
+static tg_train *nf_compile(tg_model *m, nf_model *nm, const char *backend, tg_optimizer opt) {
+    tg_error err = { "" };
+    const tg_input_decl in[] = { TG_F32("x", 4, 3) };
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = nf_loss, .ctx = nm, .inputs = in, .n_inputs = 1,
+                                              .optimizer = opt, .backend = backend }, &err);
+    CHECK(t != NULL, "%s: compile: %s", backend, err.msg);
+    return t;
+}
+
+/* Every parameter and optimizer state value and the step count, as tg_save writes them. */
+static unsigned char *snapshot(tg_train *t, const char *path, long *len) {
+    tg_error err = { "" };
+    *len = 0;
+    if (tg_save(t, path, 1, &err) != TG_OK) { CHECK(0, "tg_save: %s", err.msg); return NULL; }
+    FILE *f = fopen(path, "rb");
+    unsigned char *data = NULL;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (*len = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0) {
+        data = malloc((size_t)*len);
+        if (data && fread(data, 1, (size_t)*len, f) != (size_t)*len) { free(data); data = NULL; }
+    }
+    if (f) fclose(f);
+    remove(path);
+    CHECK(data != NULL, "reading back %s", path);
+    return data;
+}
+
+static float X_GOOD[12], X_ZERO_ROW[12];
+
+static void nonfinite_case(const char *backend, const char *opt_name, tg_optimizer opt, int use_s, const char *want_param,
+                           const char *want_kind) {
+    char label[96], path[128];
+    snprintf(label, sizeof label, "%s/%s/%s", backend, opt_name, use_s ? "inf" : "nan");
+    snprintf(path, sizeof path, "/tmp/tg_test_faults_%d.safetensors", (int)getpid());
+    nf_model nm;
+    tg_model *m = nf_new(&nm, use_s);
+    tg_train *t = nf_compile(m, &nm, backend, opt), *fresh = nf_compile(m, &nm, backend, opt);
+    if (!t || !fresh) { tg_destroy(t); tg_destroy(fresh); tg_model_free(m); return; }
+    const float *bad_x = use_s ? X_GOOD : X_ZERO_ROW;
+    tg_data good[1] = { tg_f32("x", X_GOOD, 12) }, bad[1] = { tg_f32("x", bad_x, 12) };
+    /* Two good steps first, so the optimizer state is not all zeros. (With S holding a 0 no step
+     * is good: the first one is the bad one.) */
+    for (int i = 0; i < (use_s ? 0 : 2); i++) {
+        tg_result a = tg_step(t, good, 1), b = tg_step(fresh, good, 1);
+        CHECK(a.status == TG_OK && b.status == TG_OK, "%s: good step %d: %s", label, i + 1, a.error);
+    }
+    long n_before, n_after;
+    unsigned char *before = snapshot(t, path, &n_before);
+    tg_result r = tg_step(t, bad, 1);
+    unsigned char *after = snapshot(t, path, &n_after);
+    if (getenv("TG_VERBOSE")) printf("%-24s %s\n", label, r.error);
+    CHECK(r.status == TG_FAILED, "%s: the step with a non-finite gradient succeeded (loss %g)", label, r.loss);
+    CHECK(has(r.error, want_param) && has(r.error, want_kind), "%s: message \"%s\" should name '%s' and %s", label,
+          r.error, want_param, want_kind);
+    CHECK(!has(r.error, "head.b"), "%s: message names the finite gradient of head.b: \"%s\"", label, r.error);
+    CHECK(has(r.error, "unchanged"), "%s: message \"%s\"", label, r.error);
+    CHECK(before && after && n_before == n_after && memcmp(before, after, (size_t)n_before) == 0,
+          "%s: parameters or optimizer state changed by the failed step", label);
+    CHECK(tg_train_step_count(t) == (use_s ? 0 : 2), "%s: step count %lld", label, (long long)tg_train_step_count(t));
+    free(before);
+    free(after);
+    /* The handle goes on as if the failed step had never been asked for. */
+    if (!use_s) {
+        tg_result a = tg_step(t, good, 1), b = tg_step(fresh, good, 1);
+        CHECK(a.status == TG_OK && b.status == TG_OK && a.loss == b.loss && a.step == 3,
+              "%s: step after the failure: %s (loss %.9g vs fresh %.9g)", label, a.error, a.loss, b.loss);
+        float pa[6], pb[6];
+        CHECK(tg_download_param(t, "l1.W", pa, 6, NULL) == TG_OK && tg_download_param(fresh, "l1.W", pb, 6, NULL) == TG_OK &&
+              memcmp(pa, pb, sizeof pa) == 0, "%s: l1.W differs from an unbroken run", label);
+    }
+    tg_destroy(t);
+    tg_destroy(fresh);
+    tg_model_free(m);
+}
+
+static void test_nonfinite_gradients(void) {
+    for (int i = 0; i < 12; i++) X_GOOD[i] = X_ZERO_ROW[i] = (float)check_uniform(0.5, 1.5);
+    for (int j = 0; j < 3; j++) X_ZERO_ROW[6 + j] = 0;   /* row 2: pre-activations exactly 0 */
+    tg_optimizer sgd = tg_sgd(0.05, 0.9, 0, 0), clipped = tg_adamw(0.01, 0.1);
+    clipped.clip_norm = 1.0;
+    const char *backends[] = { "reference", "cpu" };
+    for (int b = 0; b < 2; b++) {
+        nonfinite_case(backends[b], "adam", tg_adam(0.01), 0, "'l1.W'", "NaN");
+        nonfinite_case(backends[b], "sgd", sgd, 0, "'l1.W'", "NaN");
+        nonfinite_case(backends[b], "adamw-clip", clipped, 0, "'l1.W'", "NaN");
+        nonfinite_case(backends[b], "adam", tg_adam(0.01), 1, "'scale'", "infinite");
+    }
+}
+
+int main(void) {
+    test_nonfinite_gradients();
+    return check_report("test_faults");
+}
