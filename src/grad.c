@@ -187,6 +187,8 @@ bool grad_build(tg_graph *g, int loss, const int *wrt, int n_wrt, int *grad_out)
                 ln->dtype == TG_INT32 ? " i32" : "");
         return false;
     }
+    tg_graph *outer = tg__trace();   /* the public ops used below append to the traced graph */
+    tg__set_trace(g);
     int n0 = g->n;
     grad_ctx c = { g, malloc(sizeof(int) * (size_t)n0), calloc((size_t)n0, sizeof(bool)) };
     for (int i = 0; i < n0; i++) c.acc[i] = -1;
@@ -206,5 +208,6 @@ bool grad_build(tg_graph *g, int loss, const int *wrt, int n_wrt, int *grad_out)
     }
     free(c.acc);
     free(c.reach);
+    tg__set_trace(outer);
     return ir_ok(g);
 }

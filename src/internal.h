@@ -229,12 +229,15 @@ void optim_hyper(const tg_optimizer *opt, int64_t t, double lr, double *hyper);
  * leaves bound from outside (INPUT, PARAM, STATE) get PLAN_BOUND. `keep` lists nodes whose
  * values must survive to the end of the run (outputs, gradients, write-back sources). */
 #define PLAN_BOUND ((size_t)-1)
+/* The largest arena a plan accepts, in elements (2^60: its bytes still fit a size_t). */
+#define PLAN_MAX_ARENA ((size_t)1 << 60)
 typedef struct {
     size_t *offset;     /* per node */
     size_t arena;       /* elements */
     int *alias;         /* per node: the node whose buffer it shares (no kernel of its own), or -1 */
 } tg_plan;
-/* `materialized` (NULL: every node) marks the nodes that get memory; the others are computed
+/* False (nothing allocated) when memory runs out or the arena would pass PLAN_MAX_ARENA.
+ * `materialized` (NULL: every node) marks the nodes that get memory; the others are computed
  * inside the kernels that read them, so a buffer they read stays live until those kernels ran.
  * Nodes not materialized get PLAN_BOUND too. `alias` (NULL: none) names, per node, the node
  * whose buffer it shares; that buffer then stays live as long as either is read. */
@@ -286,7 +289,7 @@ void cpu_kernels_portable(bool on);
  * does (up to accumulation order) and, unset, runs the same graph in double precision for
  * gradient checks. */
 typedef struct ref_exec ref_exec;
-ref_exec *ref_exec_new(const tg_graph *g, const tg_plan *plan, bool round_f32);
+ref_exec *ref_exec_new(const tg_graph *g, const tg_plan *plan, bool round_f32);   /* NULL: out of memory */
 void ref_exec_bind(ref_exec *e, int node, double *storage);   /* for INPUT/PARAM/STATE leaves */
 void ref_exec_run(ref_exec *e, const double *hyper);          /* every non-leaf node in order */
 double *ref_exec_value(ref_exec *e, int node);
@@ -376,7 +379,16 @@ void *cache_read(const char *path, size_t *len);
 typedef struct { char *s; size_t len, cap; } strbuf;   /* a growable string; {0} is empty */
 void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void *tg_xmalloc(size_t n);   /* calloc that never returns NULL (aborts on OOM for now) */
+/* Zero-filled allocation and realloc that return NULL when memory runs out (realloc then leaves
+ * the block as it was); every caller turns NULL into an error value. tg_strdup too. */
+void *tg_alloc(size_t n);
+void *tg_realloc(void *p, size_t n);
 char *tg_strdup(const char *s);
+/* Test hook (fault injection): after the next n allocations through tg_alloc / tg_realloc /
+ * tg_strdup succeed, every later one fails, until the hook is called again; n < 0 turns it
+ * off. tg__alloc_count: allocations made so far (to size a sweep). */
+void tg__fail_alloc_after(long n);
+long tg__alloc_count(void);
 void tg_seterr(tg_error *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

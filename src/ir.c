@@ -33,10 +33,19 @@ int64_t shape_numel(tg_shape s) {
 }
 
 char *shape_str(tg_shape s, char *buf) {
-    int k = sprintf(buf, "[");
-    for (int i = 0; i < s.ndim && i < TG_MAX_DIMS; i++)
-        k += sprintf(buf + k, i ? ",%lld" : "%lld", (long long)s.d[i]);
-    sprintf(buf + k, "]");
+    /* Callers give 96 bytes; six 20-digit dimensions (a hostile shape) would not fit, so the
+     * tail is cut to ",...]". */
+    size_t k = 0;
+    buf[k++] = '[';
+    for (int i = 0; i < s.ndim && i < TG_MAX_DIMS; i++) {
+        char d[24];
+        int w = snprintf(d, sizeof d, i ? ",%lld" : "%lld", (long long)s.d[i]);
+        if (k + (size_t)w + 6 > 96) { memcpy(buf + k, ",...", 4); k += 4; break; }
+        memcpy(buf + k, d, (size_t)w);
+        k += (size_t)w;
+    }
+    buf[k++] = ']';
+    buf[k] = 0;
     return buf;
 }
 
@@ -83,11 +92,15 @@ void ir_fail(tg_graph *g, tg_site s, const char *fmt, ...) {
 }
 
 int ir_add(tg_graph *g, tg_site s, tg_op op, tg_dtype dt, tg_shape shape, int nsrc, const int *src) {
+    /* Every shape rule's result passes here: a product of valid dimensions (a broadcast, a
+     * matrix product, an upsampling) can still overflow, and no buffer could hold it anyway. */
+    if (!shape_valid(g, s, op_name(op), shape)) return -1;
     if (g->n == g->cap) {
-        g->cap = g->cap ? 2 * g->cap : 64;
-        tg_node *nn = realloc(g->nodes, sizeof(tg_node) * (size_t)g->cap);
+        int cap = g->cap ? 2 * g->cap : 64;
+        tg_node *nn = tg_realloc(g->nodes, sizeof(tg_node) * (size_t)cap);
         if (!nn) { ir_fail(g, s, "out of memory growing the graph"); return -1; }
         g->nodes = nn;
+        g->cap = cap;
     }
     tg_node *n = &g->nodes[g->n];
     memset(n, 0, sizeof *n);
@@ -164,6 +177,26 @@ char *tg_graph_dot(const tg_graph *g) {
 }
 
 /* ----- small utilities ----- */
+
+/* The fault-injection budget: allocations left before they start failing (< 0: no limit). Atomic
+ * because CPU kernels allocate scratch on OpenMP threads. */
+static _Atomic long alloc_budget = -1, alloc_count;
+
+void tg__fail_alloc_after(long n) { alloc_budget = n; }
+long tg__alloc_count(void) { return alloc_count; }
+
+/* Whether the allocation being made may proceed (the hook has not run out). */
+static bool alloc_allowed(void) {
+    alloc_count++;
+    if (alloc_budget < 0) return true;
+    long left = alloc_budget--;
+    if (left <= 0) alloc_budget = 0;   /* stays failing until the hook is set again */
+    return left > 0;
+}
+
+void *tg_alloc(size_t n) { return alloc_allowed() ? calloc(1, n ? n : 1) : NULL; }
+
+void *tg_realloc(void *p, size_t n) { return alloc_allowed() ? realloc(p, n ? n : 1) : NULL; }
 
 void *tg_xmalloc(size_t n) {
     void *p = calloc(1, n ? n : 1);

@@ -52,6 +52,7 @@ static void model_fail(tg_model *m, const char *fmt, ...) {
 
 void tg_model_push(tg_model *m, const char *fmt, ...) {
     if (!m) return;
+    if (!fmt) { model_fail(m, "tg_model_push: NULL scope name"); return; }
     if (m->depth == MAX_SCOPE_DEPTH) { model_fail(m, "tg_model_push: scopes nested deeper than %d", MAX_SCOPE_DEPTH); return; }
     size_t len = strlen(m->scope);
     m->scope_len[m->depth++] = len;
@@ -89,6 +90,8 @@ tg_param tg_param_new(tg_model *m, const char *name, tg_shape shape, tg_init ini
         if (shape.d[i] <= 0 || shape.d[i] > (1ll << 31)) tg_seterr(&e, "dimension %d is %lld", i, (long long)shape.d[i]);
     int64_t numel = e.msg[0] ? 0 : shape_numel(shape);
     if (!e.msg[0] && numel > (1ll << 34)) tg_seterr(&e, "%lld elements is too many", (long long)numel);
+    if (!e.msg[0] && (init.kind < TG_INIT_RANDN || init.kind > TG_INIT_LITERAL)) tg_seterr(&e, "unknown init kind %d", (int)init.kind);
+    if (!e.msg[0] && !isfinite(init.scale)) tg_seterr(&e, "init scale %g is not finite", init.scale);
     if (!e.msg[0] && init.kind == TG_INIT_LITERAL && (!init.data || (int64_t)init.n != numel))
         tg_seterr(&e, "literal init has %zu values for %lld elements", init.data ? init.n : 0, (long long)numel);
     if (e.msg[0]) { model_fail(m, "tg_param_new '%s': %s", full, e.msg); return bad_param(m); }

@@ -10,6 +10,10 @@
 static const tg_tensor BAD = { NULL, -1 };
 static tg_tensor bad(tg_graph *g) { tg_tensor t = { g, -1 }; return t; }
 
+/* Internal builders read their operands' nodes before appending: after the first error (a
+ * shape too large, memory) an operand may be the invalid result of the failed op. */
+static bool live(tg_tensor t) { return t.g && ir_ok(t.g) && t.id >= 0 && t.id < t.g->n; }
+
 static tg_tensor emit(tg_graph *g, tg_site s, tg_op op, tg_dtype dt, tg_shape shape, int nsrc, const int *src) {
     if (!ir_ok(g)) return bad(g);
     return mk_tensor(g, ir_add(g, s, op, dt, shape, nsrc, src));
@@ -19,7 +23,10 @@ static tg_tensor emit(tg_graph *g, tg_site s, tg_op op, tg_dtype dt, tg_shape sh
  * recorded on the tensor's graph or, for a tensor with none, on this thread's trace. */
 static bool usable(tg_site s, const char *op, tg_tensor x) {
     tg_graph *g = x.g ? x.g : tg__trace();
-    if (!g) return false;
+    /* Outside tracing the graph a tensor names is compiled, or gone: appending to it would
+     * change a graph a backend already planned. There is no graph to record an error on, so
+     * the result is just an invalid tensor. */
+    if (!g || !tg__trace()) return false;
     if (!ir_ok(g)) return false;
     if (!x.g || x.id < 0 || x.id >= g->n) { ir_fail(g, s, "%s: invalid tensor (from a failed op or outside tracing)", op); return false; }
     if (tg__trace() && tg__trace() != x.g) { ir_fail(tg__trace(), s, "%s: tensor belongs to another graph", op); return false; }
@@ -99,18 +106,21 @@ tg_dtype tg_dtype_of(tg_tensor t) { return (t.g && t.id >= 0 && t.id < t.g->n) ?
 /* ----- elementwise ----- */
 
 tg_tensor op_unary(tg_site s, tg_op op, tg_tensor x) {
+    if (!live(x)) return bad(x.g);
     const tg_node *n = node_of(x);
     return emit(x.g, s, op, n->dtype, n->shape, 1, &x.id);
 }
 
 /* A plain number meeting an i32 tensor becomes an i32 constant (2 * idx stays integral). */
 static tg_tensor adopt_dtype(tg_site s, tg_tensor num, tg_dtype dt) {
+    if (!live(num)) return num;
     const tg_node *n = node_of(num);
     if (n->dtype == dt || n->op != OP_CONST || n->shape.ndim != 0) return num;
     return op_const(num.g, s, n->farg, dt);
 }
 
 tg_tensor op_binary(tg_site s, tg_op op, tg_tensor a, tg_tensor b) {
+    if (!live(a) || !live(b)) return bad(a.g);
     tg_shape out;
     char name[40];
     snprintf(name, sizeof name, "tg_%s", op_name(op));
@@ -175,6 +185,7 @@ tg_tensor tg_sigmoid_at(tg_site s, tg_tensor x) { return unary(s, "tg_sigmoid", 
 /* ----- reductions ----- */
 
 tg_tensor op_sum_keep(tg_site s, tg_tensor x, int axis) {
+    if (!live(x)) return bad(x.g);
     tg_shape out = node_of(x)->shape;
     out.d[axis] = 1;
     tg_tensor t = emit(x.g, s, OP_SUM, node_of(x)->dtype, out, 1, &x.id);
@@ -231,11 +242,13 @@ static bool same_shape(tg_shape a, tg_shape b) {
 }
 
 tg_tensor op_reshape(tg_site s, tg_tensor x, tg_shape shape) {
+    if (!live(x)) return bad(x.g);
     if (same_shape(node_of(x)->shape, shape)) return x;
     return emit(x.g, s, OP_RESHAPE, node_of(x)->dtype, shape, 1, &x.id);
 }
 
 tg_tensor op_expand(tg_site s, tg_tensor x, tg_shape shape) {
+    if (!live(x)) return bad(x.g);
     if (same_shape(node_of(x)->shape, shape)) return x;
     return emit(x.g, s, OP_EXPAND, node_of(x)->dtype, shape, 1, &x.id);
 }
@@ -276,6 +289,7 @@ tg_tensor tg_swapaxes_at(tg_site s, tg_tensor x, int a, int b) {
 /* Sum x down to `shape`: over the leading axes broadcasting added and the axes it stretched
  * from 1. */
 tg_tensor op_unbroadcast(tg_site s, tg_tensor x, tg_shape shape) {
+    if (!live(x)) return bad(x.g);
     tg_shape xs = node_of(x)->shape;
     if (same_shape(xs, shape)) return x;
     int lead = xs.ndim - shape.ndim;
@@ -296,6 +310,7 @@ static tg_shape transpose_last2(tg_shape x) {
 }
 
 tg_tensor op_matmul_t(tg_site s, tg_tensor a, tg_tensor b, int ta, int tb) {
+    if (!live(a) || !live(b)) return bad(a.g);
     tg_shape sa = node_of(a)->shape, sb = node_of(b)->shape, out;
     if (ta) sa = transpose_last2(sa);
     if (tb) sb = transpose_last2(sb);
@@ -347,6 +362,7 @@ tg_tensor tg_embedding_at(tg_site s, tg_tensor table, tg_tensor idx) {
 }
 
 tg_tensor op_scatter_rows(tg_site s, tg_tensor vals, tg_tensor idx, int64_t rows) {
+    if (!live(vals) || !live(idx)) return bad(vals.g);
     tg_shape vs = node_of(vals)->shape;
     tg_shape out = TG_SHAPE(rows, vs.d[vs.ndim - 1]);
     int src[2] = { vals.id, idx.id };
@@ -520,6 +536,7 @@ tg_tensor tg_merge_heads_at(tg_site s, tg_tensor x) {
 /* ----- take_along_axis ----- */
 
 static tg_tensor op_along(tg_site s, tg_op op, tg_tensor vals, tg_tensor idx, int axis, tg_shape out) {
+    if (!live(vals) || !live(idx)) return bad(vals.g);
     int src[2] = { vals.id, idx.id };
     tg_tensor t = emit(vals.g, s, op, node_of(vals)->dtype, out, 2, src);
     if (t.id >= 0) vals.g->nodes[t.id].axis = axis;
@@ -584,6 +601,7 @@ tg_tensor tg_randn_at(tg_site s, tg_shape shape) {
 /* ----- structure ----- */
 
 static tg_tensor op_slice_pad(tg_site s, tg_op op, tg_tensor x, int axis, int64_t start, int64_t length) {
+    if (!live(x)) return bad(x.g);
     tg_shape out = node_of(x)->shape;
     out.d[axis] = length;
     tg_tensor t = emit(x.g, s, op, node_of(x)->dtype, out, 1, &x.id);
@@ -598,10 +616,10 @@ tg_tensor tg_narrow_at(tg_site s, tg_tensor x, int axis, int64_t start, int64_t 
     int a;
     if (!usable(s, "tg_narrow", x) || !shape_axis(x.g, s, "tg_narrow", node_of(x)->shape, axis, &a)) return bad(x.g);
     tg_shape in = node_of(x)->shape;
-    if (start < 0 || length <= 0 || start + length > in.d[a]) {
+    if (start < 0 || length <= 0 || start >= in.d[a] || length > in.d[a] - start) {
         char sh[96];
-        ir_fail(x.g, s, "tg_narrow: [%lld, %lld) is outside axis %d of %s", (long long)start,
-                (long long)(start + length), axis, shape_str(in, sh));
+        ir_fail(x.g, s, "tg_narrow: start %lld, length %lld is outside axis %d of %s", (long long)start,
+                (long long)length, axis, shape_str(in, sh));
         return bad(x.g);
     }
     if (length == in.d[a]) return x;
@@ -637,7 +655,10 @@ static tg_tensor concat(tg_site s, const char *name, const tg_tensor *xs, int n,
                     shape_str(si, sa), shape_str(first, sb), axis);
             return bad(xs[0].g);
         }
-        total += si.d[a];
+        if (__builtin_add_overflow(total, si.d[a], &total)) {
+            ir_fail(xs[0].g, s, "%s: the result along axis %d is too large", name, axis);
+            return bad(xs[0].g);
+        }
     }
     if (n == 1) return xs[0];
     tg_tensor sum = { xs[0].g, -1 };
@@ -689,13 +710,13 @@ void tg_split_at(tg_site s, tg_tensor x, const int64_t *sizes, int n, int axis, 
     for (int i = 0; out && i < n; i++) out[i] = bad(x.g);
     int a;
     if (!out || !usable(s, "tg_split", x) || !shape_axis(x.g, s, "tg_split", node_of(x)->shape, axis, &a)) return;
-    int64_t total = 0;
+    int64_t total = 0, len = node_of(x)->shape.d[a];
     bool ok = sizes && n > 0;
     for (int i = 0; ok && i < n; i++) {
-        ok = sizes[i] > 0;
-        total += sizes[i];
+        ok = sizes[i] > 0 && sizes[i] <= len - total;   /* never past the axis, so never overflowing */
+        if (ok) total += sizes[i];
     }
-    if (!ok || total != node_of(x)->shape.d[a]) {
+    if (!ok || total != len) {
         char sh[96];
         ir_fail(x.g, s, "tg_split: sizes must be positive and add up to %lld (axis %d of %s)",
                 (long long)node_of(x)->shape.d[a], axis, shape_str(node_of(x)->shape, sh));
@@ -797,9 +818,15 @@ tg_tensor tg_conv2d_at(tg_site s, tg_tensor x, tg_tensor w, int stride, int padd
         return bad(x.g);
     }
     int64_t args[4] = { ws.d[2], ws.d[3], stride, padding };
-    int64_t ckk = xs.d[1] * ws.d[2] * ws.d[3];
-    tg_tensor cols = op_im2col(s, OP_IM2COL, x, args, TG_SHAPE(xs.d[0], ckk, ho * wo));
-    tg_tensor out = op_matmul_t(s, op_reshape(s, w, TG_SHAPE(ws.d[0], ckk)), cols, 0, 0);
+    int64_t ckk, cols;
+    if (__builtin_mul_overflow(xs.d[1], ws.d[2], &ckk) || __builtin_mul_overflow(ckk, ws.d[3], &ckk) ||
+        __builtin_mul_overflow(ho, wo, &cols)) {
+        ir_fail(x.g, s, "%s: input %s and weight %s give a column matrix too large", name, shape_str(xs, sa), shape_str(ws, sb));
+        return bad(x.g);
+    }
+    tg_tensor col = op_im2col(s, OP_IM2COL, x, args, TG_SHAPE(xs.d[0], ckk, cols));
+    if (col.id < 0) return col;
+    tg_tensor out = op_matmul_t(s, op_reshape(s, w, TG_SHAPE(ws.d[0], ckk)), col, 0, 0);
     return out.id < 0 ? out : op_reshape(s, out, TG_SHAPE(xs.d[0], ws.d[0], ho, wo));
 }
 
@@ -830,7 +857,11 @@ tg_tensor tg_nearest_upsample2d_at(tg_site s, tg_tensor x, int factor) {
     if (!usable(s, name, x) || !need_nchw(s, name, x)) return bad(x.g);
     if (factor <= 0) { ir_fail(x.g, s, "%s: factor %d must be positive", name, factor); return bad(x.g); }
     tg_shape xs = node_of(x)->shape;
-    int64_t n = xs.d[0], c = xs.d[1], h = xs.d[2], w = xs.d[3];
+    int64_t n = xs.d[0], c = xs.d[1], h = xs.d[2], w = xs.d[3], hf, wf;
+    if (__builtin_mul_overflow(h, factor, &hf) || __builtin_mul_overflow(w, factor, &wf)) {
+        ir_fail(x.g, s, "%s: factor %d makes the image too large", name, factor);
+        return bad(x.g);
+    }
     tg_tensor up = op_expand(s, op_reshape(s, x, TG_SHAPE(n, c, h, 1, w, 1)), TG_SHAPE(n, c, h, factor, w, factor));
-    return op_reshape(s, up, TG_SHAPE(n, c, h * factor, w * factor));
+    return up.id < 0 ? up : op_reshape(s, up, TG_SHAPE(n, c, hf, wf));
 }

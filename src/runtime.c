@@ -162,7 +162,7 @@ static void read_node(const compiled *c, int node, double *dst) {
     c->be->read(c->be->node_buf(c->exec, node), n->dtype, dst, (size_t)n->numel);
 }
 
-static const char *dtype_name(tg_dtype d) { return d == TG_INT32 ? "i32" : "f32"; }
+static const char *dtype_name(tg_dtype d) { return d == TG_INT32 ? "i32" : d == TG_FLOAT32 ? "f32" : "an unknown dtype"; }
 
 /* Copy a call's data into the input buffers, checking names, dtypes and element counts. */
 static bool bind_inputs(compiled *c, const tg_data *data, int n, char *err, size_t errlen) {
@@ -332,7 +332,10 @@ tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs) {
     tg_result r;
     memset(&r, 0, sizeof r);
     if (!bind_inputs(&t->c, inputs, n_inputs, r.error, sizeof r.error)) { r.status = TG_FAILED; return r; }
-    optim_hyper(&t->opt, t->step + 1, tg_train_lr(t), t->hyper);
+    double lr = tg_train_lr(t);   /* tg_set_lr / tg_set_schedule take any double: checked here */
+    if (!(lr >= 0 && isfinite(lr)))
+        return failed("learning rate %g at step %lld is negative or not finite; nothing was changed", lr, (long long)t->step + 1);
+    optim_hyper(&t->opt, t->step + 1, lr, t->hyper);
     t->hyper[HYPER_SEED] = call_seed(t->model, 0, t->step + 1);
     tg_error err;
     double loss, guard;
@@ -498,6 +501,12 @@ tg_status tg_upload_params(tg_train *t, const tg_data *params, int n, tg_error *
             tg_seterr(err, "tg_upload_params: '%s' needs f32 data", params[k].name);
             return TG_FAILED;
         }
+        const float *v = params[k].data;   /* a NaN or infinite parameter could never train */
+        for (size_t i = 0; i < params[k].n; i++)
+            if (!isfinite(v[i])) {
+                tg_seterr(err, "tg_upload_params: '%s' element %zu is %s", params[k].name, i, isnan(v[i]) ? "NaN" : "infinite");
+                return TG_FAILED;
+            }
     }
     for (int k = 0; k < n; k++)
         t->be->upload(t->param[model_find(t->model, params[k].name)], TG_FLOAT32, params[k].data, params[k].n);
