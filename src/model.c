@@ -88,8 +88,9 @@ tg_param tg_param_new(tg_model *m, const char *name, tg_shape shape, tg_init ini
     if (shape.ndim < 1 || shape.ndim > TG_MAX_DIMS) tg_seterr(&e, "rank %d is out of range (1..%d)", shape.ndim, TG_MAX_DIMS);
     for (int i = 0; i < shape.ndim && i < TG_MAX_DIMS && !e.msg[0]; i++)
         if (shape.d[i] <= 0 || shape.d[i] > (1ll << 31)) tg_seterr(&e, "dimension %d is %lld", i, (long long)shape.d[i]);
-    int64_t numel = e.msg[0] ? 0 : shape_numel(shape);
-    if (!e.msg[0] && numel > (1ll << 34)) tg_seterr(&e, "%lld elements is too many", (long long)numel);
+    int64_t numel = 1;   /* each dimension is at most 2^31, but their product can still overflow */
+    for (int i = 0; i < shape.ndim && !e.msg[0]; i++)
+        if (__builtin_mul_overflow(numel, shape.d[i], &numel) || numel > (1ll << 34)) tg_seterr(&e, "too many elements");
     if (!e.msg[0] && (init.kind < TG_INIT_RANDN || init.kind > TG_INIT_LITERAL)) tg_seterr(&e, "unknown init kind %d", (int)init.kind);
     if (!e.msg[0] && !isfinite(init.scale)) tg_seterr(&e, "init scale %g is not finite", init.scale);
     if (!e.msg[0] && init.kind == TG_INIT_LITERAL && (!init.data || (int64_t)init.n != numel))

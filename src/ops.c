@@ -19,17 +19,16 @@ static tg_tensor emit(tg_graph *g, tg_site s, tg_op op, tg_dtype dt, tg_shape sh
     return mk_tensor(g, ir_add(g, s, op, dt, shape, nsrc, src));
 }
 
-/* A tensor operand is usable when it belongs to a graph with no error yet. Errors found here are
- * recorded on the tensor's graph or, for a tensor with none, on this thread's trace. */
+/* A tensor operand is usable when it belongs to the graph being traced and that graph has no
+ * error yet. Errors are recorded on the traced graph, never on the tensor's: another graph may
+ * be compiled already. Outside tracing there is no graph to record an error on (and appending
+ * to a compiled graph would change what a backend planned), so the result is just an invalid
+ * tensor. */
 static bool usable(tg_site s, const char *op, tg_tensor x) {
-    tg_graph *g = x.g ? x.g : tg__trace();
-    /* Outside tracing the graph a tensor names is compiled, or gone: appending to it would
-     * change a graph a backend already planned. There is no graph to record an error on, so
-     * the result is just an invalid tensor. */
-    if (!g || !tg__trace()) return false;
-    if (!ir_ok(g)) return false;
+    tg_graph *g = tg__trace();
+    if (!g || !ir_ok(g)) return false;
+    if (x.g && x.g != g) { ir_fail(g, s, "%s: tensor belongs to another graph", op); return false; }
     if (!x.g || x.id < 0 || x.id >= g->n) { ir_fail(g, s, "%s: invalid tensor (from a failed op or outside tracing)", op); return false; }
-    if (tg__trace() && tg__trace() != x.g) { ir_fail(tg__trace(), s, "%s: tensor belongs to another graph", op); return false; }
     return true;
 }
 
@@ -87,7 +86,9 @@ tg_tensor tg_p_at(tg_site s, tg_param p) {
     tg_graph *g = tg__trace();
     if (!g || !ir_ok(g)) return bad(g);
     if (p.id < 0 || p.model != g->model || p.id >= g->n_params) {
-        ir_fail(g, s, "tg_p: %s", p.id < 0 ? "invalid parameter (its declaration failed)" : "parameter of another model");
+        ir_fail(g, s, "tg_p: %s", p.id < 0 ? "invalid parameter (its declaration failed)"
+                                  : p.model != g->model ? "parameter of another model"
+                                                        : "parameter id out of range for this model");
         return bad(g);
     }
     if (g->param_node[p.id] >= 0) return mk_tensor(g, g->param_node[p.id]);
@@ -709,6 +710,7 @@ tg_tensor tg_stack_at(tg_site s, const tg_tensor *xs, int n, int axis) {
 void tg_split_at(tg_site s, tg_tensor x, const int64_t *sizes, int n, int axis, tg_tensor *out) {
     for (int i = 0; out && i < n; i++) out[i] = bad(x.g);
     int a;
+    if (!out && usable(s, "tg_split", x)) ir_fail(x.g, s, "tg_split: NULL output array");
     if (!out || !usable(s, "tg_split", x) || !shape_axis(x.g, s, "tg_split", node_of(x)->shape, axis, &a)) return;
     int64_t total = 0, len = node_of(x)->shape.d[a];
     bool ok = sizes && n > 0;

@@ -417,6 +417,8 @@ tg_result tg_eval_loss(tg_train *t, const tg_data *inputs, int n_inputs) {
         if (!t->eval) return failed("tg_eval_loss: %s", err.msg);
     }
     tg_result r = tg_run(t->eval, inputs, n_inputs);
+    if (r.status == TG_OK && !isfinite(r.output[0]))   /* as tg_step: a non-finite loss is a failure */
+        return failed("tg_eval_loss: loss is %s", isnan(r.output[0]) ? "NaN" : "infinite");
     if (r.status == TG_OK) {
         r.loss = r.output[0];
         r.step = t->step;
