@@ -78,13 +78,16 @@ static void read_log(const char *path, char *buf, size_t len) {
     fclose(f);
 }
 
+/* Flags every kernel build gets (part of the cache key). -fwrapv: i32 arithmetic that overflows
+ * wraps, as the reference computes it, rather than being undefined. */
+#define FIXED_FLAGS "-fopenmp -fPIC -shared -fno-strict-aliasing -fno-math-errno -fwrapv"
+
 /* Compile the source into path_so; the compiler's own message comes back in err. */
 static bool compile(const char *cc, const char *flags, const char *path_c, const char *path_so, tg_error *err) {
     char tmp[1100], log[1100], cmd[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path_so, (int)getpid());
     snprintf(log, sizeof log, "%s.log", path_c);
-    snprintf(cmd, sizeof cmd, "%s %s -fopenmp -fPIC -shared -fno-strict-aliasing -fno-math-errno -o '%s' '%s' -lm > '%s' 2>&1", cc, flags,
-             tmp, path_c, log);
+    snprintf(cmd, sizeof cmd, "%s %s %s -o '%s' '%s' -lm > '%s' 2>&1", cc, flags, FIXED_FLAGS, tmp, path_c, log);
     int rc = system(cmd);
     if (rc != 0) {
         char out[300];
@@ -114,6 +117,7 @@ static void *load_kernels(const char *source, tg_error *err) {
     h = cache_hash(h, source, strlen(source));
     h = cache_hash(h, cc, strlen(cc) + 1);
     h = cache_hash(h, flags, strlen(flags) + 1);
+    h = cache_hash(h, FIXED_FLAGS, sizeof FIXED_FLAGS);
     snprintf(path_c, sizeof path_c, "%s/%016llx.c", dir, (unsigned long long)h);
     snprintf(path_so, sizeof path_so, "%s/%016llx.so", dir, (unsigned long long)h);
     for (int attempt = 0; attempt < 2; attempt++) {

@@ -144,9 +144,21 @@ static double sign(double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0; }
 static double min2(double a, double b) { return (a < b || isnan(a)) ? a : b; }
 static double max2(double a, double b) { return (a > b || isnan(a)) ? a : b; }
 
-/* Integer division of i32 values held in doubles: C's truncation toward zero. Division by zero
- * has no defined result; 0 keeps the value finite and deterministic. */
-static double idiv(double a, double b) { return b == 0 ? 0.0 : (double)((int64_t)a / (int64_t)b); }
+/* Integer division of i32 values held in doubles (whole numbers in int32 range: see wrap_i32):
+ * C's truncation toward zero. Division by zero has no defined result; 0 keeps the value finite
+ * and deterministic. INT32_MIN / -1 wraps, as in the generated kernels. */
+static double idiv(double a, double b) { return b == 0 ? 0.0 : b == -1 ? -a : (double)((int64_t)a / (int64_t)b); }
+
+/* An i32 result wrapped to 32-bit two's complement, as the compiled kernels (built with
+ * -fwrapv) compute it: held in a double it would otherwise grow past int32, and past what a
+ * conversion to an integer type may take. Exact while the double is (below 2^53). */
+static double wrap_i32(double v) {
+    if (!isfinite(v)) return 0;
+    double w = fmod(trunc(v), 4294967296.0);
+    if (w >= 2147483648.0) w -= 4294967296.0;
+    if (w < -2147483648.0) w += 4294967296.0;
+    return w;
+}
 
 static void unary(tg_op op, double *restrict o, const double *restrict x, int64_t n)
 {
@@ -814,6 +826,11 @@ void ref_exec_run(ref_exec *e, const double *hyper)
             double *v = e->bufs[id];
             for (int64_t i = 0; i < n->numel; i++)
                 v[i] = (double)(float)v[i];
+        }
+        if (n->dtype == TG_INT32) {
+            double *v = e->bufs[id];
+            for (int64_t i = 0; i < n->numel; i++)
+                v[i] = wrap_i32(v[i]);
         }
     }
 }

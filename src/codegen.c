@@ -169,7 +169,10 @@ static const char *binary_expr(const tg_node *n, bool i32, const char *a, const 
     case OP_ADD: snprintf(buf, len, "%s + %s", a, b); break;
     case OP_SUB: snprintf(buf, len, "%s - %s", a, b); break;
     case OP_MUL: snprintf(buf, len, "%s * %s", a, b); break;
-    case OP_DIV: snprintf(buf, len, i32 ? "(%2$s ? %1$s / %2$s : 0)" : "%s / %s", a, b); break;
+    /* i32: x / 0 is 0 (as the reference) and INT32_MIN / -1 wraps: both would trap on x86. */
+    case OP_DIV:
+        snprintf(buf, len, i32 ? "(%2$s == -1 ? (int32_t)(0u - (uint32_t)%1$s) : %2$s ? %1$s / %2$s : 0)" : "%s / %s", a, b);
+        break;
     /* NaN-propagating exactly as the reference (x != x is the NaN test). */
     case OP_MIN: snprintf(buf, len, "((%1$s < %2$s || %1$s != %1$s) ? %1$s : %2$s)", a, b); break;
     case OP_MAX: snprintf(buf, len, "((%1$s > %2$s || %1$s != %1$s) ? %1$s : %2$s)", a, b); break;

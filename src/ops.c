@@ -53,6 +53,12 @@ static bool need_i32(tg_site s, const char *op, const char *what, tg_tensor x) {
 /* ----- leaves ----- */
 
 tg_tensor op_const(tg_graph *g, tg_site s, double v, tg_dtype dt) {
+    /* An i32 constant holds a 32-bit integer: 0.5, NaN or 1e30 meeting an i32 tensor is an
+     * error, not a value each backend would convert its own way. */
+    if (dt == TG_INT32 && !(v == trunc(v) && v >= INT32_MIN && v <= INT32_MAX)) {
+        ir_fail(g, s, "%g is not a 32-bit integer: an i32 tensor meets only whole numbers", v);
+        return bad(g);
+    }
     tg_tensor t = emit(g, s, OP_CONST, dt, TG_SHAPE0, 0, NULL);
     if (t.id >= 0) g->nodes[t.id].farg = v;
     return t;
@@ -134,7 +140,8 @@ tg_tensor op_binary(tg_site s, tg_op op, tg_tensor a, tg_tensor b) {
 static tg_tensor binary(tg_site s, const char *name, tg_op op, tg_tensor a, tg_tensor b) {
     if (!same_graph(s, name, a, b)) return bad(a.g ? a.g : b.g);
     b = adopt_dtype(s, b, node_of(a)->dtype);
-    a = adopt_dtype(s, a, node_of(b)->dtype);
+    if (live(b)) a = adopt_dtype(s, a, node_of(b)->dtype);
+    if (!live(a) || !live(b)) return bad(a.g);   /* a number that is no i32 */
     if (node_of(a)->dtype != node_of(b)->dtype) {
         ir_fail(a.g, s, "%s: operand dtypes differ (%s vs %s)", name, node_of(a)->dtype == TG_INT32 ? "i32" : "f32",
                 node_of(b)->dtype == TG_INT32 ? "i32" : "f32");
@@ -156,7 +163,8 @@ tg_tensor tg_greater_at(tg_site s, tg_tensor a, tg_tensor b) { return binary(s, 
 tg_tensor tg_where_at(tg_site s, tg_tensor c, tg_tensor a, tg_tensor b) {
     if (!same_graph(s, "tg_where", a, b) || !same_graph(s, "tg_where", c, a)) return bad(a.g ? a.g : b.g);
     b = adopt_dtype(s, b, node_of(a)->dtype);
-    a = adopt_dtype(s, a, node_of(b)->dtype);
+    if (live(b)) a = adopt_dtype(s, a, node_of(b)->dtype);
+    if (!live(a) || !live(b)) return bad(a.g);   /* a number that is no i32 */
     if (node_of(a)->dtype != node_of(b)->dtype) { ir_fail(a.g, s, "tg_where: the two branches' dtypes differ"); return bad(a.g); }
     tg_shape ab, out;
     if (!shape_broadcast(a.g, s, "tg_where", node_of(a)->shape, node_of(b)->shape, &ab) ||
@@ -400,6 +408,10 @@ static bool check_targets(tg_site s, const char *name, tg_tensor logp, tg_tensor
 }
 
 static tg_tensor reduce_loss(tg_site s, tg_tensor per_item, tg_reduction r) {
+    if (per_item.id >= 0 && r != TG_MEAN && r != TG_SUM && r != TG_NONE) {
+        ir_fail(per_item.g, s, "unknown reduction %d (TG_MEAN, TG_SUM or TG_NONE)", (int)r);
+        return bad(per_item.g);
+    }
     if (r == TG_NONE || per_item.id < 0) return per_item;
     return r == TG_SUM ? tg_sum_at(s, per_item, TG_ALL, 0) : tg_mean_at(s, per_item, TG_ALL, 0);
 }
@@ -569,16 +581,22 @@ static tg_graph *trace_ok(void) {
     return g && ir_ok(g) ? g : NULL;
 }
 
+static bool known_dtype(tg_graph *g, tg_site s, const char *op, tg_dtype dt) {
+    if (dt == TG_FLOAT32 || dt == TG_INT32) return true;
+    ir_fail(g, s, "%s: unknown dtype %d", op, (int)dt);
+    return false;
+}
+
 tg_tensor tg_arange_at(tg_site s, int64_t n, tg_dtype dt) {
     tg_graph *g = trace_ok();
-    if (!g) return bad(tg__trace());
+    if (!g || !known_dtype(g, s, "tg_arange", dt)) return bad(tg__trace());
     if (n <= 0) { ir_fail(g, s, "tg_arange: length %lld must be positive", (long long)n); return bad(g); }
     return emit(g, s, OP_IOTA, dt, TG_SHAPE(n), 0, NULL);
 }
 
 static tg_tensor filled(tg_site s, const char *name, tg_shape shape, tg_dtype dt, double v) {
     tg_graph *g = trace_ok();
-    if (!g || !shape_valid(g, s, name, shape)) return bad(tg__trace());
+    if (!g || !known_dtype(g, s, name, dt) || !shape_valid(g, s, name, shape)) return bad(tg__trace());
     tg_tensor t = emit(g, s, OP_CONST, dt, shape, 0, NULL);
     if (t.id >= 0) g->nodes[t.id].farg = v;
     return t;
@@ -756,6 +774,10 @@ static tg_tensor op_where_causal(tg_site s, tg_tensor x, double fill) {
 tg_tensor tg_where_causal_at(tg_site s, tg_tensor x, double fill) {
     const char *name = "tg_where_causal";
     if (!usable(s, name, x) || !need_square_tail(s, name, x)) return bad(x.g);
+    if (node_of(x)->dtype == TG_INT32 && !(fill == trunc(fill) && fill >= INT32_MIN && fill <= INT32_MAX)) {
+        ir_fail(x.g, s, "%s: fill %g is not a 32-bit integer (the tensor is i32)", name, fill);
+        return bad(x.g);
+    }
     return op_where_causal(s, x, fill);
 }
 
@@ -837,7 +859,7 @@ tg_tensor tg_max_pool2d_at(tg_site s, tg_tensor x, int k, int stride, int paddin
     if (!usable(s, name, x) || !need_f32(s, name, x) || !need_nchw(s, name, x)) return bad(x.g);
     tg_shape xs = node_of(x)->shape;
     int64_t ho = window_out(xs.d[2], k, stride, padding), wo = window_out(xs.d[3], k, stride, padding);
-    if (k <= 0 || stride <= 0 || padding < 0 || 2 * padding > k || ho <= 0 || wo <= 0) {
+    if (k <= 0 || stride <= 0 || padding < 0 || padding > k / 2 || ho <= 0 || wo <= 0) {
         char sh[96];
         ir_fail(x.g, s, "%s: input %s with k %d, stride %d, padding %d: needs k, stride > 0, padding <= k/2 "
                 "and at least one window", name, shape_str(xs, sh), k, stride, padding);
