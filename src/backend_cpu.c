@@ -39,8 +39,9 @@ char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_pl
 /* ----- buffers: 64-byte aligned, float or int32 by dtype (both 4 bytes) ----- */
 
 static void *cpu_alloc(size_t numel) {
+    if (numel > (SIZE_MAX - 63) / 4) return NULL;
     size_t bytes = (numel * 4 + 63) / 64 * 64;
-    void *p = aligned_alloc(64, bytes ? bytes : 64);
+    void *p = tg_alloc_aligned64(bytes ? bytes : 64);
     if (p) memset(p, 0, bytes ? bytes : 64);
     return p;
 }
@@ -153,28 +154,44 @@ static void cpu_release(void *h) {
 
 static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
     cpu_blas_single_threaded();
-    cpu_exec *e = tg_xmalloc(sizeof *e);
+    cpu_exec *e = tg_alloc(sizeof *e);
+    if (!e) { tg_seterr(err, "out of memory preparing the CPU kernels"); return NULL; }
     e->g = g;
-    bool *mat = e->mat = tg_xmalloc(sizeof(bool) * (size_t)(g->n + 1));
-    e->inplace = tg_xmalloc(sizeof(int) * (size_t)(g->n + 1));
-    for (int i = 0; i < g->n; i++) e->inplace[i] = -1;
+    size_t n = (size_t)g->n + 1;
+    e->mat = tg_alloc(sizeof(bool) * n);
+    e->inplace = tg_alloc(sizeof(int) * n);
+    e->bound = tg_alloc(sizeof(void *) * n);
+    int *alias = tg_alloc(sizeof(int) * n);
     const char *nofuse = getenv("TG_NO_FUSE");
     bool fuse = !(nofuse && nofuse[0] == '1');
-    int *alias = tg_xmalloc(sizeof(int) * (size_t)(g->n + 1));
-    fuse_schedule(g, keep, n_keep, fuse, mat, alias);
-    if (fuse) codegen_c_refine(g, keep, n_keep, mat, alias, e->inplace);
-    plan_build(g, keep, n_keep, mat, alias, &e->plan);
+    /* Short of memory, scheduling degrades to a plainer valid schedule; the plan and the source
+     * must be whole. */
+    bool ok = e->mat && e->inplace && e->bound && alias;
+    if (ok) {
+        for (int i = 0; i < g->n; i++) e->inplace[i] = -1;
+        fuse_schedule(g, keep, n_keep, fuse, e->mat, alias);
+        if (fuse) codegen_c_refine(g, keep, n_keep, e->mat, alias, e->inplace);
+        ok = plan_build(g, keep, n_keep, e->mat, alias, &e->plan);
+    }
     free(alias);
-    e->source = codegen_c_inplace(g, mat, &e->plan, PARALLEL_MIN, e->inplace);
-    e->arena = cpu_alloc(e->plan.arena);
-    e->bound = tg_xmalloc(sizeof(void *) * (size_t)(g->n + 1));
+    if (ok) e->source = codegen_c_inplace(g, e->mat, &e->plan, PARALLEL_MIN, e->inplace);
+    if (!ok || !e->source) {
+        tg_seterr(err, "out of memory generating the CPU kernels of %d nodes (or a plan past 2^60 elements)", g->n);
+        cpu_release(e);
+        return NULL;
+    }
+    e->arena = cpu_alloc(e->plan.arena);   /* before the compiler runs: the cheaper failure first */
+    if (!e->arena) {
+        tg_seterr(err, "out of memory for the %zu-float arena", e->plan.arena);
+        cpu_release(e);
+        return NULL;
+    }
     e->dl = load_kernels(e->source, err);
     if (e->dl) {
         *(void **)&e->entry = dlsym(e->dl, "tg_entry");
         if (!e->entry) tg_seterr(err, "compiled kernels have no entry point: %s", dlerror());
     }
-    if (!e->arena || !e->entry) {
-        if (!e->arena) tg_seterr(err, "out of memory for the %zu-float arena", e->plan.arena);
+    if (!e->entry) {
         cpu_release(e);
         return NULL;
     }
@@ -187,6 +204,12 @@ static void cpu_bind(void *h, int node, void *buf) { ((cpu_exec *)h)->bound[node
 static bool cpu_run(void *h, const double *hyper, tg_error *err) {
     cpu_exec *e = h;
     e->entry(e->arena, e->bound, hyper, cpu_kernels);
+    /* A kernel without scratch memory left its output wrong; the entry then skipped the in-place
+     * updates (see codegen_c_inplace), and the runtime, seeing false, copies nothing back. */
+    if (cpu_kernels_failed()) {
+        tg_seterr(err, "out of memory for the CPU kernels' scratch buffers");
+        return false;
+    }
     return true;
 }
 

@@ -279,6 +279,8 @@ void cuda_plan_free(cuda_plan *p);
 
 /* kernels_cpu.c: the library kernels generated C calls, indexed by its TGK_* ids; threads. */
 extern void *const cpu_kernels[];
+/* Whether a kernel failed to get scratch memory since the last call (then clears it). */
+bool cpu_kernels_failed(void);
 void cpu_set_threads(int n);
 void cpu_blas_single_threaded(void);
 /* On: the CPU library kernels take their portable paths even where AVX-512 ones exist (tests). */
@@ -376,9 +378,12 @@ bool cache_write(const char *path, const void *data, size_t len, tg_error *err);
 void *cache_read(const char *path, size_t *len);
 
 /* util */
-typedef struct { char *s; size_t len, cap; } strbuf;   /* a growable string; {0} is empty */
+/* A growable string; {0} is empty. When memory runs out it stops growing and sets oom (what was
+ * written stays NUL-terminated, or s stays NULL); sb_take then frees it and gives NULL. */
+typedef struct { char *s; size_t len, cap; bool oom; } strbuf;
 void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void *tg_xmalloc(size_t n);   /* calloc that never returns NULL (aborts on OOM for now) */
+char *sb_take(strbuf *b);   /* the string, or NULL (freed) if memory ran out while building it */
+static inline const char *sb_str(const strbuf *b) { return b->s ? b->s : ""; }   /* for "%s" */
 /* Zero-filled allocation and realloc that return NULL when memory runs out (realloc then leaves
  * the block as it was); every caller turns NULL into an error value. tg_strdup too. */
 void *tg_alloc(size_t n);
@@ -389,6 +394,11 @@ char *tg_strdup(const char *s);
  * off. tg__alloc_count: allocations made so far (to size a sweep). */
 void tg__fail_alloc_after(long n);
 long tg__alloc_count(void);
+/* Allocations that failed on this thread so far. A generator that must not stop halfway (code
+ * generation: it goes on with placeholders) compares the count before and after, and discards
+ * its output if it grew. */
+long alloc_failures(void);
+void *tg_alloc_aligned64(size_t bytes);   /* 64-byte aligned, not zeroed, NULL on failure */
 void tg_seterr(tg_error *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

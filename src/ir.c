@@ -56,13 +56,18 @@ void tg__set_trace(tg_graph *g) { current_trace = g; }
 tg_graph *tg__trace(void) { return current_trace; }
 
 tg_graph *ir_new(tg_model *m) {
-    tg_graph *g = tg_xmalloc(sizeof *g);
+    tg_graph *g = tg_alloc(sizeof *g);
+    if (!g) return NULL;
     g->model = m;
     g->output = -1;
     g->guard = -1;
     g->n_params = m ? tg_model_n_params(m) : 0;
-    g->param_node = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 1));
-    g->grad_of_param = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 1));
+    g->param_node = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
+    g->grad_of_param = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
+    if (!g->param_node || !g->grad_of_param) {
+        ir_free(g);
+        return NULL;
+    }
     for (int i = 0; i < g->n_params; i++) g->param_node[i] = g->grad_of_param[i] = -1;
     return g;
 }
@@ -115,9 +120,13 @@ int ir_add(tg_graph *g, tg_site s, tg_op op, tg_dtype dt, tg_shape shape, int ns
 }
 
 void ir_add_assign(tg_graph *g, int dst, int src) {
+    if (!ir_ok(g) || dst < 0 || src < 0) return;   /* after an error: the graph will not be used */
     if (g->n_assigns == g->cap_assigns) {
-        g->cap_assigns = g->cap_assigns ? 2 * g->cap_assigns : 16;
-        g->assigns = realloc(g->assigns, sizeof(tg_assign) * (size_t)g->cap_assigns);
+        int cap = g->cap_assigns ? 2 * g->cap_assigns : 16;
+        tg_assign *grown = tg_realloc(g->assigns, sizeof(tg_assign) * (size_t)cap);
+        if (!grown) { ir_fail(g, TG_HERE, "out of memory adding an optimizer update"); return; }
+        g->assigns = grown;
+        g->cap_assigns = cap;
     }
     g->assigns[g->n_assigns++] = (tg_assign){ dst, src };
 }
@@ -143,9 +152,11 @@ tg_node_info tg_graph_node(const tg_graph *g, int id) {
 }
 
 void sb_printf(strbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
     if (!b->s) {
+        b->s = tg_alloc(256);
+        if (!b->s) { b->oom = true; return; }
         b->cap = 256;
-        b->s = tg_xmalloc(b->cap);
     }
     for (;;) {
         va_list ap;
@@ -153,9 +164,22 @@ void sb_printf(strbuf *b, const char *fmt, ...) {
         int k = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
         va_end(ap);
         if (k >= 0 && b->len + (size_t)k < b->cap) { b->len += (size_t)k; return; }
-        b->cap = b->cap * 2 + (size_t)(k > 0 ? k : 0) + 256;
-        b->s = realloc(b->s, b->cap);
+        size_t cap = b->cap * 2 + (size_t)(k > 0 ? k : 0) + 256;
+        char *grown = tg_realloc(b->s, cap);
+        if (!grown) {   /* keep what was written, NUL-terminated, and stop appending */
+            b->s[b->len] = 0;
+            b->oom = true;
+            return;
+        }
+        b->s = grown;
+        b->cap = cap;
     }
+}
+
+char *sb_take(strbuf *b) {
+    if (!b->oom) return b->s;
+    free(b->s);
+    return NULL;
 }
 
 char *tg_graph_dot(const tg_graph *g) {
@@ -173,7 +197,7 @@ char *tg_graph_dot(const tg_graph *g) {
     for (int i = 0; i < g->n_assigns; i++)
         sb_printf(&b, "  n%d -> n%d [style=dashed, label=\"write-back\"];\n", g->assigns[i].src, g->assigns[i].dst);
     sb_printf(&b, "}\n");
-    return b.s;
+    return sb_take(&b);
 }
 
 /* ----- small utilities ----- */
@@ -194,20 +218,33 @@ static bool alloc_allowed(void) {
     return left > 0;
 }
 
-void *tg_alloc(size_t n) { return alloc_allowed() ? calloc(1, n ? n : 1) : NULL; }
+static _Thread_local long failures;
+long alloc_failures(void) { return failures; }
 
-void *tg_realloc(void *p, size_t n) { return alloc_allowed() ? realloc(p, n ? n : 1) : NULL; }
-
-void *tg_xmalloc(size_t n) {
-    void *p = calloc(1, n ? n : 1);
-    if (!p) { fprintf(stderr, "tensorgrad: out of memory (%zu bytes)\n", n); abort(); }
+void *tg_alloc(size_t n) {
+    void *p = alloc_allowed() ? calloc(1, n ? n : 1) : NULL;
+    failures += !p;
     return p;
+}
+
+void *tg_alloc_aligned64(size_t bytes) {
+    if (bytes > SIZE_MAX - 63) return NULL;
+    bytes = bytes ? (bytes + 63) / 64 * 64 : 64;   /* aligned_alloc wants a multiple of the alignment */
+    void *p = alloc_allowed() ? aligned_alloc(64, bytes) : NULL;
+    failures += !p;
+    return p;
+}
+
+void *tg_realloc(void *p, size_t n) {
+    void *q = alloc_allowed() ? realloc(p, n ? n : 1) : NULL;
+    failures += !q;
+    return q;
 }
 
 char *tg_strdup(const char *s) {
     size_t n = strlen(s ? s : "") + 1;
-    char *d = tg_xmalloc(n);
-    memcpy(d, s ? s : "", n);
+    char *d = tg_alloc(n);
+    if (d) memcpy(d, s ? s : "", n);
     return d;
 }
 

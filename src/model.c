@@ -19,8 +19,8 @@ struct tg_model {
 };
 
 tg_model *tg_model_new(uint64_t seed) {
-    tg_model *m = tg_xmalloc(sizeof *m);
-    m->seed = seed;
+    tg_model *m = tg_alloc(sizeof *m);
+    if (m) m->seed = seed;
     return m;
 }
 
@@ -98,20 +98,24 @@ tg_param tg_param_new(tg_model *m, const char *name, tg_shape shape, tg_init ini
     if (e.msg[0]) { model_fail(m, "tg_param_new '%s': %s", full, e.msg); return bad_param(m); }
 
     if (m->n == m->cap) {
-        m->cap = m->cap ? 2 * m->cap : 16;
-        m->params = realloc(m->params, sizeof(tg_param_spec) * (size_t)m->cap);
+        int cap = m->cap ? 2 * m->cap : 16;
+        tg_param_spec *grown = tg_realloc(m->params, sizeof(tg_param_spec) * (size_t)cap);
+        if (!grown) { model_fail(m, "tg_param_new '%s': out of memory", full); return bad_param(m); }
+        m->params = grown;
+        m->cap = cap;
     }
     tg_param_spec *p = &m->params[m->n];
     p->name = tg_strdup(full);
     p->shape = shape;
     p->init = init;
-    if (init.kind == TG_INIT_LITERAL) {
-        float *copy = tg_xmalloc(sizeof(float) * init.n);
-        memcpy(copy, init.data, sizeof(float) * init.n);
-        p->init.data = copy;
-    } else {
-        p->init.data = NULL;
+    p->init.data = init.kind == TG_INIT_LITERAL && p->name ? tg_alloc(sizeof(float) * init.n) : NULL;
+    if (!p->name || (init.kind == TG_INIT_LITERAL && !p->init.data)) {
+        free(p->name);
+        free((void *)p->init.data);
+        model_fail(m, "tg_param_new '%s': out of memory", full);
+        return bad_param(m);
     }
+    if (p->init.data) memcpy((void *)p->init.data, init.data, sizeof(float) * init.n);
     bool decays_by_default = init.kind != TG_INIT_ZEROS && init.kind != TG_INIT_ONES;
     p->decay = init.decay < 0 ? decays_by_default : init.decay != 0;
     tg_param r = { m, m->n++ };

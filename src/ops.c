@@ -76,7 +76,12 @@ tg_tensor op_state(tg_graph *g, int like_param_node) {
     tg_tensor t = emit(g, p->site, OP_STATE, TG_FLOAT32, p->shape, 0, NULL);
     if (t.id < 0) return t;
     g->nodes[t.id].iarg[0] = g->n_state;
-    g->state_shape_node = realloc(g->state_shape_node, sizeof(int) * (size_t)(g->n_state + 1));
+    int *grown = tg_realloc(g->state_shape_node, sizeof(int) * (size_t)(g->n_state + 1));
+    if (!grown) {
+        ir_fail(g, g->nodes[like_param_node].site, "out of memory for optimizer state");
+        return bad(g);
+    }
+    g->state_shape_node = grown;
     g->state_shape_node[g->n_state++] = like_param_node;
     return t;
 }
@@ -705,7 +710,8 @@ tg_tensor tg_stack_at(tg_site s, const tg_tensor *xs, int n, int axis) {
         ir_fail(xs[0].g, s, "tg_stack: axis %d is out of range for stacking %s", axis, shape_str(in, sh));
         return bad(xs[0].g);
     }
-    tg_tensor *ys = tg_xmalloc(sizeof(tg_tensor) * (size_t)n);
+    tg_tensor *ys = tg_alloc(sizeof(tg_tensor) * (size_t)n);
+    if (!ys) { ir_fail(xs[0].g, s, "tg_stack: out of memory"); return bad(xs[0].g); }
     for (int i = 0; i < n; i++) {
         if (!same_graph(s, "tg_stack", xs[0], xs[i])) { free(ys); return bad(xs[0].g); }
         tg_shape si = node_of(xs[i])->shape, up = { si.ndim + 1, { 0 } };

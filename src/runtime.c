@@ -84,20 +84,20 @@ tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_inpu
     if (tg_model_error(m)) { tg_seterr(err, "%s", tg_model_error(m)); return NULL; }
     if (!check_decls(in, n, err)) return NULL;
     tg_graph *g = ir_new(m);
-    tg_input_decl *decls = tg_xmalloc(sizeof(tg_input_decl) * (size_t)(n + 1));
+    if (!g) { tg_seterr(err, "out of memory starting a trace"); return NULL; }
     for (int i = 0; i < n && ir_ok(g); i++) {
         char what[80];
         snprintf(what, sizeof what, "input '%.60s'", in[i].name);
         if (!shape_valid(g, TG_HERE, what, in[i].shape)) break;
         int id = ir_add(g, (tg_site){ "(input)", 0 }, OP_INPUT, in[i].dtype, in[i].shape, 0, NULL);
+        if (id < 0) break;
         g->nodes[id].name = tg_strdup(in[i].name);
         g->nodes[id].iarg[0] = i;
-        tg_tensor t = mk_tensor(g, id);
-        decls[i] = in[i];
-        (void)t;
+        if (!g->nodes[id].name) ir_fail(g, TG_HERE, "out of memory naming input '%.60s'", in[i].name);
     }
-    tg_tensor *args = tg_xmalloc(sizeof(tg_tensor) * (size_t)(n + 1));
-    for (int i = 0; i < n; i++) args[i] = mk_tensor(g, i < g->n ? i : -1);
+    tg_tensor *args = tg_alloc(sizeof(tg_tensor) * (size_t)(n + 1));
+    if (!args) ir_fail(g, TG_HERE, "out of memory starting a trace");
+    for (int i = 0; i < n && args; i++) args[i] = mk_tensor(g, i < g->n ? i : -1);
     tg_tensor out = { NULL, -1 };
     if (ir_ok(g)) {
         tg_graph *outer = tg__trace();
@@ -106,7 +106,6 @@ tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_inpu
         tg__set_trace(outer);
     }
     free(args);
-    free(decls);
     if (ir_ok(g) && (out.g != g || out.id < 0 || out.id >= g->n))
         ir_fail(g, (tg_site){ "(trace)", 0 }, "the forward function returned an invalid tensor%s",
                 out.g && out.g != g ? " (from another graph)" : "");
@@ -127,8 +126,9 @@ static bool compile_graph(compiled *c, const tg_backend *be, tg_graph *g, int n_
     c->be = be;
     c->g = g;
     c->n_inputs = n_inputs;
-    c->decls = tg_xmalloc(sizeof(tg_input_decl) * (size_t)(n_inputs + 1));
-    c->input_buf = tg_xmalloc(sizeof(void *) * (size_t)(n_inputs + 1));
+    c->decls = tg_alloc(sizeof(tg_input_decl) * (size_t)(n_inputs + 1));
+    c->input_buf = tg_alloc(sizeof(void *) * (size_t)(n_inputs + 1));
+    if (!c->decls || !c->input_buf) { tg_seterr(err, "out of memory compiling the graph"); return false; }
     c->exec = be->prepare(g, keep, n_keep, err);
     if (!c->exec) return false;
     for (int i = 0; i < n_inputs; i++) {
@@ -212,8 +212,9 @@ static void copy_schedule(tg_train *t, const tg_schedule *s) {
 /* Persistent buffers for parameters (from the model's init) and optimizer state (zeros). */
 static bool alloc_store(tg_train *t, tg_error *err) {
     const tg_graph *g = t->c.g;
-    t->param = tg_xmalloc(sizeof(void *) * (size_t)(t->n_params + 1));
-    t->state = tg_xmalloc(sizeof(void *) * (size_t)(g->n_state + 1));
+    t->param = tg_alloc(sizeof(void *) * (size_t)(t->n_params + 1));
+    t->state = tg_alloc(sizeof(void *) * (size_t)(g->n_state + 1));
+    if (!t->param || !t->state) { tg_seterr(err, "out of memory for the parameter table"); return false; }
     for (int i = 0; i < t->n_params; i++) {
         t->param[i] = t->be->alloc((size_t)shape_numel(model_param(t->model, i)->shape));
         if (!t->param[i]) { tg_seterr(err, "out of memory for parameter '%s'", model_param(t->model, i)->name); return false; }
@@ -225,14 +226,27 @@ static bool alloc_store(tg_train *t, tg_error *err) {
     return true;
 }
 
-static void init_params(tg_train *t) {
+/* The largest parameter's element count: the host buffer init and reset need. */
+static size_t max_param_numel(const tg_train *t) {
+    size_t max = 1;
     for (int i = 0; i < t->n_params; i++) {
         size_t n = (size_t)shape_numel(model_param(t->model, i)->shape);
-        double *v = tg_xmalloc(sizeof(double) * n);
+        if (n > max) max = n;
+    }
+    return max;
+}
+
+/* Parameters from the model's init; false (nothing changed) when memory runs out. */
+static bool init_params(tg_train *t) {
+    double *v = tg_alloc(sizeof(double) * max_param_numel(t));
+    if (!v) return false;
+    for (int i = 0; i < t->n_params; i++) {
+        size_t n = (size_t)shape_numel(model_param(t->model, i)->shape);
         model_init_param(t->model, i, v);
         t->be->write(t->param[i], TG_FLOAT32, v, n);
-        free(v);
     }
+    free(v);
+    return true;
 }
 
 tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
@@ -242,12 +256,13 @@ tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
     tg_graph *g = rt_trace(spec->model, spec->loss, spec->ctx, spec->inputs, spec->n_inputs, err);
     if (!g) return NULL;
     int loss = g->output;
-    int *wrt = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 1));
-    int *grads = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 2));
+    int *wrt = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
+    int *grads = tg_alloc(sizeof(int) * (size_t)(g->n_params + 2));
     int n_wrt = 0;
-    for (int i = 0; i < g->n_params; i++)
+    for (int i = 0; wrt && i < g->n_params; i++)
         if (g->param_node[i] >= 0) wrt[n_wrt++] = g->param_node[i];
-    bool ok = grad_build(g, loss, wrt, n_wrt, grads);
+    if (!wrt || !grads) ir_fail(g, TG_HERE, "out of memory deriving gradients");
+    bool ok = ir_ok(g) && grad_build(g, loss, wrt, n_wrt, grads);
     for (int i = 0, k = 0; ok && i < g->n_params; i++)
         if (g->param_node[i] >= 0) g->grad_of_param[i] = grads[k++];
     ok = ok && optim_build(g, &spec->optimizer);
@@ -258,7 +273,13 @@ tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
         ir_free(g);
         return NULL;
     }
-    tg_train *t = tg_xmalloc(sizeof *t);
+    tg_train *t = tg_alloc(sizeof *t);
+    if (!t) {
+        tg_seterr(err, "out of memory for the training handle");
+        free(grads);
+        ir_free(g);
+        return NULL;
+    }
     t->model = spec->model;
     t->be = be;
     t->loss = loss;
@@ -271,11 +292,14 @@ tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
     grads[n_wrt + 1] = g->guard;   /* read after every step: kept to the end */
     ok = compile_graph(&t->c, be, g, spec->n_inputs, grads, n_wrt + 2, err) && alloc_store(t, err);
     free(grads);
+    if (ok && !init_params(t)) {
+        tg_seterr(err, "out of memory initialising the parameters");
+        ok = false;
+    }
     if (!ok) {
         tg_destroy(t);
         return NULL;
     }
-    init_params(t);
     bind_params(&t->c, t->param);
     for (int i = 0; i < g->n; i++)
         if (g->nodes[i].op == OP_STATE) be->bind(t->c.exec, i, t->state[g->nodes[i].iarg[0]]);
@@ -308,7 +332,8 @@ static tg_result nonfinite_step(tg_train *t, double loss) {
         int node = g->grad_of_param[i];
         if (node < 0) continue;
         size_t n = (size_t)g->nodes[node].numel;
-        double *v = tg_xmalloc(sizeof(double) * n);
+        double *v = tg_alloc(sizeof(double) * n);
+        if (!v) break;   /* the step still fails; the message just names no parameter */
         read_node(&t->c, node, v);
         for (size_t k = 0; k < n && !name; k++)
             if (!isfinite(v[k])) {
@@ -342,7 +367,8 @@ tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs) {
     const tg_graph *g = t->c.g;
     if (t->be->step) {
         if (!t->wb_dst) {   /* the write-back targets, in the graph's order */
-            t->wb_dst = tg_xmalloc(sizeof(void *) * (size_t)(g->n_assigns + 1));
+            t->wb_dst = tg_alloc(sizeof(void *) * (size_t)(g->n_assigns + 1));
+            if (!t->wb_dst) return failed("tg_step: out of memory for the write-back table");
             for (int k = 0; k < g->n_assigns; k++) t->wb_dst[k] = leaf_storage(t, &g->nodes[g->assigns[k].dst]);
         }
         if (!t->be->step(t->c.exec, t->hyper, t->loss, g->guard, g->assigns, g->n_assigns, t->wb_dst, &loss, &guard, &err))
@@ -366,6 +392,8 @@ tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs) {
 
 /* ----- forward graphs ----- */
 
+static void forward_free(tg_forward *f);
+
 tg_forward *tg_attach(tg_train *t, const tg_forward_spec *spec, tg_error *err) {
     if (!t || !spec) { tg_seterr(err, "tg_attach: NULL %s", t ? "spec" : "training handle"); return NULL; }
     tg_graph *g = rt_trace(t->model, spec->forward, spec->ctx, spec->inputs, spec->n_inputs, err);
@@ -375,17 +403,27 @@ tg_forward *tg_attach(tg_train *t, const tg_forward_spec *spec, tg_error *err) {
         ir_free(g);
         return NULL;
     }
-    tg_forward *f = tg_xmalloc(sizeof *f);
+    tg_forward *f = tg_alloc(sizeof *f);
+    if (!f) {
+        tg_seterr(err, "tg_attach: out of memory");
+        ir_free(g);
+        return NULL;
+    }
     f->train = t;
     if (!compile_graph(&f->c, t->be, g, spec->n_inputs, &g->output, 1, err)) {
-        compiled_free(&f->c);
-        free(f);
+        forward_free(f);
         return NULL;
     }
     bind_params(&f->c, t->param);
-    f->out = tg_xmalloc(sizeof(float) * (size_t)g->nodes[g->output].numel);
-    f->host = tg_xmalloc(sizeof(double) * (size_t)g->nodes[g->output].numel);
-    t->fwd = realloc(t->fwd, sizeof(tg_forward *) * (size_t)(t->n_fwd + 1));
+    f->out = tg_alloc(sizeof(float) * (size_t)g->nodes[g->output].numel);
+    f->host = tg_alloc(sizeof(double) * (size_t)g->nodes[g->output].numel);
+    tg_forward **fwd = f->out && f->host ? tg_realloc(t->fwd, sizeof(tg_forward *) * (size_t)(t->n_fwd + 1)) : NULL;
+    if (!fwd) {
+        tg_seterr(err, "tg_attach: out of memory for the output");
+        forward_free(f);
+        return NULL;
+    }
+    t->fwd = fwd;
     t->fwd[t->n_fwd++] = f;
     return f;
 }
@@ -469,19 +507,21 @@ static int find_param(const tg_train *t, const char *what, const char *name, siz
     return id;
 }
 
-/* A backend buffer of n values into the caller's floats. */
-static void read_floats(const tg_backend *be, const void *buf, float *dst, size_t n) {
-    double *v = tg_xmalloc(sizeof(double) * n);
+/* A backend buffer of n values into the caller's floats; false when memory runs out. */
+static bool read_floats(const tg_backend *be, const void *buf, float *dst, size_t n) {
+    double *v = tg_alloc(sizeof(double) * n);
+    if (!v) return false;
     be->read(buf, TG_FLOAT32, v, n);
     for (size_t i = 0; i < n; i++) dst[i] = (float)v[i];
     free(v);
+    return true;
 }
 
 tg_status tg_download_param(tg_train *t, const char *name, float *dst, size_t n, tg_error *err) {
     int id = find_param(t, "tg_download_param", name, n, err);
     if (id < 0) return TG_FAILED;
     if (!dst) { tg_seterr(err, "tg_download_param: NULL destination"); return TG_FAILED; }
-    read_floats(t->be, t->param[id], dst, n);
+    if (!read_floats(t->be, t->param[id], dst, n)) { tg_seterr(err, "tg_download_param: out of memory"); return TG_FAILED; }
     return TG_OK;
 }
 
@@ -491,7 +531,10 @@ tg_status tg_download_param_grad(tg_train *t, const char *name, float *dst, size
     if (!dst) { tg_seterr(err, "tg_download_param_grad: NULL destination"); return TG_FAILED; }
     int node = t->c.g->grad_of_param[id];
     if (node < 0) { tg_seterr(err, "tg_download_param_grad: '%s' does not affect the loss", name); return TG_FAILED; }
-    read_floats(t->be, t->be->node_buf(t->c.exec, node), dst, n);
+    if (!read_floats(t->be, t->be->node_buf(t->c.exec, node), dst, n)) {
+        tg_seterr(err, "tg_download_param_grad: out of memory");
+        return TG_FAILED;
+    }
     return TG_OK;
 }
 
@@ -515,20 +558,23 @@ tg_status tg_upload_params(tg_train *t, const tg_data *params, int n, tg_error *
     return TG_OK;
 }
 
-void tg_reset(tg_train *t, int params, int optimizer) {
-    if (!t) return;
-    if (params) init_params(t);
+tg_status tg_reset(tg_train *t, int params, int optimizer) {
+    if (!t) return TG_FAILED;
+    /* All or nothing: the host buffers first (state slots have their parameters' shapes). */
+    double *zeros = optimizer ? tg_alloc(sizeof(double) * max_param_numel(t)) : NULL;
+    if ((optimizer && !zeros) || (params && !init_params(t))) {
+        free(zeros);
+        return TG_FAILED;
+    }
     if (optimizer) {
         const tg_graph *g = t->c.g;
-        for (int i = 0; i < g->n_state; i++) {
-            size_t n = (size_t)g->nodes[g->state_shape_node[i]].numel;
-            double *zeros = tg_xmalloc(sizeof(double) * n);
-            t->be->write(t->state[i], TG_FLOAT32, zeros, n);
-            free(zeros);
-        }
+        for (int i = 0; i < g->n_state; i++)
+            t->be->write(t->state[i], TG_FLOAT32, zeros, (size_t)g->nodes[g->state_shape_node[i]].numel);
         t->step = 0;
         t->sched_base = 0;
     }
+    free(zeros);
+    return TG_OK;
 }
 
 void tg_set_lr(tg_train *t, double lr) {
@@ -564,33 +610,36 @@ static void state_name(const tg_train *t, int slot, char *buf, size_t len) {
     snprintf(buf, len, "optimizer.%s.%d", model_param(t->model, owner)->name, k);
 }
 
-/* A persistent buffer's values as a host float tensor named `name`. */
-static st_tensor host_tensor(const tg_backend *be, const void *buf, const char *name, tg_shape shape) {
+/* A persistent buffer's values as a host float tensor named `name`; false when memory runs out
+ * (what was allocated is in *st for the caller to free). */
+static bool host_tensor(const tg_backend *be, const void *buf, const char *name, tg_shape shape, st_tensor *st) {
     size_t n = (size_t)shape_numel(shape);
-    st_tensor st = { tg_strdup(name), TG_FLOAT32, shape, tg_xmalloc(sizeof(float) * n), sizeof(float) * n };
-    read_floats(be, buf, st.data, n);
-    return st;
+    *st = (st_tensor){ tg_strdup(name), TG_FLOAT32, shape, tg_alloc(sizeof(float) * n), sizeof(float) * n };
+    return st->name && st->data && read_floats(be, buf, st->data, n);
 }
 
 tg_status tg_save(tg_train *t, const char *path, int with_optimizer, tg_error *err) {
     if (!t || !path) { tg_seterr(err, "tg_save: NULL %s", t ? "path" : "training handle"); return TG_FAILED; }
     const tg_graph *g = t->c.g;
     int n = t->n_params + (with_optimizer ? g->n_state : 0);
-    st_tensor *ts = tg_xmalloc(sizeof(st_tensor) * (size_t)(n + 1));
+    st_tensor *ts = tg_alloc(sizeof(st_tensor) * (size_t)(n + 1));
+    if (!ts) { tg_seterr(err, "tg_save: out of memory"); return TG_FAILED; }
+    bool held = true;   /* every tensor copied to the host */
     for (int i = 0; i < t->n_params; i++) {
         const tg_param_spec *p = model_param(t->model, i);
-        ts[i] = host_tensor(t->be, t->param[i], p->name, p->shape);
+        held &= host_tensor(t->be, t->param[i], p->name, p->shape, &ts[i]);
     }
     char name[600], step[32], base[32];
     for (int s = 0; with_optimizer && s < g->n_state; s++) {
         state_name(t, s, name, sizeof name);
-        ts[t->n_params + s] = host_tensor(t->be, t->state[s], name, g->nodes[g->state_shape_node[s]].shape);
+        held &= host_tensor(t->be, t->state[s], name, g->nodes[g->state_shape_node[s]].shape, &ts[t->n_params + s]);
     }
+    if (!held) tg_seterr(err, "tg_save: out of memory copying %s", path);
     snprintf(step, sizeof step, "%lld", (long long)t->step);
     snprintf(base, sizeof base, "%lld", (long long)t->sched_base);
     const char *keys[] = { "format", "tensorgrad.step", "tensorgrad.schedule_base" };
     const char *vals[] = { "pt", step, base };
-    bool ok = st_write(path, ts, n, keys, vals, with_optimizer ? 3 : 1, err);
+    bool ok = held && st_write(path, ts, n, keys, vals, with_optimizer ? 3 : 1, err);
     for (int i = 0; i < n; i++) {
         free(ts[i].name);
         free(ts[i].data);

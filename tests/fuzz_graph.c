@@ -49,6 +49,11 @@ static int small(rd *r) {   /* strides, kernel sizes, heads, factors */
     unsigned b = u8(r);
     return b < 240 ? 1 + (int)(b % 3) : bad[b % 4];
 }
+static int64_t offset(rd *r) {   /* paddings and starts: 0 is valid */
+    static const int64_t bad[] = { -1, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN };
+    unsigned b = u8(r);
+    return b < 240 ? b % 3 : bad[b % 5];
+}
 static double value(rd *r) {
     static const double v[] = { 0, 1, -1, 0.5, 2, -3, 1e-30, 1e30, -1e30, NAN, INFINITY, -INFINITY, 0.1, 10, -0.5, 4 };
     return v[u8(r) % 16];
@@ -99,8 +104,8 @@ static int64_t numel_of(tg_tensor t) {
  * decoding alone. */
 static tg_tensor op(rd *r, const tg_tensor *pool, int n) {
     tg_tensor a = pick(r, pool, n), b = pick(r, pool, n), c = pick(r, pool, n);
-    int ax = axis(r), ax2 = axis(r), k1 = small(r), k2 = small(r), k3 = small(r);
-    int64_t d1 = dim(r), d2 = dim(r);
+    int ax = axis(r), ax2 = axis(r), k1 = small(r), k2 = small(r);
+    int64_t d1 = dim(r), d2 = dim(r), o = offset(r);
     double v1 = value(r), v2 = value(r);
     unsigned flag = u8(r), count = u8(r) % 6;
     tg_shape s = shape(r);
@@ -158,7 +163,7 @@ static tg_tensor op(rd *r, const tg_tensor *pool, int n) {
     case 45: return tg_zeros_at(TG_HERE, s, (tg_dtype)(flag % 3));
     case 46: return tg_ones_at(TG_HERE, s, (tg_dtype)(flag % 3));
     case 47: return tg_randn_at(TG_HERE, s);
-    case 48: return tg_narrow(a, ax, d1 - 1, d2);
+    case 48: return tg_narrow(a, ax, o, d2);
     case 49: return tg_concat(xs, (int)count - 1, ax);
     case 50: return tg_stack(xs, (int)count - 1, ax);
     case 51: {
@@ -170,8 +175,8 @@ static tg_tensor op(rd *r, const tg_tensor *pool, int n) {
     case 53: return tg_where_causal(a, v1);
     case 54: return tg_stop_gradient(a);
     case 55: return tg_dropout(a, v1 / 4);
-    case 56: return tg_conv2d(a, b, k1, k2 - 1);
-    case 57: return tg_max_pool2d(a, k1, k2, k3 - 1);
+    case 56: return tg_conv2d(a, b, k1, (int)o);
+    case 57: return tg_max_pool2d(a, k1, k2, (int)o);
     case 58: return tg_nearest_upsample2d(a, k1);
     case 59: return tg_p(P);
     case 60: return tg_scalar(v1);
