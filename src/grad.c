@@ -208,9 +208,8 @@ bool grad_build(tg_graph *g, int loss, const int *wrt, int n_wrt, int *grad_out)
     for (int i = loss; i >= 0 && ir_ok(g); i--)
         if (c.reach[i] && c.acc[i] >= 0) rule(&c, i);
     for (int k = 0; k < n_wrt && ir_ok(g); k++) {
-        int w = wrt[k];
-        grad_out[k] = c.acc[w] >= 0 ? c.acc[w]
-                                    : op_expand(g->nodes[w].site, num(g, g->nodes[w].site, 0), g->nodes[w].shape).id;
+        const tg_node wn = g->nodes[wrt[k]];   /* a copy: num() appends, which may move the array */
+        grad_out[k] = c.acc[wrt[k]] >= 0 ? c.acc[wrt[k]] : op_expand(wn.site, num(g, wn.site, 0), wn.shape).id;
     }
     free(c.acc);
     free(c.reach);

@@ -389,10 +389,11 @@ static inline const char *sb_str(const strbuf *b) { return b->s ? b->s : ""; }  
 void *tg_alloc(size_t n);
 void *tg_realloc(void *p, size_t n);
 char *tg_strdup(const char *s);
-/* Test hook (fault injection): after the next n allocations through tg_alloc / tg_realloc /
- * tg_strdup succeed, every later one fails, until the hook is called again; n < 0 turns it
- * off. tg__alloc_count: allocations made so far (to size a sweep). */
-void tg__fail_alloc_after(long n);
+/* Test hook (fault injection): after the next `after` allocations through tg_alloc, tg_realloc,
+ * tg_alloc_aligned64 and tg_strdup succeed, the `count` ones after them fail (count < 0: every
+ * later one), until the hook is called again; after < 0 turns it off. tg__alloc_count:
+ * allocations made so far (to size a sweep). */
+void tg__fail_allocs(long after, long count);
 long tg__alloc_count(void);
 /* Allocations that failed on this thread so far. A generator that must not stop halfway (code
  * generation: it goes on with placeholders) compares the count before and after, and discards

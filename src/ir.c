@@ -202,20 +202,25 @@ char *tg_graph_dot(const tg_graph *g) {
 
 /* ----- small utilities ----- */
 
-/* The fault-injection budget: allocations left before they start failing (< 0: no limit). Atomic
- * because CPU kernels allocate scratch on OpenMP threads. */
-static _Atomic long alloc_budget = -1, alloc_count;
+/* Fault injection: allocations to let through, then to fail (< 0: all), counted down. Atomic
+ * because CPU kernels allocate scratch on OpenMP threads (a sweep runs single-threaded code;
+ * the counts are only approximate if threads race). */
+static _Atomic long pass_left = -1, fail_left, alloc_count;
 
-void tg__fail_alloc_after(long n) { alloc_budget = n; }
+void tg__fail_allocs(long after, long count) {
+    fail_left = count;
+    pass_left = after;
+}
 long tg__alloc_count(void) { return alloc_count; }
 
-/* Whether the allocation being made may proceed (the hook has not run out). */
+/* Whether the allocation being made may proceed. */
 static bool alloc_allowed(void) {
     alloc_count++;
-    if (alloc_budget < 0) return true;
-    long left = alloc_budget--;
-    if (left <= 0) alloc_budget = 0;   /* stays failing until the hook is set again */
-    return left > 0;
+    if (pass_left < 0) return true;    /* no fault injection */
+    if (pass_left > 0) { pass_left--; return true; }
+    if (fail_left == 0) return true;   /* the failures were spent */
+    if (fail_left > 0) fail_left--;
+    return false;
 }
 
 static _Thread_local long failures;

@@ -134,7 +134,121 @@ static void test_nonfinite_gradients(void) {
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Allocation failures. tg__fail_allocs(n, k) lets n allocations through and fails the k after
+ * them (k < 0: all later ones); sweeping n over a whole sequence (model, compile, step, attach,
+ * run, download, save, destroy) fails each allocation of it in turn, once alone (the calls
+ * after it must work again) and once for good (every cleanup path runs short of memory). Every
+ * call must succeed or fail with a message that says memory ran out, a failed step must leave
+ * the parameters as they were, and everything must still be freed (LeakSanitizer checks that
+ * under `make sanitize`).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct { tg_linear l1, l2; } oom_model;
+
+static tg_tensor oom_loss(const void *ctx, const tg_tensor *in) {
+    const oom_model *m = ctx;
+    return tg_cross_entropy(tg_linear(&m->l2, tg_relu(tg_linear(&m->l1, in[0]))), in[1], TG_MEAN);
+}
+
+static tg_tensor oom_forward(const void *ctx, const tg_tensor *in) {
+    const oom_model *m = ctx;
+    return tg_softmax(tg_linear(&m->l2, tg_relu(tg_linear(&m->l1, in[0]))), -1);
+}
+
+typedef struct { int calls, failures, bad_messages; char first_bad[TG_ERROR_LEN]; } oom_tally;
+
+/* A call's outcome: success, or a failure whose message mentions memory. */
+static void tally(oom_tally *t, bool ok, const char *msg) {
+    t->calls++;
+    if (ok) return;
+    t->failures++;
+    if (getenv("TG_VERBOSE")) printf("  %s\n", msg ? msg : "(none)");
+    if (!has(msg, "memory")) {
+        if (!t->bad_messages++) snprintf(t->first_bad, sizeof t->first_bad, "%s", msg ? msg : "(none)");
+    }
+}
+
+/* The sequence; returns whether every call succeeded. */
+static bool oom_sequence(const char *backend, oom_tally *t) {
+    static float x[4 * 6];
+    static const int32_t y[4] = { 0, 2, 1, 2 };
+    for (int i = 0; i < 24; i++) x[i] = (float)((i * 7) % 11) / 5.0f - 1.0f;
+    tg_model *m = tg_model_new(9);
+    tally(t, m != NULL, "tg_model_new gave NULL: out of memory");
+    if (!m) return false;
+    oom_model om = { tg_linear_new(m, "l1", 6, 8, NULL), tg_linear_new(m, "l2", 8, 3, NULL) };
+    tg_error err = { "" };
+    const tg_input_decl in[] = { TG_F32("x", 4, 6), TG_I32("y", 4) };
+    tg_train *tr = tg_compile(&(tg_train_spec){ .model = m, .loss = oom_loss, .ctx = &om, .inputs = in, .n_inputs = 2,
+                                               .optimizer = tg_adamw(0.01, 0.01), .backend = backend }, &err);
+    tally(t, tr != NULL, err.msg);
+    bool all = tr != NULL;
+    if (tr) {
+        float before[48], after[48];
+        bool have = tg_download_param(tr, "l1.W", before, 48, &err) == TG_OK;
+        tally(t, have, err.msg);
+        tg_result r = tg_step(tr, (tg_data[]){ tg_f32("x", x, 24), tg_i32("y", y, 4) }, 2);
+        tally(t, r.status == TG_OK, r.error);
+        if (r.status != TG_OK && have && tg_download_param(tr, "l1.W", after, 48, NULL) == TG_OK)
+            CHECK(memcmp(before, after, sizeof before) == 0, "%s: a step that ran out of memory changed l1.W", backend);
+        tg_forward *f = tg_attach(tr, &(tg_forward_spec){ .forward = oom_forward, .ctx = &om, .inputs = in, .n_inputs = 1 }, &err);
+        tally(t, f != NULL, err.msg);
+        if (f) {
+            r = tg_run(f, (tg_data[]){ tg_f32("x", x, 24) }, 1);
+            tally(t, r.status == TG_OK, r.error);
+            all &= r.status == TG_OK;
+        }
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/tg_faults_oom_%d.safetensors", (int)getpid());
+        tg_status st = tg_save(tr, path, 1, &err);
+        tally(t, st == TG_OK, err.msg);
+        remove(path);
+        all &= have && r.status == TG_OK && f && st == TG_OK;
+        tg_destroy(tr);
+    }
+    tg_model_free(m);
+    return all;
+}
+
+static void oom_sweep(const char *backend, long fail_count) {
+    /* The allocations of one clean run size the sweep. */
+    oom_tally clean = { 0 };
+    long n0 = tg__alloc_count();
+    bool ok = oom_sequence(backend, &clean);
+    long total = tg__alloc_count() - n0;
+    CHECK(ok && clean.failures == 0, "%s: the sequence fails without fault injection", backend);
+    oom_tally t = { 0 };
+    int sequences = 0, failed_sequences = 0;
+    for (long n = 0; n <= total; n++) {
+        tg__fail_allocs(n, fail_count);
+        int before = t.failures;
+        oom_sequence(backend, &t);
+        tg__fail_allocs(-1, 0);
+        sequences++;
+        failed_sequences += t.failures > before;
+    }
+    printf("test_faults: %s: %ld allocations in the sequence; %d sequences with allocation n (n = 0..%ld) %s: "
+           "%d calls failed, all with an out-of-memory message: %s; %d sequences absorbed the failure (a fallback)\n",
+           backend, total, sequences, total, fail_count < 0 ? "and all after it failing" : "alone failing", t.failures,
+           t.bad_messages ? "NO" : "yes", sequences - 1 - failed_sequences);
+    CHECK(t.bad_messages == 0, "%s: %d failures without an out-of-memory message, the first: \"%s\"", backend, t.bad_messages,
+          t.first_bad);
+    /* Every injected failure but the last (n = total: nothing left to fail) made some call fail
+     * when memory stays short; a single failure may be absorbed by a fallback (a plainer
+     * schedule, a strided read) that needs no memory. */
+    if (fail_count < 0)
+        CHECK(failed_sequences >= sequences - 1, "%s: %d of %d sequences saw no failure", backend,
+              sequences - failed_sequences, sequences);
+    /* And afterwards everything works again. */
+    oom_tally after = { 0 };
+    CHECK(oom_sequence(backend, &after) && after.failures == 0, "%s: the sequence after the sweep failed", backend);
+}
+
 int main(void) {
     test_nonfinite_gradients();
+    oom_sweep("reference", 1);
+    oom_sweep("reference", -1);
+    oom_sweep("cpu", 1);
+    oom_sweep("cpu", -1);
     return check_report("test_faults");
 }
