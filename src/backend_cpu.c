@@ -83,8 +83,12 @@ static void read_log(const char *path, char *buf, size_t len) {
  * wraps, as the reference computes it, rather than being undefined. */
 #define FIXED_FLAGS "-fopenmp -fPIC -shared -fno-strict-aliasing -fno-math-errno -fwrapv"
 
+/* Where a build went wrong: the compiler (its message in err), or the directory, which refused a
+ * file (read-only, full, not a directory). */
+typedef enum { BUILD_OK, BUILD_COMPILER, BUILD_DIR } build_status;
+
 /* Compile the source into path_so; the compiler's own message comes back in err. */
-static bool compile(const char *cc, const char *flags, const char *path_c, const char *path_so, tg_error *err) {
+static build_status compile(const char *cc, const char *flags, const char *path_c, const char *path_so, tg_error *err) {
     char tmp[1100], log[1100], cmd[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path_so, (int)getpid());
     snprintf(log, sizeof log, "%s.log", path_c);
@@ -95,42 +99,87 @@ static bool compile(const char *cc, const char *flags, const char *path_c, const
         read_log(log, out, sizeof out);
         tg_seterr(err, "kernel compilation failed (%s, exit %d): %s", cc, rc, out[0] ? out : "(no output)");
         unlink(tmp);
-        return false;
+        return BUILD_COMPILER;
     }
     if (rename(tmp, path_so) != 0) {
         tg_seterr(err, "cannot move the compiled kernels into the cache %s: %s", path_so, strerror(errno));
         unlink(tmp);
-        return false;
+        return BUILD_DIR;
     }
     unlink(log);
-    return true;
+    return BUILD_OK;
 }
 
-/* Load the shared object for `source`, building it on a cache miss; a cached file that fails to
- * load (truncated, corrupt) is rebuilt once. */
+typedef struct { const char *source, *cc, *flags; uint64_t hash; } build;
+
+static void build_path(const char *dir, const build *b, const char *suffix, char *path, size_t len) {
+    snprintf(path, len, "%s/%016llx%s", dir, (unsigned long long)b->hash, suffix);
+}
+
+/* Load the shared object for b from dir, building it there unless it is there already; a file
+ * that fails to load (truncated, corrupt) is rebuilt once. */
+static build_status load_in(const char *dir, const build *b, void **dl, tg_error *err) {
+    char path_c[1000], path_so[1000];
+    build_path(dir, b, ".c", path_c, sizeof path_c);
+    build_path(dir, b, ".so", path_so, sizeof path_so);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (access(path_so, R_OK) != 0) {
+            if (!cache_write(path_c, b->source, strlen(b->source), err)) return BUILD_DIR;
+            build_status st = compile(b->cc, b->flags, path_c, path_so, err);
+            if (st != BUILD_OK) return st;
+        }
+        *dl = dlopen(path_so, RTLD_NOW | RTLD_LOCAL);
+        if (*dl) return BUILD_OK;
+        tg_seterr(err, "cannot load compiled kernels %s: %s", path_so, dlerror());
+        unlink(path_so);
+    }
+    return BUILD_COMPILER;
+}
+
+/* The kernel cache refused our files (read-only, full, not a directory): build in a private
+ * temporary directory instead, and remove it once loaded (the library stays mapped). Training
+ * works; only the time a cache saves is lost. */
+static void *load_uncached(const build *b, const char *why, tg_error *err) {
+    const char *tmp = getenv("TMPDIR");
+    char dir[900], path[1000];
+    snprintf(dir, sizeof dir, "%s/tensorgrad-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    void *dl = NULL;
+    tg_error e = { "" };
+    if (!mkdtemp(dir)) tg_seterr(&e, "cannot create %s: %s", dir, strerror(errno));
+    else load_in(dir, b, &dl, &e);
+    static const char *const left[] = { ".c", ".so", ".c.log" };
+    for (size_t i = 0; i < sizeof left / sizeof left[0]; i++) {
+        build_path(dir, b, left[i], path, sizeof path);
+        unlink(path);
+    }
+    rmdir(dir);
+    if (!dl) tg_seterr(err, "the kernel cache cannot be used (%.200s), and building in a temporary directory failed too: %.250s",
+                       why, e.msg);
+    return dl;
+}
+
+/* Load the shared object for `source`, building it on a cache miss. */
 static void *load_kernels(const char *source, tg_error *err) {
     const char *cc = getenv("TG_CC"), *flags = getenv("TG_CFLAGS");
     if (!cc || !cc[0]) cc = "cc";
     if (!flags) flags = "-O3 -march=native";
-    char dir[900], path_c[1000], path_so[1000];
-    if (!cache_dir(dir, sizeof dir, err)) return NULL;
-    uint64_t h = 1469598103934665603ull;
-    h = cache_hash(h, source, strlen(source));
-    h = cache_hash(h, cc, strlen(cc) + 1);
-    h = cache_hash(h, flags, strlen(flags) + 1);
-    h = cache_hash(h, FIXED_FLAGS, sizeof FIXED_FLAGS);
-    snprintf(path_c, sizeof path_c, "%s/%016llx.c", dir, (unsigned long long)h);
-    snprintf(path_so, sizeof path_so, "%s/%016llx.so", dir, (unsigned long long)h);
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (access(path_so, R_OK) != 0) {
-            if (!cache_write(path_c, source, strlen(source), err) || !compile(cc, flags, path_c, path_so, err)) return NULL;
+    build b = { source, cc, flags, 1469598103934665603ull };
+    b.hash = cache_hash(b.hash, source, strlen(source));
+    b.hash = cache_hash(b.hash, cc, strlen(cc) + 1);
+    b.hash = cache_hash(b.hash, flags, strlen(flags) + 1);
+    b.hash = cache_hash(b.hash, FIXED_FLAGS, sizeof FIXED_FLAGS);
+    char dir[900];
+    void *dl = NULL;
+    tg_error e = { "" }, cache_err = { "" };   /* err may be NULL */
+    if (cache_dir(dir, sizeof dir, &cache_err)) {
+        build_status st = load_in(dir, &b, &dl, &e);
+        if (st != BUILD_DIR) {
+            if (!dl) tg_seterr(err, "%s", e.msg);
+            return dl;
         }
-        void *dl = dlopen(path_so, RTLD_NOW | RTLD_LOCAL);
-        if (dl) return dl;
-        tg_seterr(err, "cannot load compiled kernels %s: %s", path_so, dlerror());
-        unlink(path_so);
+        cache_err = e;
     }
-    return NULL;
+    return load_uncached(&b, cache_err.msg, err);
 }
 
 /* ----- the backend ----- */

@@ -228,16 +228,18 @@ static void *compile_cubin(const char *source, const char *arch, size_t *len, tg
     int major = 0, minor = 0;
     nvrtc.Version(&major, &minor);
     char dir[900], path[1000], ver[32];
-    if (!cache_dir(dir, sizeof dir, err)) return NULL;
+    tg_error ignore;
+    /* NVRTC compiles in memory: a cache that cannot be used only costs time. */
+    bool cached = cache_dir(dir, sizeof dir, &ignore);
     snprintf(ver, sizeof ver, "%s nvrtc %d.%d", arch, major, minor);
     uint64_t h = cache_hash(cache_hash(1469598103934665603ull, source, strlen(source)), ver, strlen(ver));
-    snprintf(path, sizeof path, "%s/%016llx.cubin", dir, (unsigned long long)h);
-    void *cubin = cache_read(path, len);
+    snprintf(path, sizeof path, "%s/%016llx.cubin", cached ? dir : "(no cache)", (unsigned long long)h);
+    void *cubin = cached ? cache_read(path, len) : NULL;
     if (cubin) return cubin;
 
     char src_path[1000], opt_arch[40];
-    snprintf(src_path, sizeof src_path, "%s/%016llx.cu", dir, (unsigned long long)h);
-    cache_write(src_path, source, strlen(source), err);   /* for reading compile errors; optional */
+    snprintf(src_path, sizeof src_path, "%s/%016llx.cu", cached ? dir : "(no cache)", (unsigned long long)h);
+    if (cached) cache_write(src_path, source, strlen(source), &ignore);   /* for reading compile errors; optional */
     snprintf(opt_arch, sizeof opt_arch, "-arch=%s", arch);
     const char *opts[] = { opt_arch, "-std=c++17" };
     nvrtcProgram prog;
@@ -258,8 +260,7 @@ static void *compile_cubin(const char *source, const char *arch, size_t *len, tg
     if (cubin) nvrtc.GetCUBIN(prog, cubin);
     nvrtc.DestroyProgram(&prog);
     if (!cubin) { tg_seterr(err, "out of memory for the compiled CUDA kernels (%zu bytes)", *len); return NULL; }
-    tg_error ignore;
-    cache_write(path, cubin, *len, &ignore);   /* a cache that cannot be written only costs time */
+    if (cached) cache_write(path, cubin, *len, &ignore);   /* a cache that cannot be written only costs time */
     return cubin;
 }
 

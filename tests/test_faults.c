@@ -8,8 +8,10 @@
 #include "check.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -244,8 +246,111 @@ static void oom_sweep(const char *backend, long fail_count) {
     CHECK(oom_sequence(backend, &after) && after.failures == 0, "%s: the sequence after the sweep failed", backend);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The kernel cache and the disk. A cache directory that cannot hold files (not a directory, not
+ * writable, a read-only file system) is not an error: the CPU backend builds its kernels in a
+ * private temporary directory and removes it once they are loaded. A disk that is full
+ * everywhere (simulated with RLIMIT_FSIZE: every write past a few bytes fails with EFBIG) is:
+ * tg_compile fails with a message that says so, and tg_save fails leaving the previous
+ * checkpoint intact.
+ * ------------------------------------------------------------------------------------------- */
+static int temp_dirs(void) {   /* private build directories left in /tmp */
+    FILE *f = popen("ls -d /tmp/tensorgrad-?????? 2>/dev/null | wc -l", "r");
+    int n = -1;
+    if (f && fscanf(f, "%d", &n) != 1) n = -1;
+    if (f) pclose(f);
+    return n;
+}
+
+static tg_train *cache_compile(tg_model *m, nf_model *nm, tg_error *err) {
+    const tg_input_decl in[] = { TG_F32("x", 4, 3) };
+    /* Flags no other test uses: a cache miss, so the kernels are built here and now. */
+    setenv("TG_CFLAGS", "-O1 -DTG_TEST_FAULTS_CACHE", 1);
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = nf_loss, .ctx = nm, .inputs = in, .n_inputs = 1,
+                                              .optimizer = tg_adam(0.01), .backend = "cpu" }, err);
+    unsetenv("TG_CFLAGS");
+    return t;
+}
+
+static void test_cache_faults(void) {
+    char dir[] = "/tmp/tg_test_faults_XXXXXX", path[200];
+    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
+    const char *saved = getenv("TG_CACHE_DIR");
+    char saved_copy[1000] = "";
+    if (saved) snprintf(saved_copy, sizeof saved_copy, "%s", saved);
+    nf_model nm;
+    tg_model *m = nf_new(&nm, 0);
+    snprintf(path, sizeof path, "%s/file", dir);
+    FILE *f = fopen(path, "w");
+    if (f) fclose(f);
+    char under_file[220], readonly[220];
+    snprintf(under_file, sizeof under_file, "%s/file/cache", dir);
+    snprintf(readonly, sizeof readonly, "%s/ro", dir);
+    mkdir(readonly, 0555);
+    /* /proc/self refuses new files even to root; a 0555 directory only to other users. */
+    const char *caches[] = { under_file, "/proc/self", readonly };
+    const char *labels[] = { "a cache path under a regular file", "a cache in /proc/self", "a read-only cache directory" };
+    int before = temp_dirs();
+    for (int k = 0; k < (geteuid() == 0 ? 2 : 3); k++) {
+        setenv("TG_CACHE_DIR", caches[k], 1);
+        tg_error err = { "" };
+        tg_train *t = cache_compile(m, &nm, &err);
+        CHECK(t != NULL, "%s: compile failed instead of falling back: %s", labels[k], err.msg);
+        if (t) {
+            tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", X_GOOD, 12) }, 1);
+            CHECK(r.status == TG_OK, "%s: step: %s", labels[k], r.error);
+        }
+        tg_destroy(t);
+    }
+    CHECK(temp_dirs() == before, "the private build directories were not removed (%d, was %d)", temp_dirs(), before);
+
+    /* A full disk: writes past 16 bytes fail with EFBIG (SIGXFSZ ignored), for this process and
+     * the compiler it runs. */
+    setenv("TG_CACHE_DIR", dir, 1);
+    tg_train *t = nf_compile(m, &nm, "reference", tg_adam(0.01));
+    snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
+    tg_error err = { "" };
+    CHECK(t && tg_save(t, path, 1, &err) == TG_OK, "save before the disk fills: %s", err.msg);
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_FSIZE, &old);
+    lim = old;
+    lim.rlim_cur = 16;
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+    if (setrlimit(RLIMIT_FSIZE, &lim) == 0) {
+        tg_train *c = cache_compile(m, &nm, &err);
+        CHECK(c == NULL, "compile with a full disk succeeded");
+        CHECK(has(err.msg, "too large") || has(err.msg, "space"), "compile with a full disk: \"%s\"", err.msg);
+        if (getenv("TG_VERBOSE")) printf("full disk, compile: %s\n", err.msg);
+        tg_destroy(c);
+        tg_result r = t ? tg_step(t, (tg_data[]){ tg_f32("x", X_GOOD, 12) }, 1) : (tg_result){ 0 };
+        tg_status st = t ? tg_save(t, path, 1, &err) : TG_FAILED;
+        setrlimit(RLIMIT_FSIZE, &old);
+        CHECK(st == TG_FAILED && has(err.msg, path) && has(err.msg, "too large"), "save with a full disk: \"%s\"", err.msg);
+        if (getenv("TG_VERBOSE")) printf("full disk, save: %s\n", err.msg);
+        CHECK(r.status == TG_OK, "a step needs no disk: %s", r.error);
+        /* The checkpoint written before is whole: it loads. */
+        CHECK(t && tg_load(t, path, 1, &err) == TG_OK, "the earlier checkpoint after a failed save: %s", err.msg);
+    } else {
+        CHECK(0, "setrlimit(RLIMIT_FSIZE): %s", strerror(errno));
+    }
+    signal(SIGXFSZ, old_handler);
+    CHECK(temp_dirs() == before, "a failed build left a private directory behind");
+    /* With room again, the CPU backend builds as usual. */
+    tg_train *c = cache_compile(m, &nm, &err);
+    CHECK(c != NULL, "compile after the disk has room again: %s", err.msg);
+    tg_destroy(c);
+    tg_destroy(t);
+    tg_model_free(m);
+    if (saved) setenv("TG_CACHE_DIR", saved_copy, 1);
+    else unsetenv("TG_CACHE_DIR");
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
 int main(void) {
     test_nonfinite_gradients();
+    test_cache_faults();
     oom_sweep("reference", 1);
     oom_sweep("reference", -1);
     oom_sweep("cpu", 1);
