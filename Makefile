@@ -1,6 +1,6 @@
 # tensorgrad: `make` builds the libraries and examples, `make test` runs the suite,
 # `make sanitize` runs it under AddressSanitizer + UndefinedBehaviorSanitizer, `make fuzz` the fuzz
-# harnesses in a short mode, `make check` all three.
+# harnesses in a short mode, `make valgrind` memcheck on the demo, `make check` all four.
 CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
@@ -42,10 +42,19 @@ test: $(TESTS) $(EXAMPLES)
 	@sh tests/run.sh $(TESTS)
 
 # The whole suite: plain, then under AddressSanitizer + UndefinedBehaviorSanitizer, then the
-# fuzz harnesses in their short mode.
+# fuzz harnesses in their short mode, then valgrind on the demo.
 check: test
 	$(MAKE) sanitize
 	$(MAKE) fuzz
+	$(MAKE) valgrind
+
+# valgrind memcheck on the digits demo for one epoch: no leak (definite or possible) and no
+# invalid access, else a non-zero exit. Kernels are built without -march=native, since valgrind
+# cannot run AVX-512; tests/valgrind.supp explains its one suppression (libgomp's thread pool).
+VALGRIND := valgrind --leak-check=full --errors-for-leak-kinds=definite,possible --error-exitcode=1 \
+            --suppressions=tests/valgrind.supp
+valgrind: $(BUILD)/examples/digits
+	TG_CFLAGS=-O2 OMP_WAIT_POLICY=passive $(VALGRIND) $(BUILD)/examples/digits --epochs 1
 
 SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 sanitize:
@@ -86,5 +95,5 @@ demo: $(BUILD)/examples/digits
 clean:
 	rm -rf build build-san build-fuzz
 
-.PHONY: all test check sanitize fuzz fuzz-short fuzz-clang demo clean
+.PHONY: all test check sanitize fuzz fuzz-short fuzz-clang valgrind demo clean
 .SECONDARY:
