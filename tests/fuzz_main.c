@@ -6,16 +6,19 @@
  * replays every file of the corpus directories, then runs random mutations of them (bit flips,
  * byte changes, insertions, deletions, splices of two inputs, random tails; at most 4096 bytes)
  * until SECONDS have passed. The seed is TG_FUZZ_SEED, else the clock; it is printed, so a run
- * can be repeated. Before each execution the input is written to fuzz-NAME.last (in the current
- * directory): a crash (the sanitizers abort the process) leaves its reproducer there. There is
- * no coverage feedback: this is a regression and smoke test of the seeds' neighbourhood, while
- * the libFuzzer build (make fuzz-clang) does the exploring. */
+ * can be repeated. A crash (a sanitizer report, an abort, a fatal signal) writes the input that
+ * caused it to NAME.crash in the current directory. There is no coverage feedback: this is a
+ * regression and smoke test of the seeds' neighbourhood, while the libFuzzer build (make
+ * fuzz-clang) does the exploring. */
 #include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -37,15 +40,44 @@ static double now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static char last_path[256];
+/* The input being executed, written out only if it crashes (writing every input would cost
+ * more than running it). */
+static char crash_path[256];
+static const uint8_t *current;
+static size_t current_len;
 
-/* Run one input, first saving it as the reproducer should this execution crash. */
-static void execute(const uint8_t *data, size_t len) {
-    FILE *f = fopen(last_path, "wb");
-    if (f) {
-        if (len) fwrite(data, 1, len, f);
-        fclose(f);
+static void save_crash(void) {   /* async-signal-safe */
+    int fd = open(crash_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return;
+    if (current_len && write(fd, current, current_len) < 0) { /* nothing more to do while dying */ }
+    close(fd);
+}
+
+static void on_signal(int sig) {
+    save_crash();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* With a sanitizer, its report ends in this callback; without one (and for abort(), which the
+ * sanitizers leave alone), signal handlers save the input. */
+void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
+
+static void catch_crashes(void) {
+    signal(SIGABRT, on_signal);
+    if (__sanitizer_set_death_callback) {
+        __sanitizer_set_death_callback(save_crash);
+        return;
     }
+    signal(SIGSEGV, on_signal);
+    signal(SIGBUS, on_signal);
+    signal(SIGFPE, on_signal);
+    signal(SIGILL, on_signal);
+}
+
+static void execute(const uint8_t *data, size_t len) {
+    current = data;
+    current_len = len;
     LLVMFuzzerTestOneInput(data, len);
 }
 
@@ -110,7 +142,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *name = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
-    snprintf(last_path, sizeof last_path, "%s.last", name);
+    snprintf(crash_path, sizeof crash_path, "%s.crash", name);
+    catch_crashes();
     double budget = atof(argv[1]);
     const char *seed_env = getenv("TG_FUZZ_SEED");
     uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL);
@@ -132,7 +165,6 @@ int main(int argc, char **argv) {
         execute(buf, len);
         execs++;
     }
-    remove(last_path);   /* no crash: nothing to reproduce */
     printf("%s: %ld executions (%ld corpus replays, %ld mutations) in %.1f s, seed %llu, 0 crashes\n", name, execs, replays,
            execs - replays, now() - t0, (unsigned long long)seed);
     for (int i = 0; i < n; i++) free(corpus[i].data);
