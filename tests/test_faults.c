@@ -127,8 +127,9 @@ static void test_nonfinite_gradients(void) {
     for (int j = 0; j < 3; j++) X_ZERO_ROW[6 + j] = 0;   /* row 2: pre-activations exactly 0 */
     tg_optimizer sgd = tg_sgd(0.05, 0.9, 0, 0), clipped = tg_adamw(0.01, 0.1);
     clipped.clip_norm = 1.0;
-    const char *backends[] = { "reference", "cpu" };
-    for (int b = 0; b < 2; b++) {
+    const char *backends[] = { "reference", "cpu", "cuda" };
+    int n_backends = tg_backend_available("cuda", NULL, 0) ? 3 : 2;   /* CUDA where a GPU is */
+    for (int b = 0; b < n_backends; b++) {
         nonfinite_case(backends[b], "adam", tg_adam(0.01), 0, "'l1.W'", "NaN");
         nonfinite_case(backends[b], "sgd", sgd, 0, "'l1.W'", "NaN");
         nonfinite_case(backends[b], "adamw-clip", clipped, 0, "'l1.W'", "NaN");
