@@ -4,7 +4,8 @@
  * generated entry point.
  *
  * Environment: TG_CC (compiler, default cc), TG_CFLAGS (default -O3 -march=native), TG_CACHE_DIR
- * (default $XDG_CACHE_HOME/tensorgrad or ~/.cache/tensorgrad), TG_NO_FUSE=1 (every node gets
+ * (default $XDG_CACHE_HOME/tensorgrad or ~/.cache/tensorgrad; one that cannot hold files makes
+ * every build happen in a private temporary directory instead), TG_NO_FUSE=1 (every node gets
  * a kernel of its own: the unfused schedule, for tests). */
 #include "internal.h"
 
