@@ -210,12 +210,12 @@ static bool optim_check(tg_graph *g, const tg_optimizer *o) {
 bool optim_build(tg_graph *g, const tg_optimizer *opt) {
     if (!optim_check(g, opt)) return false;
     int n = 0;
-    int *params = tg_alloc(sizeof(int) * 3 * (size_t)(g->n_params + 1)), *grads = params + g->n_params + 1,
-        *ids = grads + g->n_params + 1;
+    int *params = tg_alloc(sizeof(int) * 3 * (size_t)(g->n_params + 1));
     if (!params) {
         ir_fail(g, (tg_site){ "(optimizer)", 0 }, "out of memory building the optimizer");
         return false;
     }
+    int *grads = params + g->n_params + 1, *ids = grads + g->n_params + 1;
     tg_graph *outer = tg__trace();   /* the public ops used below append to the traced graph */
     tg__set_trace(g);
     for (int i = 0; i < g->n_params; i++) {
