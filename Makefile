@@ -1,6 +1,7 @@
 # tensorgrad: `make` builds the libraries and examples, `make test` runs the suite,
 # `make sanitize` runs it under AddressSanitizer + UndefinedBehaviorSanitizer, `make tsan` the
-# concurrency tests under ThreadSanitizer, `make check` all three.
+# concurrency tests under ThreadSanitizer, `make fuzz` the fuzz harnesses in a short mode,
+# `make valgrind` memcheck on the demo; `make check` all five.
 CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
@@ -41,13 +42,55 @@ $(BUILD)/examples/%: examples/%.c $(wildcard examples/*.h) $(BUILD)/libtensorgra
 test: $(TESTS) $(EXAMPLES)
 	@sh tests/run.sh $(TESTS)
 
-# The whole suite: plain, then under AddressSanitizer + UndefinedBehaviorSanitizer.
+# The whole suite: plain, then under AddressSanitizer + UndefinedBehaviorSanitizer, the
+# concurrency tests under ThreadSanitizer, the fuzz harnesses in their short mode, and valgrind
+# on the demo.
 check: test
 	$(MAKE) sanitize
 	$(MAKE) tsan
+	$(MAKE) fuzz
+	$(MAKE) valgrind
 
+# valgrind memcheck on the digits demo for one epoch: no leak (definite or possible) and no
+# invalid access, else a non-zero exit. Kernels are built without -march=native, since valgrind
+# cannot run AVX-512; tests/valgrind.supp explains its one suppression (libgomp's thread pool).
+VALGRIND := valgrind --leak-check=full --errors-for-leak-kinds=definite,possible --error-exitcode=1 \
+            --suppressions=tests/valgrind.supp
+valgrind: $(BUILD)/examples/digits
+	TG_CFLAGS=-O2 OMP_WAIT_POLICY=passive $(VALGRIND) $(BUILD)/examples/digits --epochs 1
+
+SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 sanitize:
-	$(MAKE) BUILD=build-san OPT=-O1 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
+	$(MAKE) BUILD=build-san OPT=-O1 SAN="$(SANFLAGS)" test
+
+# Fuzzing, short mode (gcc, no clang needed): each harness replays its seed corpus
+# (tests/fixtures/NAME/) and then runs random mutations for FUZZ_SECONDS, under ASan + UBSan,
+# through the small driver tests/fuzz_main.c.
+FUZZERS      := fuzz_graph fuzz_safetensors
+FUZZ_SECONDS ?= 25
+fuzz:
+	$(MAKE) BUILD=build-san OPT=-O1 SAN="$(SANFLAGS)" fuzz-short
+
+fuzz-short: $(FUZZERS:%=$(BUILD)/fuzz/%)
+	@for f in $(FUZZERS); do (cd $(BUILD)/fuzz && ./$$f $(FUZZ_SECONDS) $(CURDIR)/tests/fixtures/$$f) || exit 1; done
+
+$(BUILD)/fuzz/%: tests/%.c tests/fuzz_main.c $(BUILD)/libtensorgrad.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc $< tests/fuzz_main.c -o $@ $(BUILD)/libtensorgrad.a $(LDLIBS)
+
+# Fuzzing with libFuzzer (clang): coverage-guided, FUZZ_TIME seconds per harness; new inputs go
+# to build-fuzz/corpus-NAME, the committed seeds stay as they are.
+FUZZ_CC   ?= clang
+FUZZ_TIME ?= 300
+fuzz-clang: $(FUZZERS:%=build-fuzz/%)
+	@for f in $(FUZZERS); do mkdir -p build-fuzz/corpus-$$f; \
+	  build-fuzz/$$f build-fuzz/corpus-$$f tests/fixtures/$$f -max_len=4096 -max_total_time=$(FUZZ_TIME) \
+	    -print_final_stats=1 $$( [ -f tests/fixtures/$$f.dict ] && echo -dict=tests/fixtures/$$f.dict ) || exit 1; done
+
+build-fuzz/%: tests/%.c $(SRC) $(wildcard src/*.h) include/tensorgrad.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fopenmp -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	  -Iinclude -Isrc $< $(SRC) -o $@ $(LDLIBS)
 
 # The concurrency tests under ThreadSanitizer, on the reference interpreter (TSan does not see
 # OpenMP's synchronization inside the compiled CPU kernels).
@@ -59,7 +102,7 @@ demo: $(BUILD)/examples/digits
 	$(BUILD)/examples/digits
 
 clean:
-	rm -rf build build-san build-tsan
+	rm -rf build build-san build-tsan build-fuzz
 
-.PHONY: all test check sanitize tsan demo clean
+.PHONY: all test check sanitize tsan fuzz fuzz-short fuzz-clang valgrind demo clean
 .SECONDARY:

@@ -85,7 +85,7 @@ tg_init tg_init_ones(void);
 tg_init tg_init_literal(const float *data, size_t n);
 tg_init tg_init_decay(tg_init init, int decay);   /* the same init with an explicit decay flag */
 
-tg_model *tg_model_new(uint64_t seed);
+tg_model *tg_model_new(uint64_t seed);   /* NULL only when out of memory */
 void tg_model_free(tg_model *m);
 uint64_t tg_model_seed(const tg_model *m);
 /* The first error recorded while declaring parameters (duplicate name, bad shape), or NULL. */
@@ -463,6 +463,9 @@ typedef struct {
 
 /* NULL on failure, with err->msg set (trace-time shape errors name the caller's file:line). */
 tg_train *tg_compile(const tg_train_spec *spec, tg_error *err);
+/* A step whose loss or any gradient element is NaN or infinite fails, naming the first parameter
+ * (in declaration order) whose gradient is not finite, and leaves parameters, optimizer state
+ * and the step count as they were. */
 tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs);
 /* The loss at the current parameters without an update (held-out evaluation), with the training
  * input shapes; for other batch sizes, attach the loss function as a forward with TG_ANY dims. */
@@ -534,8 +537,9 @@ tg_status tg_download_param(tg_train *t, const char *name, float *dst, size_t n,
 tg_status tg_download_param_grad(tg_train *t, const char *name, float *dst, size_t n, tg_error *err);
 tg_status tg_upload_params(tg_train *t, const tg_data *params, int n, tg_error *err);
 
-/* Re-init parameters from the model's seed and/or zero the optimizer state and step counter. */
-void tg_reset(tg_train *t, int params, int optimizer);
+/* Re-init parameters from the model's seed and/or zero the optimizer state and step counter.
+ * TG_FAILED (nothing changed) for a NULL handle or when host memory for the values runs out. */
+tg_status tg_reset(tg_train *t, int params, int optimizer);
 void tg_set_lr(tg_train *t, double lr);
 /* A schedule given mid-training is rebased: its step 1 is the next step. */
 void tg_set_schedule(tg_train *t, const tg_schedule *s);

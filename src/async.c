@@ -80,8 +80,8 @@ static void *worker(void *arg) {
 }
 
 async_queue *async_new(void) {
-    async_queue *q = tg_xmalloc(sizeof *q);
-    pthread_cond_init(&q->work, NULL);
+    async_queue *q = tg_alloc(sizeof *q);
+    if (q) pthread_cond_init(&q->work, NULL);
     return q;
 }
 
@@ -93,34 +93,44 @@ static void free_inputs(tg_data *in, int n) {
     free(in);
 }
 
-/* Deep copies of a call's inputs; what is malformed (NULL array, NULL data) stays so, for the
- * call itself to report. */
-static tg_data *copy_inputs(const tg_data *in, int n) {
-    if (!in || n <= 0) return NULL;
-    tg_data *c = tg_xmalloc(sizeof(tg_data) * (size_t)n);
+/* Deep copies of a call's inputs into *out; what is malformed (NULL array, NULL data) stays so,
+ * for the call itself to report. False when memory runs out. */
+static bool copy_inputs(const tg_data *in, int n, tg_data **out) {
+    *out = NULL;
+    if (!in || n <= 0) return true;
+    tg_data *c = *out = tg_alloc(sizeof(tg_data) * (size_t)n);
+    if (!c) return false;
+    bool ok = true;
     for (int i = 0; i < n; i++) {
         c[i] = in[i];
-        c[i].name = in[i].name ? tg_strdup(in[i].name) : NULL;
-        if (in[i].data) {   /* f32 and i32 are both 4 bytes */
-            void *d = tg_xmalloc(in[i].n * 4 + 1);
-            memcpy(d, in[i].data, in[i].n * 4);
-            c[i].data = d;
+        c[i].name = c[i].data = NULL;
+        if (in[i].name) ok &= (c[i].name = tg_strdup(in[i].name)) != NULL;
+        if (in[i].data && in[i].n <= (SIZE_MAX - 1) / 4) {   /* f32 and i32 are both 4 bytes */
+            void *d = tg_alloc(in[i].n * 4 + 1);
+            if (d) memcpy(d, in[i].data, in[i].n * 4);
+            ok &= (c[i].data = d) != NULL;
         }
     }
-    return c;
+    return ok;
 }
 
 tg_job *async_submit(async_queue *q, job_fn fn, void *family, void *handle, const tg_data *inputs, int n,
                      uint64_t generation) {
-    tg_job *j = tg_xmalloc(sizeof *j);
+    tg_job *j = tg_alloc(sizeof *j);
+    if (!j) return NULL;
     j->fn = fn;
     j->family = family;
     j->handle = handle;
-    j->inputs = copy_inputs(inputs, n);   /* NULL for a NULL array: the call reports it */
+    bool copied = copy_inputs(inputs, n, &j->inputs);   /* NULL for a NULL array: the call reports it */
     j->n_inputs = n;
     j->generation = generation;
     j->q = q;
     pthread_mutex_lock(&mu);
+    if (!copied) {
+        finish(j, status_result(TG_FAILED, "out of memory copying the call's inputs"), NULL);
+        pthread_mutex_unlock(&mu);
+        return j;
+    }
     if (!q->started && !q->stop) {
         q->started = pthread_create(&q->worker, NULL, worker, q) == 0;
         if (!q->started) {
@@ -210,8 +220,8 @@ void tg_job_free(tg_job *j) {
 
 tg_flight *tg_flight_new(tg_forward *f) {
     if (!f) return NULL;
-    tg_flight *fl = tg_xmalloc(sizeof *fl);
-    fl->f = f;
+    tg_flight *fl = tg_alloc(sizeof *fl);
+    if (fl) fl->f = f;
     return fl;
 }
 
@@ -220,7 +230,7 @@ void tg_flight_free(tg_flight *fl) { free(fl); }
 tg_result tg_flight_run(tg_flight *fl, const tg_data *inputs, int n_inputs, float *out, size_t out_len) {
     if (!fl) return status_result(TG_FAILED, "tg_flight_run: NULL flight");
     tg_job *j = tg_run_submit(fl->f, inputs, n_inputs);
-    if (!j) return status_result(TG_FAILED, "tg_flight_run: NULL or destroyed forward handle");
+    if (!j) return status_result(TG_FAILED, "tg_flight_run: NULL, destroyed or invalid forward handle, or out of memory");
     pthread_mutex_lock(&mu);
     if (fl->waiting && fl->waiting->state == JOB_QUEUED) {
         unqueue(fl->waiting);

@@ -4,7 +4,8 @@
  * generated entry point.
  *
  * Environment: TG_CC (compiler, default cc), TG_CFLAGS (default -O3 -march=native), TG_CACHE_DIR
- * (default $XDG_CACHE_HOME/tensorgrad or ~/.cache/tensorgrad), TG_NO_FUSE=1 (every node gets
+ * (default $XDG_CACHE_HOME/tensorgrad or ~/.cache/tensorgrad; one that cannot hold files makes
+ * every build happen in a private temporary directory instead), TG_NO_FUSE=1 (every node gets
  * a kernel of its own: the unfused schedule, for tests). */
 #include "internal.h"
 
@@ -39,8 +40,9 @@ char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_pl
 /* ----- buffers: 64-byte aligned, float or int32 by dtype (both 4 bytes) ----- */
 
 static void *cpu_alloc(size_t numel) {
+    if (numel > (SIZE_MAX - 63) / 4) return NULL;
     size_t bytes = (numel * 4 + 63) / 64 * 64;
-    void *p = aligned_alloc(64, bytes ? bytes : 64);
+    void *p = tg_alloc_aligned64(bytes ? bytes : 64);
     if (p) memset(p, 0, bytes ? bytes : 64);
     return p;
 }
@@ -78,54 +80,107 @@ static void read_log(const char *path, char *buf, size_t len) {
     fclose(f);
 }
 
+/* Flags every kernel build gets (part of the cache key). -fwrapv: i32 arithmetic that overflows
+ * wraps, as the reference computes it, rather than being undefined. */
+#define FIXED_FLAGS "-fopenmp -fPIC -shared -fno-strict-aliasing -fno-math-errno -fwrapv"
+
+/* Where a build went wrong: the compiler (its message in err), or the directory, which refused a
+ * file (read-only, full, not a directory). */
+typedef enum { BUILD_OK, BUILD_COMPILER, BUILD_DIR } build_status;
+
 /* Compile the source into path_so; the compiler's own message comes back in err. */
-static bool compile(const char *cc, const char *flags, const char *path_c, const char *path_so, tg_error *err) {
+static build_status compile(const char *cc, const char *flags, const char *path_c, const char *path_so, tg_error *err) {
     char tmp[1100], log[1100], cmd[4096];
     cache_tmp_name(tmp, sizeof tmp, path_so);
     snprintf(log, sizeof log, "%s.log", path_c);
-    snprintf(cmd, sizeof cmd, "%s %s -fopenmp -fPIC -shared -fno-strict-aliasing -fno-math-errno -o '%s' '%s' -lm > '%s' 2>&1", cc, flags,
-             tmp, path_c, log);
+    snprintf(cmd, sizeof cmd, "%s %s %s -o '%s' '%s' -lm > '%s' 2>&1", cc, flags, FIXED_FLAGS, tmp, path_c, log);
     int rc = system(cmd);
     if (rc != 0) {
         char out[300];
         read_log(log, out, sizeof out);
         tg_seterr(err, "kernel compilation failed (%s, exit %d): %s", cc, rc, out[0] ? out : "(no output)");
         unlink(tmp);
-        return false;
+        return BUILD_COMPILER;
     }
     if (rename(tmp, path_so) != 0) {
         tg_seterr(err, "cannot move the compiled kernels into the cache %s: %s", path_so, strerror(errno));
         unlink(tmp);
-        return false;
+        return BUILD_DIR;
     }
     unlink(log);
-    return true;
+    return BUILD_OK;
 }
 
-/* Load the shared object for `source`, building it on a cache miss; a cached file that fails to
- * load (truncated, corrupt) is rebuilt once. */
+typedef struct { const char *source, *cc, *flags; uint64_t hash; } build;
+
+static void build_path(const char *dir, const build *b, const char *suffix, char *path, size_t len) {
+    snprintf(path, len, "%s/%016llx%s", dir, (unsigned long long)b->hash, suffix);
+}
+
+/* Load the shared object for b from dir, building it there unless it is there already; a file
+ * that fails to load (truncated, corrupt) is rebuilt once. */
+static build_status load_in(const char *dir, const build *b, void **dl, tg_error *err) {
+    char path_c[1000], path_so[1000];
+    build_path(dir, b, ".c", path_c, sizeof path_c);
+    build_path(dir, b, ".so", path_so, sizeof path_so);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (access(path_so, R_OK) != 0) {
+            if (!cache_write(path_c, b->source, strlen(b->source), err)) return BUILD_DIR;
+            build_status st = compile(b->cc, b->flags, path_c, path_so, err);
+            if (st != BUILD_OK) return st;
+        }
+        *dl = dlopen(path_so, RTLD_NOW | RTLD_LOCAL);
+        if (*dl) return BUILD_OK;
+        tg_seterr(err, "cannot load compiled kernels %s: %s", path_so, dlerror());
+        unlink(path_so);
+    }
+    return BUILD_COMPILER;
+}
+
+/* The kernel cache refused our files (read-only, full, not a directory): build in a private
+ * temporary directory instead, and remove it once loaded (the library stays mapped). Training
+ * works; only the time a cache saves is lost. */
+static void *load_uncached(const build *b, const char *why, tg_error *err) {
+    const char *tmp = getenv("TMPDIR");
+    char dir[900], path[1000];
+    snprintf(dir, sizeof dir, "%s/tensorgrad-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    void *dl = NULL;
+    tg_error e = { "" };
+    if (!mkdtemp(dir)) tg_seterr(&e, "cannot create %s: %s", dir, strerror(errno));
+    else load_in(dir, b, &dl, &e);
+    static const char *const left[] = { ".c", ".so", ".c.log" };
+    for (size_t i = 0; i < sizeof left / sizeof left[0]; i++) {
+        build_path(dir, b, left[i], path, sizeof path);
+        unlink(path);
+    }
+    rmdir(dir);
+    if (!dl) tg_seterr(err, "the kernel cache cannot be used (%.200s), and building in a temporary directory failed too: %.250s",
+                       why, e.msg);
+    return dl;
+}
+
+/* Load the shared object for `source`, building it on a cache miss. */
 static void *load_kernels(const char *source, tg_error *err) {
     const char *cc = getenv("TG_CC"), *flags = getenv("TG_CFLAGS");
     if (!cc || !cc[0]) cc = "cc";
     if (!flags) flags = "-O3 -march=native";
-    char dir[900], path_c[1000], path_so[1000];
-    if (!cache_dir(dir, sizeof dir, err)) return NULL;
-    uint64_t h = 1469598103934665603ull;
-    h = cache_hash(h, source, strlen(source));
-    h = cache_hash(h, cc, strlen(cc) + 1);
-    h = cache_hash(h, flags, strlen(flags) + 1);
-    snprintf(path_c, sizeof path_c, "%s/%016llx.c", dir, (unsigned long long)h);
-    snprintf(path_so, sizeof path_so, "%s/%016llx.so", dir, (unsigned long long)h);
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (access(path_so, R_OK) != 0) {
-            if (!cache_write(path_c, source, strlen(source), err) || !compile(cc, flags, path_c, path_so, err)) return NULL;
+    build b = { source, cc, flags, 1469598103934665603ull };
+    b.hash = cache_hash(b.hash, source, strlen(source));
+    b.hash = cache_hash(b.hash, cc, strlen(cc) + 1);
+    b.hash = cache_hash(b.hash, flags, strlen(flags) + 1);
+    b.hash = cache_hash(b.hash, FIXED_FLAGS, sizeof FIXED_FLAGS);
+    char dir[900];
+    void *dl = NULL;
+    tg_error e = { "" }, cache_err = { "" };   /* err may be NULL */
+    if (cache_dir(dir, sizeof dir, &cache_err)) {
+        build_status st = load_in(dir, &b, &dl, &e);
+        if (st != BUILD_DIR) {
+            if (!dl) tg_seterr(err, "%s", e.msg);
+            return dl;
         }
-        void *dl = dlopen(path_so, RTLD_NOW | RTLD_LOCAL);
-        if (dl) return dl;
-        tg_seterr(err, "cannot load compiled kernels %s: %s", path_so, dlerror());
-        unlink(path_so);
+        cache_err = e;
     }
-    return NULL;
+    return load_uncached(&b, cache_err.msg, err);
 }
 
 /* ----- the backend ----- */
@@ -149,28 +204,44 @@ static void cpu_release(void *h) {
 
 static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
     cpu_blas_single_threaded();
-    cpu_exec *e = tg_xmalloc(sizeof *e);
+    cpu_exec *e = tg_alloc(sizeof *e);
+    if (!e) { tg_seterr(err, "out of memory preparing the CPU kernels"); return NULL; }
     e->g = g;
-    bool *mat = e->mat = tg_xmalloc(sizeof(bool) * (size_t)(g->n + 1));
-    e->inplace = tg_xmalloc(sizeof(int) * (size_t)(g->n + 1));
-    for (int i = 0; i < g->n; i++) e->inplace[i] = -1;
+    size_t n = (size_t)g->n + 1;
+    e->mat = tg_alloc(sizeof(bool) * n);
+    e->inplace = tg_alloc(sizeof(int) * n);
+    e->bound = tg_alloc(sizeof(void *) * n);
+    int *alias = tg_alloc(sizeof(int) * n);
     const char *nofuse = getenv("TG_NO_FUSE");
     bool fuse = !(nofuse && nofuse[0] == '1');
-    int *alias = tg_xmalloc(sizeof(int) * (size_t)(g->n + 1));
-    fuse_schedule(g, keep, n_keep, fuse, mat, alias);
-    if (fuse) codegen_c_refine(g, keep, n_keep, mat, alias, e->inplace);
-    plan_build(g, keep, n_keep, mat, alias, &e->plan);
+    /* Short of memory, scheduling degrades to a plainer valid schedule; the plan and the source
+     * must be whole. */
+    bool ok = e->mat && e->inplace && e->bound && alias;
+    if (ok) {
+        for (int i = 0; i < g->n; i++) e->inplace[i] = -1;
+        fuse_schedule(g, keep, n_keep, fuse, e->mat, alias);
+        if (fuse) codegen_c_refine(g, keep, n_keep, e->mat, alias, e->inplace);
+        ok = plan_build(g, keep, n_keep, e->mat, alias, &e->plan);
+    }
     free(alias);
-    e->source = codegen_c_inplace(g, mat, &e->plan, PARALLEL_MIN, e->inplace);
-    e->arena = cpu_alloc(e->plan.arena);
-    e->bound = tg_xmalloc(sizeof(void *) * (size_t)(g->n + 1));
+    if (ok) e->source = codegen_c_inplace(g, e->mat, &e->plan, PARALLEL_MIN, e->inplace);
+    if (!ok || !e->source) {
+        tg_seterr(err, "out of memory generating the CPU kernels of %d nodes (or a plan past 2^60 elements)", g->n);
+        cpu_release(e);
+        return NULL;
+    }
+    e->arena = cpu_alloc(e->plan.arena);   /* before the compiler runs: the cheaper failure first */
+    if (!e->arena) {
+        tg_seterr(err, "out of memory for the %zu-float arena", e->plan.arena);
+        cpu_release(e);
+        return NULL;
+    }
     e->dl = load_kernels(e->source, err);
     if (e->dl) {
         *(void **)&e->entry = dlsym(e->dl, "tg_entry");
         if (!e->entry) tg_seterr(err, "compiled kernels have no entry point: %s", dlerror());
     }
-    if (!e->arena || !e->entry) {
-        if (!e->arena) tg_seterr(err, "out of memory for the %zu-float arena", e->plan.arena);
+    if (!e->entry) {
         cpu_release(e);
         return NULL;
     }
@@ -183,6 +254,12 @@ static void cpu_bind(void *h, int node, void *buf) { ((cpu_exec *)h)->bound[node
 static bool cpu_run(void *h, const double *hyper, tg_error *err) {
     cpu_exec *e = h;
     e->entry(e->arena, e->bound, hyper, cpu_kernels);
+    /* A kernel without scratch memory left its output wrong; the entry then skipped the in-place
+     * updates (see codegen_c_inplace), and the runtime, seeing false, copies nothing back. */
+    if (cpu_kernels_failed()) {
+        tg_seterr(err, "out of memory for the CPU kernels' scratch buffers");
+        return false;
+    }
     return true;
 }
 

@@ -7,8 +7,8 @@
  * source, the architecture and the NVRTC version). The first run captures the whole launch list
  * (hyper scalars upload, kernels, cuBLAS products, memsets) into a CUDA graph, replayed by every
  * later run. A training step's graph also holds the write-backs, guarded on the device by the
- * loss being finite, and the loss's copy into pinned memory: one graph launch and one
- * synchronisation per step.
+ * step's guard node (finite only when the loss and every gradient are), and the copies of the
+ * loss and the guard into pinned memory: one graph launch and one synchronisation per step.
  *
  * Environment: TG_TF32=1 lets cuBLAS use TF32 tensor cores (off by default: full f32).
  * TG_CUDA_PROFILE=1 runs each step's launches one by one, synchronised, and prints the time spent
@@ -228,16 +228,18 @@ static void *compile_cubin(const char *source, const char *arch, size_t *len, tg
     int major = 0, minor = 0;
     nvrtc.Version(&major, &minor);
     char dir[900], path[1000], ver[32];
-    if (!cache_dir(dir, sizeof dir, err)) return NULL;
+    tg_error ignore;
+    /* NVRTC compiles in memory: a cache that cannot be used only costs time. */
+    bool cached = cache_dir(dir, sizeof dir, &ignore);
     snprintf(ver, sizeof ver, "%s nvrtc %d.%d", arch, major, minor);
     uint64_t h = cache_hash(cache_hash(1469598103934665603ull, source, strlen(source)), ver, strlen(ver));
-    snprintf(path, sizeof path, "%s/%016llx.cubin", dir, (unsigned long long)h);
-    void *cubin = cache_read(path, len);
+    snprintf(path, sizeof path, "%s/%016llx.cubin", cached ? dir : "(no cache)", (unsigned long long)h);
+    void *cubin = cached ? cache_read(path, len) : NULL;
     if (cubin) return cubin;
 
     char src_path[1000], opt_arch[40];
-    snprintf(src_path, sizeof src_path, "%s/%016llx.cu", dir, (unsigned long long)h);
-    cache_write(src_path, source, strlen(source), err);   /* for reading compile errors; optional */
+    snprintf(src_path, sizeof src_path, "%s/%016llx.cu", cached ? dir : "(no cache)", (unsigned long long)h);
+    if (cached) cache_write(src_path, source, strlen(source), &ignore);   /* for reading compile errors; optional */
     snprintf(opt_arch, sizeof opt_arch, "-arch=%s", arch);
     const char *opts[] = { opt_arch, "-std=c++17" };
     nvrtcProgram prog;
@@ -246,19 +248,19 @@ static void *compile_cubin(const char *source, const char *arch, size_t *len, tg
     if (rc != 0) {
         size_t n = 0;
         nvrtc.GetProgramLogSize(prog, &n);
-        char *log = tg_xmalloc(n + 1);
-        nvrtc.GetProgramLog(prog, log);
-        tg_seterr(err, "CUDA kernel compilation failed (NVRTC, %s; source %s): %.400s", arch, src_path, log);
+        char *log = tg_alloc(n + 1);
+        if (log) nvrtc.GetProgramLog(prog, log);
+        tg_seterr(err, "CUDA kernel compilation failed (NVRTC, %s; source %s): %.400s", arch, src_path, log ? log : "(no memory for the log)");
         free(log);
         nvrtc.DestroyProgram(&prog);
         return NULL;
     }
     nvrtc.GetCUBINSize(prog, len);
-    cubin = tg_xmalloc(*len);
-    nvrtc.GetCUBIN(prog, cubin);
+    cubin = tg_alloc(*len);
+    if (cubin) nvrtc.GetCUBIN(prog, cubin);
     nvrtc.DestroyProgram(&prog);
-    tg_error ignore;
-    cache_write(path, cubin, *len, &ignore);   /* a cache that cannot be written only costs time */
+    if (!cubin) { tg_seterr(err, "out of memory for the compiled CUDA kernels (%zu bytes)", *len); return NULL; }
+    if (cached) cache_write(path, cubin, *len, &ignore);   /* a cache that cannot be written only costs time */
     return cubin;
 }
 
@@ -282,24 +284,32 @@ static void cuda_free(void *buf) {
     cu.MemFree((CUdeviceptr)buf);
 }
 
+/* Host <-> device conversions go through a fixed buffer, chunk by chunk: no allocation, so
+ * nothing to fail (write and read cannot report an error). */
+#define XFER_CHUNK 4096
+
 static void cuda_write(void *buf, tg_dtype dt, const double *src, size_t n) {
     current();
-    void *tmp = tg_xmalloc(n * 4);
-    for (size_t i = 0; i < n; i++) {
-        if (dt == TG_INT32) ((int32_t *)tmp)[i] = (int32_t)src[i];
-        else ((float *)tmp)[i] = (float)src[i];
+    union { float f[XFER_CHUNK]; int32_t i[XFER_CHUNK]; } tmp;
+    for (size_t at = 0; at < n; at += XFER_CHUNK) {
+        size_t k = n - at < XFER_CHUNK ? n - at : XFER_CHUNK;
+        for (size_t i = 0; i < k; i++) {
+            if (dt == TG_INT32) tmp.i[i] = (int32_t)src[at + i];
+            else tmp.f[i] = (float)src[at + i];
+        }
+        cu.MemcpyHtoD((CUdeviceptr)buf + at * 4, &tmp, k * 4);
     }
-    cu.MemcpyHtoD((CUdeviceptr)buf, tmp, n * 4);
-    free(tmp);
 }
 
 static void cuda_read(const void *buf, tg_dtype dt, double *dst, size_t n) {
     current();
-    void *tmp = tg_xmalloc(n * 4);
+    union { float f[XFER_CHUNK]; int32_t i[XFER_CHUNK]; } tmp;
     cu.StreamSynchronize(g_cuda.stream);
-    cu.MemcpyDtoH(tmp, (CUdeviceptr)buf, n * 4);
-    for (size_t i = 0; i < n; i++) dst[i] = dt == TG_INT32 ? ((int32_t *)tmp)[i] : ((float *)tmp)[i];
-    free(tmp);
+    for (size_t at = 0; at < n; at += XFER_CHUNK) {
+        size_t k = n - at < XFER_CHUNK ? n - at : XFER_CHUNK;
+        cu.MemcpyDtoH(&tmp, (CUdeviceptr)buf + at * 4, k * 4);
+        for (size_t i = 0; i < k; i++) dst[at + i] = dt == TG_INT32 ? tmp.i[i] : tmp.f[i];
+    }
 }
 
 static void cuda_upload(void *buf, tg_dtype dt, const void *src, size_t n) {
@@ -372,31 +382,36 @@ static void cuda_release(void *h) {
     free(e);
 }
 
-/* Schedule, plan and generate; true with e->source set. */
-static void generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_keep) {
+/* Schedule, plan and generate; true with e->source set, false (err set) when memory runs out. */
+static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
     e->g = g;
-    bool *mat = tg_xmalloc(sizeof(bool) * (size_t)(g->n + 1));
-    int *alias = tg_xmalloc(sizeof(int) * (size_t)(g->n + 1));
-    fuse_schedule(g, keep, n_keep, true, mat, alias);
-    plan_build(g, keep, n_keep, mat, alias, &e->plan);
+    bool *mat = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
+    int *alias = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
+    bool ok = mat && alias;
+    if (ok) fuse_schedule(g, keep, n_keep, true, mat, alias);
+    ok = ok && plan_build(g, keep, n_keep, mat, alias, &e->plan);
     free(alias);
-    e->source = codegen_cuda(g, mat, &e->plan, &e->launches);
+    if (ok) e->source = codegen_cuda(g, mat, &e->plan, &e->launches);
     free(mat);
+    if (!e->source) tg_seterr(err, "out of memory generating the CUDA kernels of %d nodes (or a plan past 2^60 elements)", g->n);
+    return e->source != NULL;
 }
 
 #define TRY(call, what) do { CUresult r_ = (call); if (r_) { tg_seterr(err, "%s: %s", what, cu_error(r_)); goto fail; } } while (0)
 
 static void *cuda_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
     if (!device_ready(err)) return NULL;
-    cuda_exec *e = tg_xmalloc(sizeof *e);
-    generate(e, g, keep, n_keep);
+    cuda_exec *e = tg_alloc(sizeof *e);
+    if (!e) { tg_seterr(err, "out of memory preparing the CUDA kernels"); return NULL; }
     size_t len = 0;
-    void *cubin = compile_cubin(e->source, g_cuda.arch, &len, err);
+    void *cubin = generate(e, g, keep, n_keep, err) ? compile_cubin(e->source, g_cuda.arch, &len, err) : NULL;
     if (!cubin) goto fail;
     CUresult r = cu.ModuleLoadData(&e->module, cubin);
     free(cubin);
     if (r) { tg_seterr(err, "loading the compiled kernels: %s", cu_error(r)); goto fail; }
-    e->fn = tg_xmalloc(sizeof(CUfunction) * (size_t)(e->launches.n + 1));
+    e->fn = tg_alloc(sizeof(CUfunction) * (size_t)(e->launches.n + 1));
+    e->bound = tg_alloc(sizeof(void *) * (size_t)(g->n + 1));
+    if (!e->fn || !e->bound) { tg_seterr(err, "out of memory preparing the CUDA kernels"); goto fail; }
     for (int i = 0; i < e->launches.n; i++)
         if (e->launches.launch[i].kind == CL_KERNEL)
             TRY(cu.ModuleGetFunction(&e->fn[i], e->module, e->launches.launch[i].name), e->launches.launch[i].name);
@@ -408,10 +423,12 @@ static void *cuda_prepare(const tg_graph *g, const int *keep, int n_keep, tg_err
     TRY(cu.MemAllocHost((void **)&e->hyper_host, sizeof(double) * (size_t)e->n_hyper), "allocating pinned memory");
     TRY(cu.MemAllocHost((void **)&e->loss_host, sizeof(float) * 2), "allocating pinned memory");
     memset(e->hyper_host, 0, sizeof(double) * (size_t)e->n_hyper);
-    e->bound = tg_xmalloc(sizeof(void *) * (size_t)(g->n + 1));
     e->table_dirty = true;
     const char *prof = getenv("TG_CUDA_PROFILE");
-    if (prof && prof[0] == '1') e->profile = tg_xmalloc(sizeof(double) * (OP_COUNT + 1));
+    if (prof && prof[0] == '1' && !(e->profile = tg_alloc(sizeof(double) * (OP_COUNT + 1)))) {
+        tg_seterr(err, "out of memory for the CUDA profile");
+        goto fail;
+    }
     return e;
 fail:
     cuda_release(e);
@@ -548,29 +565,32 @@ static bool cuda_run(void *h, const double *hyper, tg_error *err) {
     return launch_graph(e, e->run_graph, hyper, err);
 }
 
-typedef struct { int loss; } step_ctx;
+typedef struct { int loss, guard; } step_ctx;
 
-/* The end of a step's graph: guarded write-backs, then the loss into pinned memory. */
+/* The end of a step's graph: write-backs guarded by the guard node (loss + 0 * every gradient),
+ * then the loss and the guard into pinned memory. */
 static bool step_tail(cuda_exec *e, void *ctx, tg_error *err) {
-    int loss = ((step_ctx *)ctx)->loss;
-    CUdeviceptr loss_ptr = node_ptr(e, loss), table = e->wb_table;
+    const step_ctx *c = ctx;
+    CUdeviceptr loss_ptr = node_ptr(e, c->loss), guard_ptr = node_ptr(e, c->guard), table = e->wb_table;
     if (e->n_wb > 0) {
-        void *args[] = { &loss_ptr, &table };
+        void *args[] = { &guard_ptr, &table };
         TRY(cu.LaunchKernel(e->writeback, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, g_cuda.stream, args, NULL), "write-backs");
     }
     TRY(cu.MemcpyDtoHAsync(e->loss_host, loss_ptr, sizeof(float), g_cuda.stream), "reading the loss");
+    TRY(cu.MemcpyDtoHAsync(e->loss_host + 1, guard_ptr, sizeof(float), g_cuda.stream), "reading the step guard");
     return true;
 fail:
     return false;
 }
 
-static bool cuda_step(void *h, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst,
-                      double *loss_out, tg_error *err) {
+static bool cuda_step(void *h, const double *hyper, int loss, int guard, const tg_assign *wb, int n_wb, void *const *dst,
+                      double *loss_out, double *guard_out, tg_error *err) {
     cuda_exec *e = h;
     current();
     if (!sync_table(e, err)) return false;
     if (!e->step_graph) {
-        wb_entry *t = tg_xmalloc(sizeof(wb_entry) * (size_t)(n_wb + 1));
+        wb_entry *t = tg_alloc(sizeof(wb_entry) * (size_t)(n_wb + 1));
+        if (!t) { tg_seterr(err, "out of memory for the write-back table"); return false; }
         for (int k = 0; k < n_wb; k++)
             t[k] = (wb_entry){ (const float *)node_ptr(e, wb[k].src), dst[k], (long long)e->g->nodes[wb[k].src].numel };
         e->n_wb = n_wb;
@@ -578,10 +598,11 @@ static bool cuda_step(void *h, const double *hyper, int loss, const tg_assign *w
         if (!r) r = cu.MemcpyHtoD(e->wb_table, t, sizeof(wb_entry) * (size_t)n_wb);
         free(t);
         if (r) { tg_seterr(err, "write-back table: %s", cu_error(r)); return false; }
-        step_ctx ctx = { loss };
+        step_ctx ctx = { loss, guard };
         if (e->profile) {
             bool ok = run_eager(e, hyper, step_tail, &ctx, err);
             *loss_out = e->loss_host[0];
+            *guard_out = e->loss_host[1];
             cu.MemFree(e->wb_table);   /* rebuilt on the next step: profiling keeps no graph */
             e->wb_table = 0;
             return ok;
@@ -590,6 +611,7 @@ static bool cuda_step(void *h, const double *hyper, int loss, const tg_assign *w
     }
     if (!launch_graph(e, e->step_graph, hyper, err)) return false;
     *loss_out = e->loss_host[0];
+    *guard_out = e->loss_host[1];
     return true;
 }
 
@@ -612,8 +634,9 @@ static void *locked_prepare(const tg_graph *g, const int *keep, int n_keep, tg_e
     LOCKED(void *, cuda_prepare(g, keep, n_keep, err))
 static bool locked_run(void *h, const double *hyper, tg_error *err) LOCKED(bool, cuda_run(h, hyper, err))
 static void locked_release(void *h) LOCKED_VOID(cuda_release(h))
-static bool locked_step(void *h, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst, double *loss_out,
-                        tg_error *err) LOCKED(bool, cuda_step(h, hyper, loss, wb, n_wb, dst, loss_out, err))
+static bool locked_step(void *h, const double *hyper, int loss, int guard, const tg_assign *wb, int n_wb, void *const *dst,
+                        double *loss_out, double *guard_out, tg_error *err)
+    LOCKED(bool, cuda_step(h, hyper, loss, guard, wb, n_wb, dst, loss_out, guard_out, err))
 
 const tg_backend backend_cuda = {
     "cuda", locked_alloc, locked_free, locked_write, locked_upload, locked_read, locked_copy,
@@ -636,12 +659,14 @@ static void host_upload(void *buf, tg_dtype dt, const void *src, size_t n) { mem
 static void host_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n * 4); }
 
 static void *nvrtc_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
-    cuda_exec *e = tg_xmalloc(sizeof *e);
-    generate(e, g, keep, n_keep);
+    cuda_exec *e = tg_alloc(sizeof *e);
+    if (!e) { tg_seterr(err, "out of memory preparing the CUDA kernels"); return NULL; }
     size_t len = 0;
-    void *cubin = compile_cubin(e->source, "sm_90", &len, err);
-    e->bound = tg_xmalloc(sizeof(void *) * (size_t)(g->n + 1));
-    if (!cubin) {
+    void *cubin = generate(e, g, keep, n_keep, err) ? compile_cubin(e->source, "sm_90", &len, err) : NULL;
+    e->bound = tg_alloc(sizeof(void *) * (size_t)(g->n + 1));
+    if (!cubin || !e->bound) {
+        if (cubin && !e->bound) tg_seterr(err, "out of memory preparing the CUDA kernels");
+        free(cubin);
         plan_free(&e->plan);
         cuda_plan_free(&e->launches);
         free(e->bound);

@@ -144,9 +144,21 @@ static double sign(double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0; }
 static double min2(double a, double b) { return (a < b || isnan(a)) ? a : b; }
 static double max2(double a, double b) { return (a > b || isnan(a)) ? a : b; }
 
-/* Integer division of i32 values held in doubles: C's truncation toward zero. Division by zero
- * has no defined result; 0 keeps the value finite and deterministic. */
-static double idiv(double a, double b) { return b == 0 ? 0.0 : (double)((int64_t)a / (int64_t)b); }
+/* Integer division of i32 values held in doubles (whole numbers in int32 range: see wrap_i32):
+ * C's truncation toward zero. Division by zero has no defined result; 0 keeps the value finite
+ * and deterministic. INT32_MIN / -1 wraps, as in the generated kernels. */
+static double idiv(double a, double b) { return b == 0 ? 0.0 : b == -1 ? -a : (double)((int64_t)a / (int64_t)b); }
+
+/* An i32 result wrapped to 32-bit two's complement, as the compiled kernels (built with
+ * -fwrapv) compute it: held in a double it would otherwise grow past int32, and past what a
+ * conversion to an integer type may take. Exact while the double is (below 2^53). */
+static double wrap_i32(double v) {
+    if (!isfinite(v)) return 0;
+    double w = fmod(trunc(v), 4294967296.0);
+    if (w >= 2147483648.0) w -= 4294967296.0;
+    if (w < -2147483648.0) w += 4294967296.0;
+    return w;
+}
 
 static void unary(tg_op op, double *restrict o, const double *restrict x, int64_t n)
 {
@@ -388,14 +400,20 @@ static void causal(const tg_node *n, double *out, const double *in)
 /* C[M,N] = A'[M,K] B[K,N] with B contiguous row-major. A' is A or, with ta, the transpose of A
  * stored [K,M]. The i-k-j order keeps the inner loop contiguous in B and C and sums over k in
  * order, as the naive triple loop does. */
+/* b is [K,N], or stored [N,K] when tb (read strided, in the same order of accumulation). */
 static void matmul_one(double *restrict c, const double *restrict a, const double *restrict b,
-                       int64_t M, int64_t K, int64_t N, bool ta)
+                       int64_t M, int64_t K, int64_t N, bool ta, bool tb)
 {
     for (int64_t i = 0; i < M; i++) {
         double *crow = c + i * N;
         memset(crow, 0, (size_t)N * sizeof *crow);
         for (int64_t k = 0; k < K; k++) {
             double aik = ta ? a[k * M + i] : a[i * K + k];
+            if (tb) {
+                for (int64_t j = 0; j < N; j++)
+                    crow[j] += aik * b[j * K + k];
+                continue;
+            }
             const double *brow = b + k * N;
             for (int64_t j = 0; j < N; j++)
                 crow[j] += aik * brow[j];
@@ -439,20 +457,20 @@ static void matmul(const tg_graph *g, const tg_node *n, double *out, double *con
     runs_init(&r, batch, 2, stride);
     int64_t len = run_len(&r), sa = run_stride(&r, 0), sb = run_stride(&r, 1);
 
-    /* A transposed B is copied to [K,N] so the one i-k-j kernel serves every case; a B shared by
-     * consecutive batches (a 2-D weight) is copied once. */
-    double *bt = tb ? tg_xmalloc((size_t)(K * N > 0 ? K * N : 1) * sizeof *bt) : NULL;
+    /* A transposed B is copied to [K,N] for contiguous reads; a B shared by consecutive batches
+     * (a 2-D weight) is copied once. Without memory for the copy, B is read strided in place. */
+    double *bt = tb ? tg_alloc((size_t)(K * N > 0 ? K * N : 1) * sizeof *bt) : NULL;
     const double *a0 = bufs[n->src[0]], *b0 = bufs[n->src[1]], *bt_of = NULL;
     do {
         for (int64_t j = 0; j < len; j++) {
             const double *a = a0 + r.off[0] + j * sa, *b = b0 + r.off[1] + j * sb;
-            if (tb) {
+            if (bt) {
                 if (b != bt_of)
                     transpose(bt, b, K, N);
                 bt_of = b;
                 b = bt;
             }
-            matmul_one(out, a, b, M, K, N, ta);
+            matmul_one(out, a, b, M, K, N, ta, tb && !bt);
             out += M * N;
         }
     } while (runs_next(&r));
@@ -772,13 +790,21 @@ void ref_eval_node(const tg_graph *g, int id, double *const *bufs, const double 
 
 static bool is_bound_leaf(tg_op op) { return op == OP_INPUT || op == OP_PARAM || op == OP_STATE; }
 
+void ref_exec_free(ref_exec *e);
+
 ref_exec *ref_exec_new(const tg_graph *g, const tg_plan *plan, bool round_f32)
 {
-    ref_exec *e = tg_xmalloc(sizeof *e);
+    ref_exec *e = tg_alloc(sizeof *e);
+    if (!e)
+        return NULL;
     e->g = g;
     e->round_f32 = round_f32;
-    e->arena = tg_xmalloc((plan->arena > 0 ? plan->arena : 1) * sizeof *e->arena);
-    e->bufs = tg_xmalloc((size_t)(g->n > 0 ? g->n : 1) * sizeof *e->bufs);
+    e->arena = tg_alloc((plan->arena > 0 ? plan->arena : 1) * sizeof *e->arena);
+    e->bufs = tg_alloc((size_t)(g->n > 0 ? g->n : 1) * sizeof *e->bufs);
+    if (!e->arena || !e->bufs) {
+        ref_exec_free(e);
+        return NULL;
+    }
     for (int i = 0; i < g->n; i++)
         e->bufs[i] = plan->offset[i] == PLAN_BOUND ? NULL : e->arena + plan->offset[i];
     return e;
@@ -800,6 +826,11 @@ void ref_exec_run(ref_exec *e, const double *hyper)
             double *v = e->bufs[id];
             for (int64_t i = 0; i < n->numel; i++)
                 v[i] = (double)(float)v[i];
+        }
+        if (n->dtype == TG_INT32) {
+            double *v = e->bufs[id];
+            for (int64_t i = 0; i < n->numel; i++)
+                v[i] = wrap_i32(v[i]);
         }
     }
 }

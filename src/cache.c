@@ -61,7 +61,7 @@ void *cache_read(const char *path, size_t *len) {
     void *data = NULL;
     long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
     if (n > 0 && fseek(f, 0, SEEK_SET) == 0) {
-        data = malloc((size_t)n);
+        data = tg_alloc((size_t)n);
         if (data && fread(data, 1, (size_t)n, f) != (size_t)n) {
             free(data);
             data = NULL;

@@ -116,14 +116,13 @@ static const char *memo_find(cg *c, int id, const char *key) {
 }
 
 static const char *memo_add(cg *c, int id, const char *key, const char *name) {
-    if (c->n_memo == c->cap_memo) {
-        c->cap_memo = c->cap_memo ? 2 * c->cap_memo : 64;
-        c->memo = realloc(c->memo, sizeof(memo_t) * (size_t)c->cap_memo);
-    }
-    memo_t *m = &c->memo[c->n_memo++];
-    m->node = id;
-    snprintf(m->key, sizeof m->key, "%s", key);
-    snprintf(m->name, NAME, "%s", name);
+    memo_t copy;   /* key and name may point into the memo array, which growing it moves */
+    snprintf(copy.key, sizeof copy.key, "%s", key);
+    snprintf(copy.name, NAME, "%s", name);
+    copy.node = id;
+    memo_t *m = cg_memo_slot(c);
+    if (!m) return "0";   /* out of memory: the output is discarded (alloc_failures) */
+    *m = copy;
     return m->name;
 }
 
@@ -169,7 +168,10 @@ static const char *binary_expr(const tg_node *n, bool i32, const char *a, const 
     case OP_ADD: snprintf(buf, len, "%s + %s", a, b); break;
     case OP_SUB: snprintf(buf, len, "%s - %s", a, b); break;
     case OP_MUL: snprintf(buf, len, "%s * %s", a, b); break;
-    case OP_DIV: snprintf(buf, len, i32 ? "(%2$s ? %1$s / %2$s : 0)" : "%s / %s", a, b); break;
+    /* i32: x / 0 is 0 (as the reference) and INT32_MIN / -1 wraps: both would trap on x86. */
+    case OP_DIV:
+        snprintf(buf, len, i32 ? "(%2$s == -1 ? (int32_t)(0u - (uint32_t)%1$s) : %2$s ? %1$s / %2$s : 0)" : "%s / %s", a, b);
+        break;
     /* NaN-propagating exactly as the reference (x != x is the NaN test). */
     case OP_MIN: snprintf(buf, len, "((%1$s < %2$s || %1$s != %1$s) ? %1$s : %2$s)", a, b); break;
     case OP_MAX: snprintf(buf, len, "((%1$s > %2$s || %1$s != %1$s) ? %1$s : %2$s)", a, b); break;
@@ -368,8 +370,14 @@ cg_gemm cg_gemm_of(const tg_graph *g, int id) {
         m.M *= m.batch;
         m.batch = 1;
     }
-    m.aoff = tg_xmalloc(sizeof(int64_t) * (size_t)m.batch);
-    m.boff = tg_xmalloc(sizeof(int64_t) * (size_t)m.batch);
+    m.aoff = tg_alloc(sizeof(int64_t) * (size_t)m.batch);
+    m.boff = tg_alloc(sizeof(int64_t) * (size_t)m.batch);
+    if (!m.aoff || !m.boff) {   /* the caller sees NULL offsets and emits nothing */
+        free(m.aoff);
+        free(m.boff);
+        m.aoff = m.boff = NULL;
+        return m;
+    }
     tg_shape ob = n->shape, ab = a->shape, bb = b->shape;
     ob.ndim -= 2;
     ab.ndim -= 2;
@@ -405,13 +413,26 @@ void cg_pointer(cg *c, strbuf *decl, int id, bool out, const char *restrict_kw) 
         sb_printf(decl, "    %s%s *%s P%d = (%s%s *)(A + %zu);\n", q, t, restrict_kw, id, q, t, c->plan->offset[home]);
 }
 
-void cg_init(cg *c, const tg_graph *g, const bool *materialized, const tg_plan *plan, strbuf *out) {
+bool cg_init(cg *c, const tg_graph *g, const bool *materialized, const tg_plan *plan, strbuf *out) {
     memset(c, 0, sizeof *c);
     c->g = g;
     c->mat = materialized;
     c->plan = plan;
     c->out = out;
-    c->used = tg_xmalloc(sizeof(bool) * (size_t)(g->n + 1));
+    c->used = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
+    c->cap_memo = 64;
+    c->memo = tg_alloc(sizeof(memo_t) * (size_t)c->cap_memo);
+    return c->used && c->memo;
+}
+
+memo_t *cg_memo_slot(cg *c) {
+    if (c->n_memo == c->cap_memo) {
+        memo_t *grown = tg_realloc(c->memo, sizeof(memo_t) * (size_t)c->cap_memo * 2);
+        if (!grown) return c->n_memo ? &c->memo[c->n_memo - 1] : NULL;   /* overwritten: output discarded */
+        c->memo = grown;
+        c->cap_memo *= 2;
+    }
+    return &c->memo[c->n_memo++];
 }
 
 void cg_release(cg *c) {

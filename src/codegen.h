@@ -36,7 +36,11 @@ typedef struct {
 } cg;
 
 
-void cg_init(cg *c, const tg_graph *g, const bool *materialized, const tg_plan *plan, strbuf *out);
+/* False when memory runs out (cg_release still frees what it got). */
+bool cg_init(cg *c, const tg_graph *g, const bool *materialized, const tg_plan *plan, strbuf *out);
+/* A new memo entry. When memory runs out it reuses the last one: the generator goes on, and its
+ * output is discarded (see alloc_failures). */
+memo_t *cg_memo_slot(cg *c);
 void cg_release(cg *c);
 /* Start the kernel of node `root`: an empty body, nothing read yet. */
 void cg_begin(cg *c, int root);

@@ -71,8 +71,9 @@ static int home_of(const tg_graph *g, const bool *mat, const int *alias, int id)
  *    plan keeps their sources alive until then;
  *  - in-place write-backs: an optimizer update whose kernel is the last reader of the parameter
  *    or state it replaces, reading it only at the element it writes, writes the persistent
- *    buffer directly; the generated entry returns before the first such kernel when the loss is
- *    not finite, so a failed step still leaves parameters and optimizer state unchanged. */
+ *    buffer directly; the generated entry returns before the first such kernel when the guard
+ *    (loss + 0 * every gradient) is not finite, so a failed step still leaves parameters and
+ *    optimizer state unchanged. */
 
 /* Does `node` read source k at its own flat index (so an element depends only on the same
  * element of that source)? */
@@ -156,10 +157,17 @@ static void absorb(const tg_graph *g, bool *mat, int *alias, int i) {
 
 void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *mat, int *alias, int *inplace) {
     int n = g->n;
-    int *uses = tg_xmalloc(sizeof(int) * (size_t)(n + 1)), *user = tg_xmalloc(sizeof(int) * (size_t)(n + 1));
-    int *last = tg_xmalloc(sizeof(int) * (size_t)(n + 1));
-    bool *kept = tg_xmalloc(sizeof(bool) * (size_t)(n + 1));
+    int *uses = tg_alloc(sizeof(int) * (size_t)(n + 1)), *user = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    int *last = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    bool *kept = tg_alloc(sizeof(bool) * (size_t)(n + 1));
     for (int i = 0; i < n; i++) inplace[i] = -1;
+    if (!uses || !user || !last || !kept) {   /* the schedule stays unrefined; the caller sees the failure */
+        free(uses);
+        free(user);
+        free(last);
+        free(kept);
+        return;
+    }
     for (int i = 0; i < n; i++)
         for (int k = 0; k < g->nodes[i].nsrc; k++) {
             uses[g->nodes[i].src[k]]++;
@@ -233,10 +241,10 @@ void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *mat,
             if (last[g->nodes[i].src[k]] < reader) last[g->nodes[i].src[k]] = reader;
         if (alias[i] >= 0 && last[alias[i]] < last[i]) last[alias[i]] = last[i];
     }
-    int loss = g->output;
-    bool loss_ok = g->n_assigns > 0 && loss >= 0 && loss < n && mat[loss] && alias[loss] < 0 && g->nodes[loss].numel == 1 &&
-                   g->nodes[loss].dtype == TG_FLOAT32;
-    for (int k = 0; loss_ok && k < g->n_assigns; k++) {
+    int guard = g->guard;
+    bool guard_ok = g->n_assigns > 0 && guard >= 0 && guard < n && mat[guard] && alias[guard] < 0 &&
+                    g->nodes[guard].numel == 1 && g->nodes[guard].dtype == TG_FLOAT32;
+    for (int k = 0; guard_ok && k < g->n_assigns; k++) {
         int dst = g->assigns[k].dst, src = g->assigns[k].src;
         const tg_node *ns = &g->nodes[src], *nd = &g->nodes[dst];
         bool absorbs = false;   /* an add computed by a product kernel */
@@ -245,7 +253,7 @@ void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *mat,
             absorbs |= !mat[m] && g->nodes[m].op == OP_MATMUL;
         }
         bool ok = !absorbs && mat[src] && alias[src] < 0 && fuse_pointwise(ns->op) && ns->numel == nd->numel &&
-                  ns->dtype == nd->dtype && src > loss && (nd->op == OP_PARAM || nd->op == OP_STATE) && last[dst] <= src;
+                  ns->dtype == nd->dtype && src > guard && (nd->op == OP_PARAM || nd->op == OP_STATE) && last[dst] <= src;
         for (int j = 0; ok && j < n_keep; j++) ok = keep[j] != src;
         for (int j = 0; ok && j < g->n_assigns; j++)
             if (j != k) ok = g->assigns[j].src != src && g->assigns[j].dst != dst;
@@ -291,10 +299,13 @@ static char *canonical(const char *text) {
             long id = strtol(p + 1, &end, 10);
             int k = 0;
             while (k < n_ids && ids[k] != id) k++;
-            if (k == n_ids) {
-                if (n_ids == cap) ids = realloc(ids, sizeof(int) * (size_t)(cap = cap ? 2 * cap : 64));
-                ids[n_ids++] = (int)id;
+            if (k == n_ids && n_ids == cap) {
+                int *grown = tg_realloc(ids, sizeof(int) * (size_t)(cap ? 2 * cap : 64));
+                if (!grown) break;   /* out of memory: the output is discarded (alloc_failures) */
+                ids = grown;
+                cap = cap ? 2 * cap : 64;
             }
+            if (k == n_ids) ids[n_ids++] = (int)id;
             sb_printf(&out, "P_%d", k);
             p = end;
         } else {
@@ -305,7 +316,20 @@ static char *canonical(const char *text) {
         }
     }
     free(ids);
-    return out.s;
+    return sb_take(&out);
+}
+
+/* Room for one more kernel text and name. */
+static bool grow_texts(gen *G) {
+    if (G->n_texts < G->cap_texts) return true;
+    int cap = G->cap_texts ? 2 * G->cap_texts : 64;
+    char **texts = tg_realloc(G->texts, sizeof(char *) * (size_t)cap);
+    if (texts) G->texts = texts;
+    char **names = texts ? tg_realloc(G->names, sizeof(char *) * (size_t)cap) : NULL;
+    if (names) G->names = names;
+    if (!names) return false;
+    G->cap_texts = cap;
+    return true;
 }
 
 /* The kernel: pointer declarations (its outputs, then every buffer its body read; a leaf that an
@@ -341,30 +365,29 @@ static void end_kernel(gen *G, bool parallel, const char *head, const char *tail
     }
     if (parallel) sb_printf(&text, "  #pragma omp parallel\n  {\n%s    #pragma omp for schedule(static) nowait\n", decl.s ? decl.s : "");
     else sb_printf(&text, "%s", decl.s ? decl.s : "");
-    sb_printf(&text, "%s%s%s%s%s", head, c->body.s ? c->body.s : "", tail, parallel ? "  }\n" : "", undef.s ? undef.s : "");
+    sb_printf(&text, "%s%s%s%s%s", head ? head : "", sb_str(&c->body), tail ? tail : "", parallel ? "  }\n" : "", sb_str(&undef));
     /* Kernels alike but for their buffers (a model's repeated layers, the optimizer's updates of
      * parameters of one shape) share one function: less code to compile. */
-    char *canon = canonical(text.s);
+    char *canon = canonical(sb_str(&text)), buf[32];
     const char *name = NULL;
-    for (int k = 0; k < G->n_texts && !name; k++)
+    for (int k = 0; canon && k < G->n_texts && !name; k++)
         if (strcmp(G->texts[k], canon) == 0) name = G->names[k];
-    if (name) {
+    snprintf(buf, sizeof buf, "k%d", G->roots[0]);
+    if (!canon || name) {   /* out of memory (the output is discarded: see alloc_failures), or a twin */
         free(canon);
-    } else {
-        if (G->n_texts == G->cap_texts) {
-            G->cap_texts = G->cap_texts ? 2 * G->cap_texts : 64;
-            G->texts = realloc(G->texts, sizeof(char *) * (size_t)G->cap_texts);
-            G->names = realloc(G->names, sizeof(char *) * (size_t)G->cap_texts);
-        }
-        char buf[32];
-        snprintf(buf, sizeof buf, "k%d", G->roots[0]);
+    } else if (grow_texts(G)) {
         G->texts[G->n_texts] = canon;
-        name = G->names[G->n_texts++] = tg_strdup(buf);
+        G->names[G->n_texts] = tg_strdup(buf);
+        name = G->names[G->n_texts++];
         sb_printf(c->out, "static void %s(float *A, void **B, const double *H, void *const *R, const int64_t *q) {\n%s}\n\n",
-                  name, canon);
+                  buf, canon);
+    } else {
+        free(canon);
     }
     G->call.len = 0;
-    sb_printf(&G->call, "    { static const int64_t q[] = { %s }; %s(A, B, H, R, q); }\n", G->slots.s ? G->slots.s : "0", name);
+    if (G->call.s) G->call.s[0] = 0;
+    sb_printf(&G->call, "    { static const int64_t q[] = { %s }; %s(A, B, H, R, q); }\n", G->slots.s ? G->slots.s : "0",
+              name ? name : buf);
     free(decl.s);
     free(undef.s);
     free(text.s);
@@ -437,14 +460,13 @@ static bool expr_reads(const cg *c, int root, int node, int target) {
 }
 
 static void memo_push(cg *c, int node, const char *key, const char *name) {
-    if (c->n_memo == c->cap_memo) {
-        c->cap_memo = c->cap_memo ? 2 * c->cap_memo : 64;
-        c->memo = realloc(c->memo, sizeof(memo_t) * (size_t)c->cap_memo);
-    }
-    memo_t *m = &c->memo[c->n_memo++];
+    char copy[NAME];   /* name may point into the memo array, which growing it moves */
+    snprintf(copy, NAME, "%s", name);
+    memo_t *m = cg_memo_slot(c);
+    if (!m) return;
     m->node = node;
     snprintf(m->key, sizeof m->key, "%s", key);
-    snprintf(m->name, NAME, "%s", name);
+    snprintf(m->name, NAME, "%s", copy);
 }
 
 /* Can the roots so far run as one loop? In-place roots only with in-place roots, no root read
@@ -453,7 +475,7 @@ static void memo_push(cg *c, int node, const char *key, const char *name) {
  * place read only by the root replacing it. */
 static bool group_ok(gen *G) {
     cg *c = &G->c;
-    /* In-place roots run only after a finite loss (the entry returns before them otherwise):
+    /* In-place roots run only after a finite guard (the entry returns before them otherwise):
      * nothing else may share their loop, so that a failed step still computes the gradients. */
     int n_inplace = 0;
     for (int k = 0; k < G->n_roots; k++) n_inplace += inplace_of(G, G->roots[k]) >= 0;
@@ -487,8 +509,8 @@ static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
     cg_line(c, "P%d[i] = %s;", first, cg_root_value(c, "i"));
     memo_push(c, first, "fi", c->memo[c->n_memo - 1].name);
     int joined = 0;
-    bool *saved = tg_xmalloc(sizeof(bool) * (size_t)(c->g->n + 1));
-    for (int q = 0; q < n_next && G->n_roots < 64; q++) {
+    bool *saved = tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
+    for (int q = 0; saved && q < n_next && G->n_roots < 64; q++) {   /* no memory: no joining */
         int r = next[q];
         const tg_node *nr = N(c, r);
         if (!fuse_pointwise(nr->op) || nr->numel != n->numel || strcmp(index_type(c, r, nr->numel), it) != 0 ||
@@ -742,15 +764,15 @@ static int row_kernel(gen *G, const int *order, int n_order) {
                 at_row(c, members, roles, m);
                 sb_printf(&text, "      {\n      double acc = 0;\n      #pragma omp simd reduction(+:acc)\n"
                                  "      for (uint32_t j = 0; j < %lldu; j++) {\n%s      }\n      P%d[r] = (%s)acc;\n      }\n",
-                          (long long)L, c->body.s, id, cg_ctype(N(c, id)));
+                          (long long)L, sb_str(&c->body), id, cg_ctype(N(c, id)));
             } else if (roles[m] == ROW_ELEMS) {
                 cg_line(c, "const uint32_t i = r * %lldu + j;", (long long)L);
                 cg_line(c, "P%d[i] = %s;", id, cg_root_value(c, "i"));
                 at_row(c, members, roles, m);
-                sb_printf(&text, "      for (uint32_t j = 0; j < %lldu; j++) {\n%s      }\n", (long long)L, c->body.s);
+                sb_printf(&text, "      for (uint32_t j = 0; j < %lldu; j++) {\n%s      }\n", (long long)L, sb_str(&c->body));
             } else {
                 cg_line(c, "P%d[r] = %s;", id, cg_root_value(c, "r"));
-                sb_printf(&text, "      {\n%s      }\n", c->body.s);
+                sb_printf(&text, "      {\n%s      }\n", sb_str(&c->body));
             }
         }
         bool ok = true;
@@ -783,7 +805,7 @@ static int row_kernel(gen *G, const int *order, int n_order) {
         c->root = members[0];
         char head[128];
         snprintf(head, sizeof head, "    for (uint32_t r = 0; r < %lldu; r++) {\n", (long long)R);
-        sb_printf(&c->body, "%s", text.s);
+        sb_printf(&c->body, "%s", sb_str(&text));
         free(text.s);
         end_kernel(G, R > 1 && omp(c, R * L * nm), head, "    }\n");
         return nm;
@@ -834,9 +856,9 @@ static void matmul_call(gen *G, int id, int mm, int flags) {
         m.batch = batch;
         free(m.aoff);
         free(m.boff);
-        m.aoff = tg_xmalloc(sizeof(int64_t) * (size_t)batch);
-        m.boff = tg_xmalloc(sizeof(int64_t) * (size_t)batch);
-        for (int64_t i = 0; i < batch; i++) m.aoff[i] = i * m.M * m.K;   /* A contiguous, B shared */
+        m.aoff = tg_alloc(sizeof(int64_t) * (size_t)batch);
+        m.boff = tg_alloc(sizeof(int64_t) * (size_t)batch);
+        for (int64_t i = 0; m.aoff && i < batch; i++) m.aoff[i] = i * m.M * m.K;   /* A contiguous, B shared */
     }
     int bufs[4] = { n->src[0], n->src[1], id, -1 }, nbufs = 3;
     if (flags & (MM_BIAS_ROW | MM_BIAS_COL)) {   /* id is an add of mm and a bias */
@@ -852,7 +874,12 @@ static void matmul_call(gen *G, int id, int mm, int flags) {
         img = N(c, N(c, bv)->src[0])->numel / N(c, N(c, bv)->src[0])->shape.d[0];
     }
     /* args: ta, tb, M, N, K, batch, flags, geometries, then batch offsets of A, then of B. */
-    int64_t *args = tg_xmalloc(sizeof(int64_t) * (size_t)(21 + 2 * m.batch));
+    int64_t *args = m.aoff && m.boff ? tg_alloc(sizeof(int64_t) * (size_t)(21 + 2 * m.batch)) : NULL;
+    if (!args) {   /* out of memory: no call (the source is discarded: see alloc_failures) */
+        free(m.aoff);
+        free(m.boff);
+        return;
+    }
     int64_t head[7] = { m.ta, m.tb, m.M, m.N, m.K, m.batch, flags };
     memcpy(args, head, sizeof head);
     int na = 7;
@@ -954,7 +981,7 @@ static const char PRELUDE[] =
     "#pragma omp declare simd notinbranch\nfloat cosf(float);\n"
     "typedef void (*tgk_fn)(const int64_t *a, void *const *p);\n"
     "enum { TGK_MATMUL, TGK_SOFTMAX, TGK_SOFTMAX_CAUSAL, TGK_ARGMAX, TGK_SCATTER_ROWS, TGK_SCATTER_ALONG,\n"
-    "       TGK_COL2IM, TGK_MAXPOOL, TGK_MAXPOOL_BWD };\n";
+    "       TGK_COL2IM, TGK_MAXPOOL, TGK_MAXPOOL_BWD, TGK_FAILED };\n";
 
 char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min,
                         const int *inplace) {
@@ -962,15 +989,19 @@ char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_pl
     gen G;
     memset(&G, 0, sizeof G);
     cg *c = &G.c;
-    cg_init(c, g, materialized, plan, &out);
+    long failures = alloc_failures();   /* any allocation failing from here on voids the source */
+    if (!cg_init(c, g, materialized, plan, &out)) {
+        cg_release(c);
+        return NULL;
+    }
     c->parallel_min = parallel_min;
     G.inplace = inplace;
     sb_printf(&out, "/* generated by tensorgrad: %d nodes */\n%s", g->n, PRELUDE);
     cg_prelude(&out, "static inline");
     strbuf entry = { 0 };
     sb_printf(&entry, "void tg_entry(float *A, void **B, const double *H, void *const *R) {\n");
-    int *order = tg_xmalloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
-    for (int i = 0; i < g->n; i++)
+    int *order = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
+    for (int i = 0; order && i < g->n; i++)
         if (materialized[i] && plan->alias[i] < 0) order[n_order++] = i;   /* aliases share a buffer: no kernel */
     bool guarded = false;
     for (int q = 0; q < n_order; q++) {
@@ -988,15 +1019,17 @@ char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_pl
         bool writes_leaf = false;
         for (int r = 0; r < G.n_roots; r++) writes_leaf |= inplace_of(&G, G.roots[r]) >= 0;
         if (writes_leaf && !guarded) {
-            /* Parameters and optimizer state are replaced from here on: only after a finite loss. */
-            sb_printf(&entry, "    if (!isfinite(((const float *)(A + %zu))[0])) return;\n", plan->offset[g->output]);
+            /* Parameters and optimizer state are replaced from here on: only when the loss and every
+             * gradient are finite (the guard) and every kernel so far got its scratch memory. */
+            sb_printf(&entry, "    if (!isfinite(((const float *)(A + %zu))[0]) || ((int (*)(void))R[TGK_FAILED])()) return;\n",
+                      plan->offset[g->guard]);
             guarded = true;
         }
-        sb_printf(&entry, "%s", G.call.s);
+        sb_printf(&entry, "%s", sb_str(&G.call));
         q += joined;
     }
     sb_printf(&entry, "}\n");
-    sb_printf(&out, "%s", entry.s);
+    sb_printf(&out, "%s", sb_str(&entry));
     free(entry.s);
     free(order);
     for (int k = 0; k < G.n_texts; k++) {
@@ -1008,6 +1041,10 @@ char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_pl
     free(G.slots.s);
     free(G.call.s);
     cg_release(c);
+    if (alloc_failures() != failures) {   /* the generator went on with placeholders: not a program */
+        free(out.s);
+        return NULL;
+    }
     return out.s;
 }
 

@@ -51,18 +51,19 @@ static void find_aliases(const tg_graph *g, const bool *materialized, int *alias
 
 void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bool *materialized, int *alias) {
     int n = g->n;
-    int *uses = tg_xmalloc(sizeof(int) * (size_t)(n + 1));
-    bool *memory_read = tg_xmalloc(sizeof(bool) * (size_t)(n + 1));
-    bool *kept = tg_xmalloc(sizeof(bool) * (size_t)(n + 1));
-    for (int i = 0; i < n; i++)
+    int *uses = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    bool *memory_read = tg_alloc(sizeof(bool) * (size_t)(n + 1));
+    bool *kept = tg_alloc(sizeof(bool) * (size_t)(n + 1));
+    if (!uses || !memory_read || !kept) fuse = false;   /* no memory to analyse: the unfused schedule, as valid */
+    for (int i = 0; fuse && i < n; i++)
         for (int k = 0; k < g->nodes[i].nsrc; k++) {
             int s = g->nodes[i].src[k];
             uses[s]++;
             if (!reads_inline(g->nodes[i].op)) memory_read[s] = true;
         }
-    for (int k = 0; k < n_keep; k++)
+    for (int k = 0; fuse && k < n_keep; k++)
         if (keep[k] >= 0) kept[keep[k]] = true;
-    for (int k = 0; k < g->n_assigns; k++) kept[g->assigns[k].src] = true;
+    for (int k = 0; fuse && k < g->n_assigns; k++) kept[g->assigns[k].src] = true;
     for (int i = 0; i < n; i++) {
         tg_op op = g->nodes[i].op;
         if (op == OP_INPUT || op == OP_PARAM || op == OP_STATE) { materialized[i] = false; continue; }

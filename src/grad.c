@@ -180,15 +180,23 @@ static void rule(grad_ctx *c, int id) {
 
 bool grad_build(tg_graph *g, int loss, const int *wrt, int n_wrt, int *grad_out) {
     if (!ir_ok(g)) return false;
-    const tg_node *ln = &g->nodes[loss];
-    if (ln->numel != 1 || ln->dtype != TG_FLOAT32) {
+    const tg_node ln = g->nodes[loss];   /* a copy: appending nodes may move the array */
+    if (ln.numel != 1 || ln.dtype != TG_FLOAT32) {
         char sh[96];
-        ir_fail(g, ln->site, "the loss must be an f32 scalar (one element), got %s%s", shape_str(ln->shape, sh),
-                ln->dtype == TG_INT32 ? " i32" : "");
+        ir_fail(g, ln.site, "the loss must be an f32 scalar (one element), got %s%s", shape_str(ln.shape, sh),
+                ln.dtype == TG_INT32 ? " i32" : "");
         return false;
     }
     int n0 = g->n;
-    grad_ctx c = { g, malloc(sizeof(int) * (size_t)n0), calloc((size_t)n0, sizeof(bool)) };
+    grad_ctx c = { g, tg_alloc(sizeof(int) * (size_t)n0), tg_alloc(sizeof(bool) * (size_t)n0) };
+    if (!c.acc || !c.reach) {
+        free(c.acc);
+        free(c.reach);
+        ir_fail(g, ln.site, "out of memory deriving gradients");
+        return false;
+    }
+    tg_graph *outer = tg__trace();   /* the public ops used below append to the traced graph */
+    tg__set_trace(g);
     for (int i = 0; i < n0; i++) c.acc[i] = -1;
     for (int k = 0; k < n_wrt; k++) c.reach[wrt[k]] = true;
     for (int i = 0; i < n0; i++) {
@@ -196,15 +204,15 @@ bool grad_build(tg_graph *g, int loss, const int *wrt, int n_wrt, int *grad_out)
         for (int k = 0; k < n->nsrc && !c.reach[i]; k++) c.reach[i] = flows(n, k) && c.reach[n->src[k]];
         if (n->dtype != TG_FLOAT32) c.reach[i] = false;
     }
-    if (c.reach[loss]) c.acc[loss] = op_expand(ln->site, num(g, ln->site, 1), ln->shape).id;
+    if (c.reach[loss]) c.acc[loss] = op_expand(ln.site, num(g, ln.site, 1), ln.shape).id;
     for (int i = loss; i >= 0 && ir_ok(g); i--)
         if (c.reach[i] && c.acc[i] >= 0) rule(&c, i);
     for (int k = 0; k < n_wrt && ir_ok(g); k++) {
-        int w = wrt[k];
-        grad_out[k] = c.acc[w] >= 0 ? c.acc[w]
-                                    : op_expand(g->nodes[w].site, num(g, g->nodes[w].site, 0), g->nodes[w].shape).id;
+        const tg_node wn = g->nodes[wrt[k]];   /* a copy: num() appends, which may move the array */
+        grad_out[k] = c.acc[wrt[k]] >= 0 ? c.acc[wrt[k]] : op_expand(wn.site, num(g, wn.site, 0), wn.shape).id;
     }
     free(c.acc);
     free(c.reach);
+    tg__set_trace(outer);
     return ir_ok(g);
 }

@@ -149,6 +149,8 @@ struct tg_graph {
     tg_node *nodes;
     int n, cap;
     int output;                     /* loss or forward output */
+    int guard;                      /* training graphs: finite only when the loss and every gradient
+                                     * are (see optim_build); write-backs wait on it. -1: none */
     tg_model *model;
     int *param_node;                /* per model param id: its PARAM node here, or -1 */
     int n_params;
@@ -224,8 +226,9 @@ int model_find(const tg_model *m, const char *name);
  * same values, independent of other params (each param has its own stream keyed by its name). */
 void model_init_param(const tg_model *m, int id, double *dst);
 
-/* optim.c: append the optimizer update of every parameter that has a gradient. Hyper slots:
- * see optim.c (lr and bias corrections the host computes per step). */
+/* optim.c: append the optimizer update of every parameter that has a gradient, and the step's
+ * guard (g->guard). Hyper slots: see optim.c (lr and bias corrections the host computes per
+ * step). */
 bool optim_build(tg_graph *g, const tg_optimizer *opt);
 /* Per-step host scalars for step t (1-based) at learning rate lr. */
 void optim_hyper(const tg_optimizer *opt, int64_t t, double lr, double *hyper);
@@ -234,12 +237,15 @@ void optim_hyper(const tg_optimizer *opt, int64_t t, double lr, double *hyper);
  * leaves bound from outside (INPUT, PARAM, STATE) get PLAN_BOUND. `keep` lists nodes whose
  * values must survive to the end of the run (outputs, gradients, write-back sources). */
 #define PLAN_BOUND ((size_t)-1)
+/* The largest arena a plan accepts, in elements (2^60: its bytes still fit a size_t). */
+#define PLAN_MAX_ARENA ((size_t)1 << 60)
 typedef struct {
     size_t *offset;     /* per node */
     size_t arena;       /* elements */
     int *alias;         /* per node: the node whose buffer it shares (no kernel of its own), or -1 */
 } tg_plan;
-/* `materialized` (NULL: every node) marks the nodes that get memory; the others are computed
+/* False (nothing allocated) when memory runs out or the arena would pass PLAN_MAX_ARENA.
+ * `materialized` (NULL: every node) marks the nodes that get memory; the others are computed
  * inside the kernels that read them, so a buffer they read stays live until those kernels ran.
  * Nodes not materialized get PLAN_BOUND too. `alias` (NULL: none) names, per node, the node
  * whose buffer it shares; that buffer then stays live as long as either is read. */
@@ -294,6 +300,8 @@ void async_free(async_queue *q, const char *why);
 
 /* kernels_cpu.c: the library kernels generated C calls, indexed by its TGK_* ids; threads. */
 extern void *const cpu_kernels[];
+/* Whether a kernel failed to get scratch memory since the last call (then clears it). */
+bool cpu_kernels_failed(void);
 void cpu_set_threads(int n);
 void cpu_blas_single_threaded(void);
 /* On: the CPU library kernels take their portable paths even where AVX-512 ones exist (tests). */
@@ -304,7 +312,7 @@ void cpu_kernels_portable(bool on);
  * does (up to accumulation order) and, unset, runs the same graph in double precision for
  * gradient checks. */
 typedef struct ref_exec ref_exec;
-ref_exec *ref_exec_new(const tg_graph *g, const tg_plan *plan, bool round_f32);
+ref_exec *ref_exec_new(const tg_graph *g, const tg_plan *plan, bool round_f32);   /* NULL: out of memory */
 void ref_exec_bind(ref_exec *e, int node, double *storage);   /* for INPUT/PARAM/STATE leaves */
 void ref_exec_run(ref_exec *e, const double *hyper);          /* every non-leaf node in order */
 double *ref_exec_value(ref_exec *e, int node);
@@ -363,11 +371,11 @@ typedef struct tg_backend {
     bool (*run)(void *exec, const double *hyper, tg_error *err);
     void *(*node_buf)(void *exec, int node);                         /* a node's values after run */
     void (*release)(void *exec);
-    /* Optional: one whole training step kept on the device: run; then, only if the loss node
-     * is finite, every write-back dst[k] <- node wb[k].src; *loss gets the loss either way.
-     * NULL: the runtime does run, read and copy itself. */
-    bool (*step)(void *exec, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst,
-                 double *loss_out, tg_error *err);
+    /* Optional: one whole training step kept on the device: run; then, only if the guard node
+     * is finite, every write-back dst[k] <- node wb[k].src; *loss_out and *guard_out get the
+     * loss and the guard either way. NULL: the runtime does run, read and copy itself. */
+    bool (*step)(void *exec, const double *hyper, int loss, int guard, const tg_assign *wb, int n_wb, void *const *dst,
+                 double *loss_out, double *guard_out, tg_error *err);
     const char *(*source)(void *exec);                               /* generated kernels, or NULL */
 } tg_backend;
 
@@ -396,10 +404,28 @@ void cache_tmp_name(char *tmp, size_t len, const char *path);
 void *cache_read(const char *path, size_t *len);
 
 /* util */
-typedef struct { char *s; size_t len, cap; } strbuf;   /* a growable string; {0} is empty */
+/* A growable string; {0} is empty. When memory runs out it stops growing and sets oom (what was
+ * written stays NUL-terminated, or s stays NULL); sb_take then frees it and gives NULL. */
+typedef struct { char *s; size_t len, cap; bool oom; } strbuf;
 void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void *tg_xmalloc(size_t n);   /* calloc that never returns NULL (aborts on OOM for now) */
+char *sb_take(strbuf *b);   /* the string, or NULL (freed) if memory ran out while building it */
+static inline const char *sb_str(const strbuf *b) { return b->s ? b->s : ""; }   /* for "%s" */
+/* Zero-filled allocation and realloc that return NULL when memory runs out (realloc then leaves
+ * the block as it was); every caller turns NULL into an error value. tg_strdup too. */
+void *tg_alloc(size_t n);
+void *tg_realloc(void *p, size_t n);
 char *tg_strdup(const char *s);
+/* Test hook (fault injection): after the next `after` allocations through tg_alloc, tg_realloc,
+ * tg_alloc_aligned64 and tg_strdup succeed, the `count` ones after them fail (count < 0: every
+ * later one), until the hook is called again; after < 0 turns it off. tg__alloc_count:
+ * allocations made so far (to size a sweep). */
+void tg__fail_allocs(long after, long count);
+long tg__alloc_count(void);
+/* Allocations that failed on this thread so far. A generator that must not stop halfway (code
+ * generation: it goes on with placeholders) compares the count before and after, and discards
+ * its output if it grew. */
+long alloc_failures(void);
+void *tg_alloc_aligned64(size_t bytes);   /* 64-byte aligned, not zeroed, NULL on failure */
 void tg_seterr(tg_error *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

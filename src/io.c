@@ -8,6 +8,7 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 #include "io.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,19 +25,6 @@
  * Helpers
  * ------------------------------------------------------------------------------------------- */
 
-/* Small bookkeeping allocations abort on exhaustion, as tg_xmalloc does; tensor data and the
- * header buffer, whose sizes come from the caller or the file, fail with an error instead. */
-static void *xmalloc(size_t n) {
-    void *p = calloc(1, n ? n : 1);
-    if (!p) { fprintf(stderr, "tensorgrad: out of memory (%zu bytes)\n", n); abort(); }
-    return p;
-}
-
-static void *xrealloc(void *p, size_t n) {
-    void *q = realloc(p, n ? n : 1);
-    if (!q) { fprintf(stderr, "tensorgrad: out of memory (%zu bytes)\n", n); abort(); }
-    return q;
-}
 
 static void set_msg(char *msg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void set_msg(char *msg, const char *fmt, ...) {
@@ -236,7 +224,8 @@ static bool jstring(jp *j, const char *ctx, char **out) {
     if (q >= j->end) return jfail(j, "%s: unterminated string starting at header offset %zu", ctx, jpos(j));
 
     /* Every escape decodes to no more bytes than it takes, so the span bounds the result. */
-    char *d = xmalloc((size_t)(q - start) + 1);
+    char *d = tg_alloc((size_t)(q - start) + 1);
+    if (!d) return jfail(j, "%s: out of memory for a string at header offset %zu", ctx, jpos(j));
     size_t k = 0;
     const unsigned char *p = start;
     while (p < q) {
@@ -380,9 +369,13 @@ static bool parse_offsets(jp *j, const char *ctx, uint64_t off[2]) {
 static bool parse_tensor(jp *j, builder *b, char *name, uint64_t data_len) {
     if (b->f.n == b->tcap) {
         if (b->tcap > (1 << 29)) { free(name); return jfail(j, "too many tensors"); }
-        b->tcap = b->tcap ? 2 * b->tcap : 16;
-        b->f.t = xrealloc(b->f.t, sizeof *b->f.t * (size_t)b->tcap);
-        b->begin = xrealloc(b->begin, sizeof *b->begin * (size_t)b->tcap);
+        int cap = b->tcap ? 2 * b->tcap : 16;
+        st_tensor *t = tg_realloc(b->f.t, sizeof *b->f.t * (size_t)cap);
+        if (t) b->f.t = t;
+        uint64_t *begin = t ? tg_realloc(b->begin, sizeof *b->begin * (size_t)cap) : NULL;
+        if (begin) b->begin = begin;
+        if (!begin) { free(name); return jfail(j, "out of memory for %d tensors", cap); }
+        b->tcap = cap;
     }
     st_tensor *t = &b->f.t[b->f.n];
     memset(t, 0, sizeof *t);
@@ -453,9 +446,13 @@ static bool parse_metadata(jp *j, builder *b) {
     for (bool more = true; more;) {
         if (b->f.n_meta == b->mcap) {
             if (b->mcap > (1 << 29)) return jfail(j, "too many metadata entries");
-            b->mcap = b->mcap ? 2 * b->mcap : 8;
-            b->f.meta_keys = xrealloc(b->f.meta_keys, sizeof(char *) * (size_t)b->mcap);
-            b->f.meta_vals = xrealloc(b->f.meta_vals, sizeof(char *) * (size_t)b->mcap);
+            int cap = b->mcap ? 2 * b->mcap : 8;
+            char **keys = tg_realloc(b->f.meta_keys, sizeof(char *) * (size_t)cap);
+            if (keys) b->f.meta_keys = keys;
+            char **vals = keys ? tg_realloc(b->f.meta_vals, sizeof(char *) * (size_t)cap) : NULL;
+            if (vals) b->f.meta_vals = vals;
+            if (!vals) return jfail(j, "out of memory for %d metadata entries", cap);
+            b->mcap = cap;
         }
         char *k = NULL;
         if (!jstring(j, ctx, &k)) return false;
@@ -485,7 +482,8 @@ static int cmp_span(const void *a, const void *b) {
 static bool validate_file(builder *b, uint64_t data_len, char *msg) {
     st_file *f = &b->f;
     int m = f->n > f->n_meta ? f->n : f->n_meta;
-    const char **names = xmalloc(sizeof(char *) * (size_t)(m + 1));
+    const char **names = tg_alloc(sizeof(char *) * (size_t)(m + 1));
+    if (!names) { set_msg(msg, "out of memory checking %d names", m); return false; }
     bool ok = true;
     for (int i = 0; i < f->n; i++) names[i] = f->t[i].name;
     qsort(names, (size_t)f->n, sizeof *names, cmp_str);
@@ -498,7 +496,8 @@ static bool validate_file(builder *b, uint64_t data_len, char *msg) {
     free(names);
     if (!ok) return false;
 
-    span *sp = xmalloc(sizeof *sp * (size_t)(f->n + 1));
+    span *sp = tg_alloc(sizeof *sp * (size_t)(f->n + 1));
+    if (!sp) { set_msg(msg, "out of memory checking %d tensors", f->n); return false; }
     for (int i = 0; i < f->n; i++) sp[i] = (span){ b->begin[i], b->begin[i] + f->t[i].nbytes, i };
     qsort(sp, (size_t)f->n, sizeof *sp, cmp_span);
     uint64_t at = 0;
@@ -576,7 +575,7 @@ static bool check_length(uint64_t total, const unsigned char *p, uint64_t *n, ch
 }
 
 static bool alloc_data(st_tensor *t, char *msg) {
-    t->data = malloc(t->nbytes ? t->nbytes : 1);
+    t->data = tg_alloc_aligned64(t->nbytes ? t->nbytes : 1);
     if (!t->data) set_msg(msg, "out of memory for tensor '%.80s' (%zu bytes)", t->name, t->nbytes);
     return t->data != NULL;
 }
@@ -628,7 +627,7 @@ bool st_read(const char *path, st_file *out, tg_error *err) {
     unsigned char pre[8] = { 0 };
     if (total >= 8 && fread(pre, 1, 8, f) != 8) { set_msg(msg, "cannot read the header length"); goto done; }
     if (!check_length(total, pre, &n, msg)) goto done;
-    h = malloc(n ? (size_t)n : 1);
+    h = tg_alloc(n ? (size_t)n : 1);
     if (!h) { set_msg(msg, "out of memory for the header (%" PRIu64 " bytes)", n); goto done; }
     if (fread(h, 1, (size_t)n, f) != (size_t)n) { set_msg(msg, "unexpected end of file in the header"); goto done; }
     if (!parse_header(h, (size_t)n, total - 8 - n, &b, msg)) goto done;
@@ -677,13 +676,17 @@ void st_free(st_file *f) {
  * Writing
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct { char *s; size_t n, cap; } sbuf;
+/* The header being written; when memory runs out it stops growing and sets oom. */
+typedef struct { char *s; size_t n, cap; bool oom; } sbuf;
 
 static void sb_add(sbuf *b, const void *p, size_t n) {
+    if (b->oom) return;
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? 2 * b->cap : 256;
         while (cap < b->n + n + 1) cap *= 2;
-        b->s = xrealloc(b->s, cap);
+        char *s = tg_realloc(b->s, cap);
+        if (!s) { b->oom = true; return; }
+        b->s = s;
         b->cap = cap;
     }
     memcpy(b->s + b->n, p, n);
@@ -691,12 +694,12 @@ static void sb_add(sbuf *b, const void *p, size_t n) {
     b->s[b->n] = 0;
 }
 
-static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
+static void sb_cstr(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
 
 static void sb_u64(sbuf *b, uint64_t v) {
     char t[24];
     snprintf(t, sizeof t, "%" PRIu64, v);
-    sb_str(b, t);
+    sb_cstr(b, t);
 }
 
 /* A JSON string as serde_json writes it: '"' and '\' escaped, control characters as \b \t \n
@@ -777,40 +780,50 @@ static bool encode_header(const st_tensor *t, int n, const char *const *keys, co
         }
     }
 
-    const char **names = xmalloc(sizeof(char *) * (size_t)(n + 1));
+    const char **names = tg_alloc(sizeof(char *) * (size_t)(n + 1));
+    kv *meta = tg_alloc(sizeof *meta * (size_t)(n_meta + 1));
+    const st_tensor **ord = tg_alloc(sizeof *ord * (size_t)(n + 1));
+    if (!names || !meta || !ord) {
+        set_msg(msg, "out of memory encoding the header of %d tensors", n);
+        free(names);
+        free(meta);
+        free(ord);
+        return false;
+    }
     for (int i = 0; i < n; i++) names[i] = t[i].name;
     qsort(names, (size_t)n, sizeof *names, cmp_str);
     for (int i = 1; i < n; i++)
         if (!strcmp(names[i - 1], names[i])) {
             set_msg(msg, "duplicate tensor name '%.80s'", names[i]);
             free(names);
+            free(meta);
+            free(ord);
             return false;
         }
     free(names);
-    kv *meta = xmalloc(sizeof *meta * (size_t)(n_meta + 1));
     for (int i = 0; i < n_meta; i++) meta[i] = (kv){ keys[i], vals[i] };
     qsort(meta, (size_t)n_meta, sizeof *meta, cmp_kv);
     for (int i = 1; i < n_meta; i++)
         if (!strcmp(meta[i - 1].k, meta[i].k)) {
             set_msg(msg, "duplicate metadata key '%.80s'", meta[i].k);
             free(meta);
+            free(ord);
             return false;
         }
 
-    const st_tensor **ord = xmalloc(sizeof *ord * (size_t)(n + 1));
     for (int i = 0; i < n; i++) ord[i] = &t[i];
     qsort(ord, (size_t)n, sizeof *ord, cmp_write_order);
 
     sb_add(h, "{", 1);
     if (n_meta > 0) {
-        sb_str(h, "\"__metadata__\":{");
+        sb_cstr(h, "\"__metadata__\":{");
         for (int i = 0; i < n_meta; i++) {
             if (i) sb_add(h, ",", 1);
             sb_json(h, meta[i].k);
             sb_add(h, ":", 1);
             sb_json(h, meta[i].v);
         }
-        sb_str(h, n > 0 ? "}," : "}");
+        sb_cstr(h, n > 0 ? "}," : "}");
     }
     free(meta);
     uint64_t at = 0;
@@ -818,20 +831,25 @@ static bool encode_header(const st_tensor *t, int n, const char *const *keys, co
         const st_tensor *x = ord[i];
         if (i) sb_add(h, ",", 1);
         sb_json(h, x->name);
-        sb_str(h, x->dtype == TG_FLOAT32 ? ":{\"dtype\":\"F32\",\"shape\":[" : ":{\"dtype\":\"I32\",\"shape\":[");
+        sb_cstr(h, x->dtype == TG_FLOAT32 ? ":{\"dtype\":\"F32\",\"shape\":[" : ":{\"dtype\":\"I32\",\"shape\":[");
         for (int k = 0; k < x->shape.ndim; k++) {
             if (k) sb_add(h, ",", 1);
             sb_u64(h, (uint64_t)x->shape.d[k]);
         }
-        sb_str(h, "],\"data_offsets\":[");
+        sb_cstr(h, "],\"data_offsets\":[");
         sb_u64(h, at);
         sb_add(h, ",", 1);
         sb_u64(h, at + x->nbytes);
-        sb_str(h, "]}");
+        sb_cstr(h, "]}");
         at += x->nbytes;
     }
     sb_add(h, "}", 1);
-    while (h->n % 8) sb_add(h, " ", 1);
+    while (h->n % 8 && !h->oom) sb_add(h, " ", 1);
+    if (h->oom) {
+        set_msg(msg, "out of memory encoding the header");
+        free(ord);
+        return false;
+    }
     if (h->n > ST_MAX_HEADER) {
         set_msg(msg, "the header would take %zu bytes, over the limit of %u", h->n, ST_MAX_HEADER);
         free(ord);
@@ -857,7 +875,7 @@ bool st_encode(const st_tensor *t, int n, const char *const *meta_keys, const ch
         return false;
     }
     unsigned char *buf = NULL;
-    if (data_len <= SIZE_MAX - 8 - h.n) buf = malloc((size_t)(8 + h.n + data_len));
+    if (data_len <= SIZE_MAX - 8 - h.n) buf = tg_alloc((size_t)(8 + h.n + data_len));
     if (!buf) {
         set_err(err, "safetensors: out of memory for %" PRIu64 " bytes", (uint64_t)(8 + h.n) + data_len);
         free(h.s);
@@ -904,7 +922,13 @@ bool st_write(const char *path, const st_tensor *t, int n, const char *const *me
         return false;
     }
     size_t pl = strlen(path);
-    char *tmp = xmalloc(pl + 5);
+    char *tmp = tg_alloc(pl + 5);
+    if (!tmp) {
+        set_err(err, "%s: out of memory", path);
+        free(h.s);
+        free(order);
+        return false;
+    }
     memcpy(tmp, path, pl);
     memcpy(tmp + pl, ".tmp", 5);
     bool ok = false;

@@ -33,10 +33,19 @@ int64_t shape_numel(tg_shape s) {
 }
 
 char *shape_str(tg_shape s, char *buf) {
-    int k = sprintf(buf, "[");
-    for (int i = 0; i < s.ndim && i < TG_MAX_DIMS; i++)
-        k += sprintf(buf + k, i ? ",%lld" : "%lld", (long long)s.d[i]);
-    sprintf(buf + k, "]");
+    /* Callers give 96 bytes; six 20-digit dimensions (a hostile shape) would not fit, so the
+     * tail is cut to ",...]". */
+    size_t k = 0;
+    buf[k++] = '[';
+    for (int i = 0; i < s.ndim && i < TG_MAX_DIMS; i++) {
+        char d[24];
+        int w = snprintf(d, sizeof d, i ? ",%lld" : "%lld", (long long)s.d[i]);
+        if (k + (size_t)w + 6 > 96) { memcpy(buf + k, ",...", 4); k += 4; break; }
+        memcpy(buf + k, d, (size_t)w);
+        k += (size_t)w;
+    }
+    buf[k++] = ']';
+    buf[k] = 0;
     return buf;
 }
 
@@ -47,12 +56,18 @@ void tg__set_trace(tg_graph *g) { current_trace = g; }
 tg_graph *tg__trace(void) { return current_trace; }
 
 tg_graph *ir_new(tg_model *m) {
-    tg_graph *g = tg_xmalloc(sizeof *g);
+    tg_graph *g = tg_alloc(sizeof *g);
+    if (!g) return NULL;
     g->model = m;
     g->output = -1;
+    g->guard = -1;
     g->n_params = m ? tg_model_n_params(m) : 0;
-    g->param_node = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 1));
-    g->grad_of_param = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 1));
+    g->param_node = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
+    g->grad_of_param = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
+    if (!g->param_node || !g->grad_of_param) {
+        ir_free(g);
+        return NULL;
+    }
     for (int i = 0; i < g->n_params; i++) g->param_node[i] = g->grad_of_param[i] = -1;
     return g;
 }
@@ -86,11 +101,15 @@ void ir_fail(tg_graph *g, tg_site s, const char *fmt, ...) {
 }
 
 int ir_add(tg_graph *g, tg_site s, tg_op op, tg_dtype dt, tg_shape shape, int nsrc, const int *src) {
+    /* Every shape rule's result passes here: a product of valid dimensions (a broadcast, a
+     * matrix product, an upsampling) can still overflow, and no buffer could hold it anyway. */
+    if (!shape_valid(g, s, op_name(op), shape)) return -1;
     if (g->n == g->cap) {
-        g->cap = g->cap ? 2 * g->cap : 64;
-        tg_node *nn = realloc(g->nodes, sizeof(tg_node) * (size_t)g->cap);
+        int cap = g->cap ? 2 * g->cap : 64;
+        tg_node *nn = tg_realloc(g->nodes, sizeof(tg_node) * (size_t)cap);
         if (!nn) { ir_fail(g, s, "out of memory growing the graph"); return -1; }
         g->nodes = nn;
+        g->cap = cap;
     }
     tg_node *n = &g->nodes[g->n];
     memset(n, 0, sizeof *n);
@@ -105,9 +124,13 @@ int ir_add(tg_graph *g, tg_site s, tg_op op, tg_dtype dt, tg_shape shape, int ns
 }
 
 void ir_add_assign(tg_graph *g, int dst, int src) {
+    if (!ir_ok(g) || dst < 0 || src < 0) return;   /* after an error: the graph will not be used */
     if (g->n_assigns == g->cap_assigns) {
-        g->cap_assigns = g->cap_assigns ? 2 * g->cap_assigns : 16;
-        g->assigns = realloc(g->assigns, sizeof(tg_assign) * (size_t)g->cap_assigns);
+        int cap = g->cap_assigns ? 2 * g->cap_assigns : 16;
+        tg_assign *grown = tg_realloc(g->assigns, sizeof(tg_assign) * (size_t)cap);
+        if (!grown) { ir_fail(g, TG_HERE, "out of memory adding an optimizer update"); return; }
+        g->assigns = grown;
+        g->cap_assigns = cap;
     }
     g->assigns[g->n_assigns++] = (tg_assign){ dst, src };
 }
@@ -144,9 +167,11 @@ tg_node_info tg_graph_node(const tg_graph *g, int id) {
 }
 
 void sb_printf(strbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
     if (!b->s) {
+        b->s = tg_alloc(256);
+        if (!b->s) { b->oom = true; return; }
         b->cap = 256;
-        b->s = tg_xmalloc(b->cap);
     }
     for (;;) {
         va_list ap;
@@ -154,9 +179,22 @@ void sb_printf(strbuf *b, const char *fmt, ...) {
         int k = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
         va_end(ap);
         if (k >= 0 && b->len + (size_t)k < b->cap) { b->len += (size_t)k; return; }
-        b->cap = b->cap * 2 + (size_t)(k > 0 ? k : 0) + 256;
-        b->s = realloc(b->s, b->cap);
+        size_t cap = b->cap * 2 + (size_t)(k > 0 ? k : 0) + 256;
+        char *grown = tg_realloc(b->s, cap);
+        if (!grown) {   /* keep what was written, NUL-terminated, and stop appending */
+            b->s[b->len] = 0;
+            b->oom = true;
+            return;
+        }
+        b->s = grown;
+        b->cap = cap;
     }
+}
+
+char *sb_take(strbuf *b) {
+    if (!b->oom) return b->s;
+    free(b->s);
+    return NULL;
 }
 
 char *tg_graph_dot(const tg_graph *g) {
@@ -174,21 +212,59 @@ char *tg_graph_dot(const tg_graph *g) {
     for (int i = 0; i < g->n_assigns; i++)
         sb_printf(&b, "  n%d -> n%d [style=dashed, label=\"write-back\"];\n", g->assigns[i].src, g->assigns[i].dst);
     sb_printf(&b, "}\n");
-    return b.s;
+    return sb_take(&b);
 }
 
 /* ----- small utilities ----- */
 
-void *tg_xmalloc(size_t n) {
-    void *p = calloc(1, n ? n : 1);
-    if (!p) { fprintf(stderr, "tensorgrad: out of memory (%zu bytes)\n", n); abort(); }
+/* Fault injection: allocations to let through, then to fail (< 0: all), counted down. Atomic
+ * because CPU kernels allocate scratch on OpenMP threads (a sweep runs single-threaded code;
+ * the counts are only approximate if threads race). */
+static _Atomic long pass_left = -1, fail_left, alloc_count;
+
+void tg__fail_allocs(long after, long count) {
+    fail_left = count;
+    pass_left = after;
+}
+long tg__alloc_count(void) { return alloc_count; }
+
+/* Whether the allocation being made may proceed. */
+static bool alloc_allowed(void) {
+    alloc_count++;
+    if (pass_left < 0) return true;    /* no fault injection */
+    if (pass_left > 0) { pass_left--; return true; }
+    if (fail_left == 0) return true;   /* the failures were spent */
+    if (fail_left > 0) fail_left--;
+    return false;
+}
+
+static _Thread_local long failures;
+long alloc_failures(void) { return failures; }
+
+void *tg_alloc(size_t n) {
+    void *p = alloc_allowed() ? calloc(1, n ? n : 1) : NULL;
+    failures += !p;
     return p;
+}
+
+void *tg_alloc_aligned64(size_t bytes) {
+    if (bytes > SIZE_MAX - 63) return NULL;
+    bytes = bytes ? (bytes + 63) / 64 * 64 : 64;   /* aligned_alloc wants a multiple of the alignment */
+    void *p = alloc_allowed() ? aligned_alloc(64, bytes) : NULL;
+    failures += !p;
+    return p;
+}
+
+void *tg_realloc(void *p, size_t n) {
+    void *q = alloc_allowed() ? realloc(p, n ? n : 1) : NULL;
+    failures += !q;
+    return q;
 }
 
 char *tg_strdup(const char *s) {
     size_t n = strlen(s ? s : "") + 1;
-    char *d = tg_xmalloc(n);
-    memcpy(d, s ? s : "", n);
+    char *d = tg_alloc(n);
+    if (d) memcpy(d, s ? s : "", n);
     return d;
 }
 

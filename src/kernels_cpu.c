@@ -10,6 +10,7 @@
 #include <float.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,16 +58,19 @@ static thread_buffers *buffers(void) {
     return b;
 }
 
-/* n floats of this thread's scratch (NULL when out of memory). */
+/* Set when a kernel found no scratch memory and so left its output wrong: see k_failed. */
+static atomic_int scratch_failed;
+
+/* n floats of this thread's scratch (NULL when out of memory, which is then recorded). */
 static float *scratch(size_t n) {
     thread_buffers *b = buffers();
-    if (!b) return NULL;
-    if (b->scratch_len < n) {
+    if (b && b->scratch_len < n) {
         free(b->scratch);
-        b->scratch = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+        b->scratch = tg_alloc_aligned64(n * sizeof(float));
         b->scratch_len = b->scratch ? n : 0;
     }
-    return b->scratch;
+    if (!b || !b->scratch) scratch_failed = 1;
+    return b ? b->scratch : NULL;
 }
 
 /* An operand read through im2col (the cols matrix [C*kh*kw, ho*wo] of one image x [C, H, W]),
@@ -338,15 +342,16 @@ static int have_avx512(void) {
 /* This thread's packing buffers. */
 static float *pack_buffers(void) {
     thread_buffers *b = buffers();
-    if (b && !b->pack) b->pack = aligned_alloc(64, GEMM_WORK * sizeof(float));
-    return b ? b->pack : NULL;
+    if (b && !b->pack) b->pack = tg_alloc_aligned64(GEMM_WORK * sizeof(float));
+    return b ? b->pack : NULL;   /* NULL: the caller takes the OpenBLAS path, which needs none */
 }
 #endif
 
 /* The cols matrix of an im2col view, materialized (where no packing kernel of ours reads it). */
 static float *im2col_materialize(const im2col_view *v) {
     int64_t rows = v->C * v->kh * v->kw, cols = v->ho * v->wo;
-    float *m = malloc(sizeof(float) * (size_t)(rows * cols));
+    float *m = tg_alloc_aligned64(sizeof(float) * (size_t)(rows * cols));
+    if (!m) scratch_failed = 1;
     if (m)
         for (int64_t r = 0; r < rows; r++) im2col_segment(v, r, 0, cols, m + r * cols);
     return m;
@@ -865,9 +870,14 @@ static void k_maxpool(const int64_t *a, void *const *p) { maxpool(a, p, false); 
 static void k_maxpool_bwd(const int64_t *a, void *const *p) { maxpool(a, p, true); }
 
 /* Indexed by the TGK_* enum of the generated prelude (codegen_c.c). */
+/* TGK_FAILED: whether a kernel failed to get scratch memory (generated code asks before it
+ * replaces parameters in place). */
+static int k_failed(void) { return scratch_failed; }
+bool cpu_kernels_failed(void) { return atomic_exchange(&scratch_failed, 0) != 0; }
+
 void *const cpu_kernels[] = {
     (void *)k_matmul, (void *)k_softmax, (void *)k_softmax_causal, (void *)k_argmax, (void *)k_scatter_rows,
-    (void *)k_scatter_along, (void *)k_col2im, (void *)k_maxpool, (void *)k_maxpool_bwd,
+    (void *)k_scatter_along, (void *)k_col2im, (void *)k_maxpool, (void *)k_maxpool_bwd, (void *)k_failed,
 };
 
 void cpu_set_threads(int n) { omp_set_num_threads(n); }

@@ -19,8 +19,8 @@ struct tg_model {
 };
 
 tg_model *tg_model_new(uint64_t seed) {
-    tg_model *m = tg_xmalloc(sizeof *m);
-    m->seed = seed;
+    tg_model *m = tg_alloc(sizeof *m);
+    if (m) m->seed = seed;
     return m;
 }
 
@@ -52,6 +52,7 @@ static void model_fail(tg_model *m, const char *fmt, ...) {
 
 void tg_model_push(tg_model *m, const char *fmt, ...) {
     if (!m) return;
+    if (!fmt) { model_fail(m, "tg_model_push: NULL scope name"); return; }
     if (m->depth == MAX_SCOPE_DEPTH) { model_fail(m, "tg_model_push: scopes nested deeper than %d", MAX_SCOPE_DEPTH); return; }
     size_t len = strlen(m->scope);
     m->scope_len[m->depth++] = len;
@@ -87,27 +88,34 @@ tg_param tg_param_new(tg_model *m, const char *name, tg_shape shape, tg_init ini
     if (shape.ndim < 1 || shape.ndim > TG_MAX_DIMS) tg_seterr(&e, "rank %d is out of range (1..%d)", shape.ndim, TG_MAX_DIMS);
     for (int i = 0; i < shape.ndim && i < TG_MAX_DIMS && !e.msg[0]; i++)
         if (shape.d[i] <= 0 || shape.d[i] > (1ll << 31)) tg_seterr(&e, "dimension %d is %lld", i, (long long)shape.d[i]);
-    int64_t numel = e.msg[0] ? 0 : shape_numel(shape);
-    if (!e.msg[0] && numel > (1ll << 34)) tg_seterr(&e, "%lld elements is too many", (long long)numel);
+    int64_t numel = 1;   /* each dimension is at most 2^31, but their product can still overflow */
+    for (int i = 0; i < shape.ndim && !e.msg[0]; i++)
+        if (__builtin_mul_overflow(numel, shape.d[i], &numel) || numel > (1ll << 34)) tg_seterr(&e, "too many elements");
+    if (!e.msg[0] && (init.kind < TG_INIT_RANDN || init.kind > TG_INIT_LITERAL)) tg_seterr(&e, "unknown init kind %d", (int)init.kind);
+    if (!e.msg[0] && !isfinite(init.scale)) tg_seterr(&e, "init scale %g is not finite", init.scale);
     if (!e.msg[0] && init.kind == TG_INIT_LITERAL && (!init.data || (int64_t)init.n != numel))
         tg_seterr(&e, "literal init has %zu values for %lld elements", init.data ? init.n : 0, (long long)numel);
     if (e.msg[0]) { model_fail(m, "tg_param_new '%s': %s", full, e.msg); return bad_param(m); }
 
     if (m->n == m->cap) {
-        m->cap = m->cap ? 2 * m->cap : 16;
-        m->params = realloc(m->params, sizeof(tg_param_spec) * (size_t)m->cap);
+        int cap = m->cap ? 2 * m->cap : 16;
+        tg_param_spec *grown = tg_realloc(m->params, sizeof(tg_param_spec) * (size_t)cap);
+        if (!grown) { model_fail(m, "tg_param_new '%s': out of memory", full); return bad_param(m); }
+        m->params = grown;
+        m->cap = cap;
     }
     tg_param_spec *p = &m->params[m->n];
     p->name = tg_strdup(full);
     p->shape = shape;
     p->init = init;
-    if (init.kind == TG_INIT_LITERAL) {
-        float *copy = tg_xmalloc(sizeof(float) * init.n);
-        memcpy(copy, init.data, sizeof(float) * init.n);
-        p->init.data = copy;
-    } else {
-        p->init.data = NULL;
+    p->init.data = init.kind == TG_INIT_LITERAL && p->name ? tg_alloc(sizeof(float) * init.n) : NULL;
+    if (!p->name || (init.kind == TG_INIT_LITERAL && !p->init.data)) {
+        free(p->name);
+        free((void *)p->init.data);
+        model_fail(m, "tg_param_new '%s': out of memory", full);
+        return bad_param(m);
     }
+    if (p->init.data) memcpy((void *)p->init.data, init.data, sizeof(float) * init.n);
     bool decays_by_default = init.kind != TG_INIT_ZEROS && init.kind != TG_INIT_ONES;
     p->decay = init.decay < 0 ? decays_by_default : init.decay != 0;
     tg_param r = { m, m->n++ };

@@ -11,19 +11,25 @@
 static const tg_tensor BAD = { NULL, -1 };
 static tg_tensor bad(tg_graph *g) { tg_tensor t = { g, -1 }; return t; }
 
+/* Internal builders read their operands' nodes before appending: after the first error (a
+ * shape too large, memory) an operand may be the invalid result of the failed op. */
+static bool live(tg_tensor t) { return t.g && ir_ok(t.g) && t.id >= 0 && t.id < t.g->n; }
+
 static tg_tensor emit(tg_graph *g, tg_site s, tg_op op, tg_dtype dt, tg_shape shape, int nsrc, const int *src) {
     if (!ir_ok(g)) return bad(g);
     return mk_tensor(g, ir_add(g, s, op, dt, shape, nsrc, src));
 }
 
-/* A tensor operand is usable when it belongs to a graph with no error yet. Errors found here are
- * recorded on the tensor's graph or, for a tensor with none, on this thread's trace. */
+/* A tensor operand is usable when it belongs to the graph being traced and that graph has no
+ * error yet. Errors are recorded on the traced graph, never on the tensor's: another graph may
+ * be compiled already. Outside tracing there is no graph to record an error on (and appending
+ * to a compiled graph would change what a backend planned), so the result is just an invalid
+ * tensor. */
 static bool usable(tg_site s, const char *op, tg_tensor x) {
-    tg_graph *g = x.g ? x.g : tg__trace();
-    if (!g) return false;
-    if (!ir_ok(g)) return false;
+    tg_graph *g = tg__trace();
+    if (!g || !ir_ok(g)) return false;
+    if (x.g && x.g != g) { ir_fail(g, s, "%s: tensor belongs to another graph", op); return false; }
     if (!x.g || x.id < 0 || x.id >= g->n) { ir_fail(g, s, "%s: invalid tensor (from a failed op or outside tracing)", op); return false; }
-    if (tg__trace() && tg__trace() != x.g) { ir_fail(tg__trace(), s, "%s: tensor belongs to another graph", op); return false; }
     return true;
 }
 
@@ -48,6 +54,12 @@ static bool need_i32(tg_site s, const char *op, const char *what, tg_tensor x) {
 /* ----- leaves ----- */
 
 tg_tensor op_const(tg_graph *g, tg_site s, double v, tg_dtype dt) {
+    /* An i32 constant holds a 32-bit integer: 0.5, NaN or 1e30 meeting an i32 tensor is an
+     * error, not a value each backend would convert its own way. */
+    if (dt == TG_INT32 && !(v == trunc(v) && v >= INT32_MIN && v <= INT32_MAX)) {
+        ir_fail(g, s, "%g is not a 32-bit integer: an i32 tensor meets only whole numbers", v);
+        return bad(g);
+    }
     tg_tensor t = emit(g, s, OP_CONST, dt, TG_SHAPE0, 0, NULL);
     if (t.id >= 0) g->nodes[t.id].farg = v;
     return t;
@@ -65,7 +77,12 @@ tg_tensor op_state(tg_graph *g, int like_param_node) {
     tg_tensor t = emit(g, p->site, OP_STATE, TG_FLOAT32, p->shape, 0, NULL);
     if (t.id < 0) return t;
     g->nodes[t.id].iarg[0] = g->n_state;
-    g->state_shape_node = realloc(g->state_shape_node, sizeof(int) * (size_t)(g->n_state + 1));
+    int *grown = tg_realloc(g->state_shape_node, sizeof(int) * (size_t)(g->n_state + 1));
+    if (!grown) {
+        ir_fail(g, g->nodes[like_param_node].site, "out of memory for optimizer state");
+        return bad(g);
+    }
+    g->state_shape_node = grown;
     g->state_shape_node[g->n_state++] = like_param_node;
     return t;
 }
@@ -81,7 +98,9 @@ tg_tensor tg_p_at(tg_site s, tg_param p) {
     tg_graph *g = tg__trace();
     if (!g || !ir_ok(g)) return bad(g);
     if (p.id < 0 || p.model != g->model || p.id >= g->n_params) {
-        ir_fail(g, s, "tg_p: %s", p.id < 0 ? "invalid parameter (its declaration failed)" : "parameter of another model");
+        ir_fail(g, s, "tg_p: %s", p.id < 0 ? "invalid parameter (its declaration failed)"
+                                  : p.model != g->model ? "parameter of another model"
+                                                        : "parameter id out of range for this model");
         return bad(g);
     }
     if (g->param_node[p.id] >= 0) return mk_tensor(g, g->param_node[p.id]);
@@ -100,18 +119,21 @@ tg_dtype tg_dtype_of(tg_tensor t) { return (t.g && t.id >= 0 && t.id < t.g->n) ?
 /* ----- elementwise ----- */
 
 tg_tensor op_unary(tg_site s, tg_op op, tg_tensor x) {
+    if (!live(x)) return bad(x.g);
     const tg_node *n = node_of(x);
     return emit(x.g, s, op, n->dtype, n->shape, 1, &x.id);
 }
 
 /* A plain number meeting an i32 tensor becomes an i32 constant (2 * idx stays integral). */
 static tg_tensor adopt_dtype(tg_site s, tg_tensor num, tg_dtype dt) {
+    if (!live(num)) return num;
     const tg_node *n = node_of(num);
     if (n->dtype == dt || n->op != OP_CONST || n->shape.ndim != 0) return num;
     return op_const(num.g, s, n->farg, dt);
 }
 
 tg_tensor op_binary(tg_site s, tg_op op, tg_tensor a, tg_tensor b) {
+    if (!live(a) || !live(b)) return bad(a.g);
     tg_shape out;
     char name[40];
     snprintf(name, sizeof name, "tg_%s", op_name(op));
@@ -124,7 +146,8 @@ tg_tensor op_binary(tg_site s, tg_op op, tg_tensor a, tg_tensor b) {
 static tg_tensor binary(tg_site s, const char *name, tg_op op, tg_tensor a, tg_tensor b) {
     if (!same_graph(s, name, a, b)) return bad(a.g ? a.g : b.g);
     b = adopt_dtype(s, b, node_of(a)->dtype);
-    a = adopt_dtype(s, a, node_of(b)->dtype);
+    if (live(b)) a = adopt_dtype(s, a, node_of(b)->dtype);
+    if (!live(a) || !live(b)) return bad(a.g);   /* a number that is no i32 */
     if (node_of(a)->dtype != node_of(b)->dtype) {
         ir_fail(a.g, s, "%s: operand dtypes differ (%s vs %s)", name, node_of(a)->dtype == TG_INT32 ? "i32" : "f32",
                 node_of(b)->dtype == TG_INT32 ? "i32" : "f32");
@@ -146,7 +169,8 @@ tg_tensor tg_greater_at(tg_site s, tg_tensor a, tg_tensor b) { return binary(s, 
 tg_tensor tg_where_at(tg_site s, tg_tensor c, tg_tensor a, tg_tensor b) {
     if (!same_graph(s, "tg_where", a, b) || !same_graph(s, "tg_where", c, a)) return bad(a.g ? a.g : b.g);
     b = adopt_dtype(s, b, node_of(a)->dtype);
-    a = adopt_dtype(s, a, node_of(b)->dtype);
+    if (live(b)) a = adopt_dtype(s, a, node_of(b)->dtype);
+    if (!live(a) || !live(b)) return bad(a.g);   /* a number that is no i32 */
     if (node_of(a)->dtype != node_of(b)->dtype) { ir_fail(a.g, s, "tg_where: the two branches' dtypes differ"); return bad(a.g); }
     tg_shape ab, out;
     if (!shape_broadcast(a.g, s, "tg_where", node_of(a)->shape, node_of(b)->shape, &ab) ||
@@ -176,6 +200,7 @@ tg_tensor tg_sigmoid_at(tg_site s, tg_tensor x) { return unary(s, "tg_sigmoid", 
 /* ----- reductions ----- */
 
 tg_tensor op_sum_keep(tg_site s, tg_tensor x, int axis) {
+    if (!live(x)) return bad(x.g);
     tg_shape out = node_of(x)->shape;
     out.d[axis] = 1;
     tg_tensor t = emit(x.g, s, OP_SUM, node_of(x)->dtype, out, 1, &x.id);
@@ -232,11 +257,13 @@ static bool same_shape(tg_shape a, tg_shape b) {
 }
 
 tg_tensor op_reshape(tg_site s, tg_tensor x, tg_shape shape) {
+    if (!live(x)) return bad(x.g);
     if (same_shape(node_of(x)->shape, shape)) return x;
     return emit(x.g, s, OP_RESHAPE, node_of(x)->dtype, shape, 1, &x.id);
 }
 
 tg_tensor op_expand(tg_site s, tg_tensor x, tg_shape shape) {
+    if (!live(x)) return bad(x.g);
     if (same_shape(node_of(x)->shape, shape)) return x;
     return emit(x.g, s, OP_EXPAND, node_of(x)->dtype, shape, 1, &x.id);
 }
@@ -277,6 +304,7 @@ tg_tensor tg_swapaxes_at(tg_site s, tg_tensor x, int a, int b) {
 /* Sum x down to `shape`: over the leading axes broadcasting added and the axes it stretched
  * from 1. */
 tg_tensor op_unbroadcast(tg_site s, tg_tensor x, tg_shape shape) {
+    if (!live(x)) return bad(x.g);
     tg_shape xs = node_of(x)->shape;
     if (same_shape(xs, shape)) return x;
     int lead = xs.ndim - shape.ndim;
@@ -297,6 +325,7 @@ static tg_shape transpose_last2(tg_shape x) {
 }
 
 tg_tensor op_matmul_t(tg_site s, tg_tensor a, tg_tensor b, int ta, int tb) {
+    if (!live(a) || !live(b)) return bad(a.g);
     tg_shape sa = node_of(a)->shape, sb = node_of(b)->shape, out;
     if (ta) sa = transpose_last2(sa);
     if (tb) sb = transpose_last2(sb);
@@ -348,6 +377,7 @@ tg_tensor tg_embedding_at(tg_site s, tg_tensor table, tg_tensor idx) {
 }
 
 tg_tensor op_scatter_rows(tg_site s, tg_tensor vals, tg_tensor idx, int64_t rows) {
+    if (!live(vals) || !live(idx)) return bad(vals.g);
     tg_shape vs = node_of(vals)->shape;
     tg_shape out = TG_SHAPE(rows, vs.d[vs.ndim - 1]);
     int src[2] = { vals.id, idx.id };
@@ -384,6 +414,10 @@ static bool check_targets(tg_site s, const char *name, tg_tensor logp, tg_tensor
 }
 
 static tg_tensor reduce_loss(tg_site s, tg_tensor per_item, tg_reduction r) {
+    if (per_item.id >= 0 && r != TG_MEAN && r != TG_SUM && r != TG_NONE) {
+        ir_fail(per_item.g, s, "unknown reduction %d (TG_MEAN, TG_SUM or TG_NONE)", (int)r);
+        return bad(per_item.g);
+    }
     if (r == TG_NONE || per_item.id < 0) return per_item;
     return r == TG_SUM ? tg_sum_at(s, per_item, TG_ALL, 0) : tg_mean_at(s, per_item, TG_ALL, 0);
 }
@@ -521,6 +555,7 @@ tg_tensor tg_merge_heads_at(tg_site s, tg_tensor x) {
 /* ----- take_along_axis ----- */
 
 static tg_tensor op_along(tg_site s, tg_op op, tg_tensor vals, tg_tensor idx, int axis, tg_shape out) {
+    if (!live(vals) || !live(idx)) return bad(vals.g);
     int src[2] = { vals.id, idx.id };
     tg_tensor t = emit(vals.g, s, op, node_of(vals)->dtype, out, 2, src);
     if (t.id >= 0) vals.g->nodes[t.id].axis = axis;
@@ -552,16 +587,22 @@ static tg_graph *trace_ok(void) {
     return g && ir_ok(g) ? g : NULL;
 }
 
+static bool known_dtype(tg_graph *g, tg_site s, const char *op, tg_dtype dt) {
+    if (dt == TG_FLOAT32 || dt == TG_INT32) return true;
+    ir_fail(g, s, "%s: unknown dtype %d", op, (int)dt);
+    return false;
+}
+
 tg_tensor tg_arange_at(tg_site s, int64_t n, tg_dtype dt) {
     tg_graph *g = trace_ok();
-    if (!g) return bad(tg__trace());
+    if (!g || !known_dtype(g, s, "tg_arange", dt)) return bad(tg__trace());
     if (n <= 0) { ir_fail(g, s, "tg_arange: length %lld must be positive", (long long)n); return bad(g); }
     return emit(g, s, OP_IOTA, dt, TG_SHAPE(n), 0, NULL);
 }
 
 static tg_tensor filled(tg_site s, const char *name, tg_shape shape, tg_dtype dt, double v) {
     tg_graph *g = trace_ok();
-    if (!g || !shape_valid(g, s, name, shape)) return bad(tg__trace());
+    if (!g || !known_dtype(g, s, name, dt) || !shape_valid(g, s, name, shape)) return bad(tg__trace());
     tg_tensor t = emit(g, s, OP_CONST, dt, shape, 0, NULL);
     if (t.id >= 0) g->nodes[t.id].farg = v;
     return t;
@@ -585,6 +626,7 @@ tg_tensor tg_randn_at(tg_site s, tg_shape shape) {
 /* ----- structure ----- */
 
 static tg_tensor op_slice_pad(tg_site s, tg_op op, tg_tensor x, int axis, int64_t start, int64_t length) {
+    if (!live(x)) return bad(x.g);
     tg_shape out = node_of(x)->shape;
     out.d[axis] = length;
     tg_tensor t = emit(x.g, s, op, node_of(x)->dtype, out, 1, &x.id);
@@ -599,10 +641,10 @@ tg_tensor tg_narrow_at(tg_site s, tg_tensor x, int axis, int64_t start, int64_t 
     int a;
     if (!usable(s, "tg_narrow", x) || !shape_axis(x.g, s, "tg_narrow", node_of(x)->shape, axis, &a)) return bad(x.g);
     tg_shape in = node_of(x)->shape;
-    if (start < 0 || length <= 0 || start + length > in.d[a]) {
+    if (start < 0 || length <= 0 || start >= in.d[a] || length > in.d[a] - start) {
         char sh[96];
-        ir_fail(x.g, s, "tg_narrow: [%lld, %lld) is outside axis %d of %s", (long long)start,
-                (long long)(start + length), axis, shape_str(in, sh));
+        ir_fail(x.g, s, "tg_narrow: start %lld, length %lld is outside axis %d of %s", (long long)start,
+                (long long)length, axis, shape_str(in, sh));
         return bad(x.g);
     }
     if (length == in.d[a]) return x;
@@ -638,7 +680,10 @@ static tg_tensor concat(tg_site s, const char *name, const tg_tensor *xs, int n,
                     shape_str(si, sa), shape_str(first, sb), axis);
             return bad(xs[0].g);
         }
-        total += si.d[a];
+        if (__builtin_add_overflow(total, si.d[a], &total)) {
+            ir_fail(xs[0].g, s, "%s: the result along axis %d is too large", name, axis);
+            return bad(xs[0].g);
+        }
     }
     if (n == 1) return xs[0];
     tg_tensor sum = { xs[0].g, -1 };
@@ -666,7 +711,8 @@ tg_tensor tg_stack_at(tg_site s, const tg_tensor *xs, int n, int axis) {
         ir_fail(xs[0].g, s, "tg_stack: axis %d is out of range for stacking %s", axis, shape_str(in, sh));
         return bad(xs[0].g);
     }
-    tg_tensor *ys = tg_xmalloc(sizeof(tg_tensor) * (size_t)n);
+    tg_tensor *ys = tg_alloc(sizeof(tg_tensor) * (size_t)n);
+    if (!ys) { ir_fail(xs[0].g, s, "tg_stack: out of memory"); return bad(xs[0].g); }
     for (int i = 0; i < n; i++) {
         if (!same_graph(s, "tg_stack", xs[0], xs[i])) { free(ys); return bad(xs[0].g); }
         tg_shape si = node_of(xs[i])->shape, up = { si.ndim + 1, { 0 } };
@@ -689,14 +735,15 @@ tg_tensor tg_stack_at(tg_site s, const tg_tensor *xs, int n, int axis) {
 void tg_split_at(tg_site s, tg_tensor x, const int64_t *sizes, int n, int axis, tg_tensor *out) {
     for (int i = 0; out && i < n; i++) out[i] = bad(x.g);
     int a;
+    if (!out && usable(s, "tg_split", x)) ir_fail(x.g, s, "tg_split: NULL output array");
     if (!out || !usable(s, "tg_split", x) || !shape_axis(x.g, s, "tg_split", node_of(x)->shape, axis, &a)) return;
-    int64_t total = 0;
+    int64_t total = 0, len = node_of(x)->shape.d[a];
     bool ok = sizes && n > 0;
     for (int i = 0; ok && i < n; i++) {
-        ok = sizes[i] > 0;
-        total += sizes[i];
+        ok = sizes[i] > 0 && sizes[i] <= len - total;   /* never past the axis, so never overflowing */
+        if (ok) total += sizes[i];
     }
-    if (!ok || total != node_of(x)->shape.d[a]) {
+    if (!ok || total != len) {
         char sh[96];
         ir_fail(x.g, s, "tg_split: sizes must be positive and add up to %lld (axis %d of %s)",
                 (long long)node_of(x)->shape.d[a], axis, shape_str(node_of(x)->shape, sh));
@@ -734,6 +781,10 @@ static tg_tensor op_where_causal(tg_site s, tg_tensor x, double fill) {
 tg_tensor tg_where_causal_at(tg_site s, tg_tensor x, double fill) {
     const char *name = "tg_where_causal";
     if (!usable(s, name, x) || !need_square_tail(s, name, x)) return bad(x.g);
+    if (node_of(x)->dtype == TG_INT32 && !(fill == trunc(fill) && fill >= INT32_MIN && fill <= INT32_MAX)) {
+        ir_fail(x.g, s, "%s: fill %g is not a 32-bit integer (the tensor is i32)", name, fill);
+        return bad(x.g);
+    }
     return op_where_causal(s, x, fill);
 }
 
@@ -798,9 +849,15 @@ tg_tensor tg_conv2d_at(tg_site s, tg_tensor x, tg_tensor w, int stride, int padd
         return bad(x.g);
     }
     int64_t args[4] = { ws.d[2], ws.d[3], stride, padding };
-    int64_t ckk = xs.d[1] * ws.d[2] * ws.d[3];
-    tg_tensor cols = op_im2col(s, OP_IM2COL, x, args, TG_SHAPE(xs.d[0], ckk, ho * wo));
-    tg_tensor out = op_matmul_t(s, op_reshape(s, w, TG_SHAPE(ws.d[0], ckk)), cols, 0, 0);
+    int64_t ckk, cols;
+    if (__builtin_mul_overflow(xs.d[1], ws.d[2], &ckk) || __builtin_mul_overflow(ckk, ws.d[3], &ckk) ||
+        __builtin_mul_overflow(ho, wo, &cols)) {
+        ir_fail(x.g, s, "%s: input %s and weight %s give a column matrix too large", name, shape_str(xs, sa), shape_str(ws, sb));
+        return bad(x.g);
+    }
+    tg_tensor col = op_im2col(s, OP_IM2COL, x, args, TG_SHAPE(xs.d[0], ckk, cols));
+    if (col.id < 0) return col;
+    tg_tensor out = op_matmul_t(s, op_reshape(s, w, TG_SHAPE(ws.d[0], ckk)), col, 0, 0);
     return out.id < 0 ? out : op_reshape(s, out, TG_SHAPE(xs.d[0], ws.d[0], ho, wo));
 }
 
@@ -809,7 +866,7 @@ tg_tensor tg_max_pool2d_at(tg_site s, tg_tensor x, int k, int stride, int paddin
     if (!usable(s, name, x) || !need_f32(s, name, x) || !need_nchw(s, name, x)) return bad(x.g);
     tg_shape xs = node_of(x)->shape;
     int64_t ho = window_out(xs.d[2], k, stride, padding), wo = window_out(xs.d[3], k, stride, padding);
-    if (k <= 0 || stride <= 0 || padding < 0 || 2 * padding > k || ho <= 0 || wo <= 0) {
+    if (k <= 0 || stride <= 0 || padding < 0 || padding > k / 2 || ho <= 0 || wo <= 0) {
         char sh[96];
         ir_fail(x.g, s, "%s: input %s with k %d, stride %d, padding %d: needs k, stride > 0, padding <= k/2 "
                 "and at least one window", name, shape_str(xs, sh), k, stride, padding);
@@ -831,9 +888,13 @@ tg_tensor tg_nearest_upsample2d_at(tg_site s, tg_tensor x, int factor) {
     if (!usable(s, name, x) || !need_nchw(s, name, x)) return bad(x.g);
     if (factor <= 0) { ir_fail(x.g, s, "%s: factor %d must be positive", name, factor); return bad(x.g); }
     tg_shape xs = node_of(x)->shape;
-    int64_t n = xs.d[0], c = xs.d[1], h = xs.d[2], w = xs.d[3];
+    int64_t n = xs.d[0], c = xs.d[1], h = xs.d[2], w = xs.d[3], hf, wf;
+    if (__builtin_mul_overflow(h, factor, &hf) || __builtin_mul_overflow(w, factor, &wf)) {
+        ir_fail(x.g, s, "%s: factor %d makes the image too large", name, factor);
+        return bad(x.g);
+    }
     tg_tensor up = op_expand(s, op_reshape(s, x, TG_SHAPE(n, c, h, 1, w, 1)), TG_SHAPE(n, c, h, factor, w, factor));
-    return op_reshape(s, up, TG_SHAPE(n, c, h * factor, w * factor));
+    return up.id < 0 ? up : op_reshape(s, up, TG_SHAPE(n, c, hf, wf));
 }
 
 /* ----- named places: captures and patch sites ----- */
@@ -844,8 +905,15 @@ static bool add_named(tg_site s, const char *op, tg_graph *g, tg_named **list, i
     if (!name || !name[0]) { ir_fail(g, s, "%s: no name given", op); return false; }
     for (int i = 0; i < *n; i++)
         if (strcmp((*list)[i].name, name) == 0) { ir_fail(g, s, "%s: the name '%s' is used twice", op, name); return false; }
-    *list = realloc(*list, sizeof(tg_named) * (size_t)(*n + 1));
-    (*list)[(*n)++] = (tg_named){ tg_strdup(name), node, -1, -1 };
+    tg_named *grown = tg_realloc(*list, sizeof(tg_named) * (size_t)(*n + 1));
+    char *copy = tg_strdup(name);
+    if (grown) *list = grown;
+    if (!grown || !copy) {
+        free(copy);
+        ir_fail(g, s, "%s: out of memory", op);
+        return false;
+    }
+    (*list)[(*n)++] = (tg_named){ copy, node, -1, -1 };
     return true;
 }
 
@@ -866,7 +934,11 @@ tg_tensor tg_patch_at(tg_site s, const char *name, tg_tensor x) {
     site->hyper = g->n_hyper > HYPER_SEED + 1 ? g->n_hyper : HYPER_SEED + 1;   /* two slots after the seed's */
     tg_tensor r = emit(g, s, OP_INPUT, TG_FLOAT32, node_of(x)->shape, 0, NULL);
     if (r.id < 0) return bad(g);
-    char *rname = tg_xmalloc(strlen(name) + 7);
+    char *rname = tg_alloc(strlen(name) + 7);
+    if (!rname) {
+        ir_fail(g, s, "tg_patch: out of memory");
+        return bad(g);
+    }
     sprintf(rname, "patch:%s", name);
     g->nodes[r.id].name = rname;
     g->nodes[r.id].iarg[0] = -1;

@@ -52,11 +52,21 @@ tg_schedule tg_lr_staircase(double peak, int64_t every, double gamma) {
 tg_schedule tg_lr_multistep(double peak, const int64_t *milestones, int n, double gamma) {
     tg_schedule s = sched(TG_LR_MULTISTEP, peak);
     s.gamma = gamma;
-    for (int i = 0; i < n && i < TG_MAX_MILESTONES; i++) s.milestones[s.n_milestones++] = milestones[i];
+    for (int i = 0; milestones && i < n && i < TG_MAX_MILESTONES; i++) s.milestones[s.n_milestones++] = milestones[i];
     return s;
 }
 
+/* Warmups hand over to their `after` schedule; a chain longer than this (a cycle, say) ends in
+ * its last warmup's peak. The runtime copies chains of the same length. */
+#define MAX_CHAIN 8
+
 double tg_schedule_at(const tg_schedule *s, int64_t t) {
+    for (int depth = 0; s && s->kind == TG_LR_WARMUP; depth++) {
+        if (s->steps > 0 && t <= s->steps) return s->peak * (double)t / (double)s->steps;
+        if (!s->after || depth + 1 == MAX_CHAIN) return s->peak;
+        t -= s->steps > 0 ? s->steps : 0;
+        s = s->after;
+    }
     if (!s) return 0;
     int64_t c = t - 1;   /* steps completed before this one */
     double frac = s->steps > 0 ? (double)(c < s->steps ? c : s->steps) / (double)s->steps : 1;
@@ -64,9 +74,7 @@ double tg_schedule_at(const tg_schedule *s, int64_t t) {
     case TG_LR_CONSTANT: return s->peak;
     case TG_LR_LINEAR: return s->peak + (s->final - s->peak) * frac;
     case TG_LR_COSINE: return s->final + (s->peak - s->final) * (1 + cos(M_PI * frac)) / 2;
-    case TG_LR_WARMUP:
-        if (t <= s->steps) return s->peak * (double)t / (double)s->steps;
-        return s->after ? tg_schedule_at(s->after, t - s->steps) : s->peak;
+    case TG_LR_WARMUP: break;   /* handled above */
     case TG_LR_STAIRCASE: return s->peak * pow(s->gamma, (double)(s->every > 0 ? c / s->every : 0));
     case TG_LR_MULTISTEP: {
         int k = 0;
@@ -162,11 +170,54 @@ static void sgd_update(tg_graph *g, const tg_optimizer *o, int pnode, tg_tensor 
     ir_add_assign(g, pnode, SUB(p, MUL(grad, op_hyper(g, H_LR))).id);
 }
 
+/* The step's guard: loss + sum over parameters of sum(grad * 0). Inf * 0 and NaN * 0 are NaN,
+ * so this one scalar is finite exactly when the loss and every gradient element are; backends
+ * check it before replacing any parameter or optimizer state. Built before the updates, so its
+ * kernel runs before theirs. */
+static void guard_build(tg_graph *g, const int *grads, int n) {
+    tg_site s = TG_HERE;
+    tg_tensor guard = mk_tensor(g, g->output);
+    for (int i = 0; i < n && ir_ok(g); i++)
+        guard = ADD(guard, tg_sum_at(s, MUL(mk_tensor(g, grads[i]), C(0)), TG_ALL, 0));
+    g->guard = guard.id;
+}
+
+/* An optimizer that cannot train (a value out of its range, NaN anywhere) fails the compile
+ * rather than turning every parameter into NaN at the first step. */
+static bool optim_check(tg_graph *g, const tg_optimizer *o) {
+    tg_site s = { "(optimizer)", 0 };
+    if (o->kind != TG_OPT_ADAM && o->kind != TG_OPT_ADAMW && o->kind != TG_OPT_SGD)
+        ir_fail(g, s, "optimizer: unknown kind %d", (int)o->kind);
+    else if (!(o->b1 >= 0 && o->b1 < 1) || !(o->b2 >= 0 && o->b2 < 1))
+        ir_fail(g, s, "optimizer: b1 = %g and b2 = %g must be in [0, 1)", o->b1, o->b2);
+    else if (!(o->eps >= 0 && isfinite(o->eps)))
+        ir_fail(g, s, "optimizer: eps = %g must be finite and >= 0", o->eps);
+    else if (!isfinite(o->weight_decay) || !(o->momentum >= 0 && isfinite(o->momentum)) || isnan(o->clip_norm) ||
+             isinf(o->clip_norm))
+        ir_fail(g, s, "optimizer: weight_decay %g, momentum %g (>= 0) and clip_norm %g must be finite", o->weight_decay,
+                o->momentum, o->clip_norm);
+    int depth = 0;
+    for (const tg_schedule *l = &o->lr; l && depth < MAX_CHAIN && ir_ok(g); l = l->after, depth++) {
+        if (l->kind < TG_LR_CONSTANT || l->kind > TG_LR_MULTISTEP)
+            ir_fail(g, s, "learning-rate schedule: unknown kind %d", (int)l->kind);
+        else if (!isfinite(l->peak) || !isfinite(l->final) || !isfinite(l->gamma))
+            ir_fail(g, s, "learning-rate schedule: peak %g, final %g and gamma %g must be finite", l->peak, l->final,
+                    l->gamma);
+    }
+    return ir_ok(g);
+}
+
 bool optim_build(tg_graph *g, const tg_optimizer *opt) {
+    if (!optim_check(g, opt)) return false;
     int n = 0;
-    int *params = malloc(sizeof(int) * (size_t)(g->n_params + 1));
-    int *grads = malloc(sizeof(int) * (size_t)(g->n_params + 1));
-    int *ids = malloc(sizeof(int) * (size_t)(g->n_params + 1));
+    int *params = tg_alloc(sizeof(int) * 3 * (size_t)(g->n_params + 1));
+    if (!params) {
+        ir_fail(g, (tg_site){ "(optimizer)", 0 }, "out of memory building the optimizer");
+        return false;
+    }
+    int *grads = params + g->n_params + 1, *ids = grads + g->n_params + 1;
+    tg_graph *outer = tg__trace();   /* the public ops used below append to the traced graph */
+    tg__set_trace(g);
     for (int i = 0; i < g->n_params; i++) {
         if (g->param_node[i] < 0) continue;
         ids[n] = i;
@@ -174,6 +225,7 @@ bool optim_build(tg_graph *g, const tg_optimizer *opt) {
         grads[n++] = g->grad_of_param[i];
     }
     g->n_hyper = N_HYPER;
+    guard_build(g, grads, n);
     if (opt->clip_norm > 0 && n > 0) clip(g, TG_HERE, grads, n, opt->clip_norm);
     for (int i = 0; i < n && ir_ok(g); i++) {
         tg_tensor grad = mk_tensor(g, grads[i]);
@@ -183,8 +235,7 @@ bool optim_build(tg_graph *g, const tg_optimizer *opt) {
         if (opt->kind == TG_OPT_SGD) sgd_update(g, opt, params[i], grad, decays);
         else adam_update(g, opt, params[i], grad, opt->kind == TG_OPT_ADAMW, decays);
     }
+    tg__set_trace(outer);
     free(params);
-    free(grads);
-    free(ids);
     return ir_ok(g);
 }

@@ -24,11 +24,17 @@ static size_t first_fit(const live_buf *live, int n, size_t size) {
 bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, const int *alias,
                 tg_plan *out) {
     int n = g->n;
-    int *last = malloc(sizeof(int) * (size_t)(n + 1));
-    live_buf *live = malloc(sizeof(live_buf) * (size_t)(n + 1));
-    out->offset = malloc(sizeof(size_t) * (size_t)(n + 1));
-    out->alias = malloc(sizeof(int) * (size_t)(n + 1));
+    int *last = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    live_buf *live = tg_alloc(sizeof(live_buf) * (size_t)(n + 1));
+    out->offset = tg_alloc(sizeof(size_t) * (size_t)(n + 1));
+    out->alias = tg_alloc(sizeof(int) * (size_t)(n + 1));
     out->arena = 0;
+    if (!last || !live || !out->offset || !out->alias) {
+        free(last);
+        free(live);
+        plan_free(out);
+        return false;
+    }
     for (int i = 0; i < n; i++) out->alias[i] = alias ? alias[i] : -1;
     /* A buffer is read last by the last kernel that reads it, directly or through nodes
      * computed inside that kernel; consumers come after their sources, so one backward sweep
@@ -54,6 +60,12 @@ bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *mate
         n_live = w;
         size_t size = ((size_t)g->nodes[i].numel + ALIGN - 1) / ALIGN * ALIGN;
         size_t off = first_fit(live, n_live, size);
+        if (off > PLAN_MAX_ARENA - size) {   /* no machine has that much memory; sizes stay exact */
+            free(last);
+            free(live);
+            plan_free(out);
+            return false;
+        }
         int pos = n_live;
         while (pos > 0 && live[pos - 1].off > off) { live[pos] = live[pos - 1]; pos--; }
         live[pos] = (live_buf){ off, size, last[i] };

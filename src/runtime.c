@@ -122,14 +122,19 @@ static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
 static const void **live;
 static int n_live, cap_live;
 
-static void registry_add(const void *h) {
+static bool registry_add(const void *h) {
     pthread_mutex_lock(&registry_mu);
     if (n_live == cap_live) {
-        cap_live = cap_live ? 2 * cap_live : 16;
-        live = realloc(live, sizeof(void *) * (size_t)cap_live);
+        const void **grown = tg_realloc(live, sizeof(void *) * (size_t)(cap_live ? 2 * cap_live : 16));
+        if (grown) {
+            live = grown;
+            cap_live = cap_live ? 2 * cap_live : 16;
+        }
     }
-    live[n_live++] = h;
+    bool ok = n_live < cap_live;
+    if (ok) live[n_live++] = h;
     pthread_mutex_unlock(&registry_mu);
+    return ok;
 }
 
 static void registry_remove(const void *h) {
@@ -163,6 +168,9 @@ static tg_train *lock_forward(const tg_forward *f) {
 
 static void unlock(tg_train *t) { pthread_mutex_unlock(&t->mu); }
 
+/* Why a handle was refused, for messages: "NULL training handle", "destroyed or invalid ...". */
+static const char *dead(const void *h) { return h ? "destroyed or invalid" : "NULL"; }
+
 /* ----- tracing ----- */
 
 static bool check_decls(const tg_input_decl *in, int n, tg_error *err) {
@@ -185,17 +193,21 @@ static tg_graph *trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_
     if (tg_model_error(m)) { tg_seterr(err, "%s", tg_model_error(m)); return NULL; }
     if (!check_decls(in, n, err)) return NULL;
     tg_graph *g = ir_new(m);
+    if (!g) { tg_seterr(err, "out of memory starting a trace"); return NULL; }
     g->patchable = patchable;
     for (int i = 0; i < n && ir_ok(g); i++) {
         char what[80];
         snprintf(what, sizeof what, "input '%.60s'", in[i].name);
         if (!shape_valid(g, TG_HERE, what, in[i].shape)) break;
         int id = ir_add(g, (tg_site){ "(input)", 0 }, OP_INPUT, in[i].dtype, in[i].shape, 0, NULL);
+        if (id < 0) break;
         g->nodes[id].name = tg_strdup(in[i].name);
         g->nodes[id].iarg[0] = i;
+        if (!g->nodes[id].name) ir_fail(g, TG_HERE, "out of memory naming input '%.60s'", in[i].name);
     }
-    tg_tensor *args = tg_xmalloc(sizeof(tg_tensor) * (size_t)(n + 1));
-    for (int i = 0; i < n; i++) args[i] = mk_tensor(g, i < g->n ? i : -1);
+    tg_tensor *args = tg_alloc(sizeof(tg_tensor) * (size_t)(n + 1));
+    if (!args) ir_fail(g, TG_HERE, "out of memory starting a trace");
+    for (int i = 0; i < n && args; i++) args[i] = mk_tensor(g, i < g->n ? i : -1);
     tg_tensor out = { NULL, -1 };
     if (ir_ok(g)) {
         tg_graph *outer = tg__trace();
@@ -233,8 +245,9 @@ static bool compile_graph(compiled *c, const tg_backend *be, tg_graph *g, int n_
     c->be = be;
     c->g = g;
     c->n_inputs = n_inputs;
-    c->decls = tg_xmalloc(sizeof(tg_input_decl) * (size_t)(n_inputs + 1));
-    c->input_buf = tg_xmalloc(sizeof(void *) * (size_t)(n_inputs + 1));
+    c->decls = tg_alloc(sizeof(tg_input_decl) * (size_t)(n_inputs + 1));
+    c->input_buf = tg_alloc(sizeof(void *) * (size_t)(n_inputs + 1));
+    if (!c->decls || !c->input_buf) { tg_seterr(err, "out of memory compiling the graph"); return false; }
     c->exec = be->prepare(g, keep, n_keep, err);
     if (!c->exec) return false;
     for (int i = 0; i < n_inputs; i++) {
@@ -268,7 +281,7 @@ static void read_node(const compiled *c, int node, double *dst) {
     c->be->read(c->be->node_buf(c->exec, node), n->dtype, dst, (size_t)n->numel);
 }
 
-static const char *dtype_name(tg_dtype d) { return d == TG_INT32 ? "i32" : "f32"; }
+static const char *dtype_name(tg_dtype d) { return d == TG_INT32 ? "i32" : d == TG_FLOAT32 ? "f32" : "an unknown dtype"; }
 
 /* Copy a call's data into the input buffers, checking names, dtypes and element counts. */
 static bool bind_inputs(compiled *c, const tg_data *data, int n, char *err, size_t errlen) {
@@ -307,10 +320,12 @@ static bool bind_inputs(compiled *c, const tg_data *data, int n, char *err, size
 }
 
 /* The nodes a compiled graph keeps readable after a run: `first` (outputs, gradients), then its
- * captures and, in a patchable graph, the values arriving at its patch sites (tg_patch_from). */
+ * captures and, in a patchable graph, the values arriving at its patch sites (tg_patch_from).
+ * NULL when memory runs out. */
 static int *keep_list(const tg_graph *g, const int *first, int n_first, int *n_keep) {
-    int *keep = tg_xmalloc(sizeof(int) * (size_t)(n_first + g->n_captures + g->n_patches + 1));
+    int *keep = tg_alloc(sizeof(int) * (size_t)(n_first + g->n_captures + g->n_patches + 1));
     int n = 0;
+    if (!keep) return NULL;
     for (int i = 0; i < n_first; i++) keep[n++] = first[i];
     for (int i = 0; i < g->n_captures; i++) keep[n++] = g->captures[i].node;
     for (int i = 0; g->patchable && i < g->n_patches; i++) keep[n++] = g->patches[i].node;
@@ -330,8 +345,9 @@ static void copy_schedule(tg_train *t, const tg_schedule *s) {
 /* Persistent buffers for parameters (from the model's init) and optimizer state (zeros). */
 static bool alloc_store(tg_train *t, tg_error *err) {
     const tg_graph *g = t->c.g;
-    t->param = tg_xmalloc(sizeof(void *) * (size_t)(t->n_params + 1));
-    t->state = tg_xmalloc(sizeof(void *) * (size_t)(g->n_state + 1));
+    t->param = tg_alloc(sizeof(void *) * (size_t)(t->n_params + 1));
+    t->state = tg_alloc(sizeof(void *) * (size_t)(g->n_state + 1));
+    if (!t->param || !t->state) { tg_seterr(err, "out of memory for the parameter table"); return false; }
     for (int i = 0; i < t->n_params; i++) {
         t->param[i] = t->be->alloc((size_t)shape_numel(model_param(t->model, i)->shape));
         if (!t->param[i]) { tg_seterr(err, "out of memory for parameter '%s'", model_param(t->model, i)->name); return false; }
@@ -353,14 +369,27 @@ static void free_store(tg_train *t) {
     t->state = t->param = NULL;
 }
 
-static void init_params(tg_train *t) {
+/* The largest parameter's element count: the host buffer init and reset need. */
+static size_t max_param_numel(const tg_train *t) {
+    size_t max = 1;
     for (int i = 0; i < t->n_params; i++) {
         size_t n = (size_t)shape_numel(model_param(t->model, i)->shape);
-        double *v = tg_xmalloc(sizeof(double) * n);
+        if (n > max) max = n;
+    }
+    return max;
+}
+
+/* Parameters from the model's init; false (nothing changed) when memory runs out. */
+static bool init_params(tg_train *t) {
+    double *v = tg_alloc(sizeof(double) * max_param_numel(t));
+    if (!v) return false;
+    for (int i = 0; i < t->n_params; i++) {
+        size_t n = (size_t)shape_numel(model_param(t->model, i)->shape);
         model_init_param(t->model, i, v);
         t->be->write(t->param[i], TG_FLOAT32, v, n);
-        free(v);
     }
+    free(v);
+    return true;
 }
 
 /* Everything of a training handle but its lock, queue and forwards: trace, gradients, optimizer,
@@ -371,12 +400,13 @@ static tg_train *train_build(const tg_train_spec *spec, tg_error *err) {
     tg_graph *g = rt_trace(spec->model, spec->loss, spec->ctx, spec->inputs, spec->n_inputs, err);
     if (!g) return NULL;
     int loss = g->output;
-    int *wrt = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 1));
-    int *grads = tg_xmalloc(sizeof(int) * (size_t)(g->n_params + 1));
+    int *wrt = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
+    int *grads = tg_alloc(sizeof(int) * (size_t)(g->n_params + 2));
     int n_wrt = 0;
-    for (int i = 0; i < g->n_params; i++)
+    for (int i = 0; wrt && i < g->n_params; i++)
         if (g->param_node[i] >= 0) wrt[n_wrt++] = g->param_node[i];
-    bool ok = grad_build(g, loss, wrt, n_wrt, grads);
+    if (!wrt || !grads) ir_fail(g, TG_HERE, "out of memory deriving gradients");
+    bool ok = ir_ok(g) && grad_build(g, loss, wrt, n_wrt, grads);
     for (int i = 0, k = 0; ok && i < g->n_params; i++)
         if (g->param_node[i] >= 0) g->grad_of_param[i] = grads[k++];
     ok = ok && optim_build(g, &spec->optimizer);
@@ -387,7 +417,13 @@ static tg_train *train_build(const tg_train_spec *spec, tg_error *err) {
         ir_free(g);
         return NULL;
     }
-    tg_train *t = tg_xmalloc(sizeof *t);
+    tg_train *t = tg_alloc(sizeof *t);
+    if (!t) {
+        tg_seterr(err, "out of memory for the training handle");
+        free(grads);
+        ir_free(g);
+        return NULL;
+    }
     t->model = spec->model;
     t->be = be;
     t->loss = loss;
@@ -397,22 +433,32 @@ static tg_train *train_build(const tg_train_spec *spec, tg_error *err) {
     t->n_params = g->n_params;
     copy_schedule(t, &spec->optimizer.lr);
     grads[n_wrt] = loss;
-    int n_keep, *keep = keep_list(g, grads, n_wrt + 1, &n_keep);
-    ok = compile_graph(&t->c, be, g, spec->n_inputs, keep, n_keep, err) && alloc_store(t, err);
+    grads[n_wrt + 1] = g->guard;   /* read after every step: kept to the end */
+    int n_keep, *keep = keep_list(g, grads, n_wrt + 2, &n_keep);
+    ok = keep && compile_graph(&t->c, be, g, spec->n_inputs, keep, n_keep, err) && alloc_store(t, err);
+    if (!keep) {
+        tg_seterr(err, "out of memory compiling the graph");
+        t->c.g = g;   /* for compiled_free below */
+    }
     free(keep);
     free(grads);
+    if (ok && !init_params(t)) {
+        tg_seterr(err, "out of memory initialising the parameters");
+        ok = false;
+    }
     if (!ok) {
         free_store(t);
         compiled_free(&t->c);
         free(t);
         return NULL;
     }
-    init_params(t);
     bind_params(&t->c, t->param);
     for (int i = 0; i < g->n; i++)
         if (g->nodes[i].op == OP_STATE) be->bind(t->c.exec, i, t->state[g->nodes[i].iarg[0]]);
     return t;
 }
+
+static void destroy_unregistered(tg_train *t);
 
 tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
     if (!spec) { tg_seterr(err, "tg_compile: no spec"); return NULL; }
@@ -424,7 +470,11 @@ tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
     pthread_mutex_init(&t->mu, &attr);
     pthread_mutexattr_destroy(&attr);
     t->queue = async_new();   /* its worker thread starts at the first submit */
-    registry_add(t);
+    if (!t->queue || !registry_add(t)) {
+        tg_seterr(err, "tg_compile: out of memory");
+        destroy_unregistered(t);
+        return NULL;
+    }
     return t;
 }
 
@@ -457,33 +507,66 @@ int64_t tg_train_step_count(const tg_train *t) {
     return step;
 }
 
+/* A step whose guard was not finite changed nothing; its message names the first parameter, in
+ * declaration order, whose gradient went non-finite (the gradients are kept nodes, still
+ * readable after the run). */
+static tg_result nonfinite_step(tg_train *t, double loss) {
+    const tg_graph *g = t->c.g;
+    const char *name = NULL, *what = NULL;
+    for (int i = 0; i < t->n_params && !name; i++) {
+        int node = g->grad_of_param[i];
+        if (node < 0) continue;
+        size_t n = (size_t)g->nodes[node].numel;
+        double *v = tg_alloc(sizeof(double) * n);
+        if (!v) break;   /* the step still fails; the message just names no parameter */
+        read_node(&t->c, node, v);
+        for (size_t k = 0; k < n && !name; k++)
+            if (!isfinite(v[k])) {
+                name = model_param(t->model, i)->name;
+                what = isnan(v[k]) ? "NaN" : "infinite";
+            }
+        free(v);
+    }
+    long long step = (long long)t->step + 1;
+    if (!isfinite(loss) && name)
+        return failed("loss is %s at step %lld (first non-finite gradient: '%s'); parameters were left unchanged",
+                      isnan(loss) ? "NaN" : "infinite", step, name);
+    if (!isfinite(loss))
+        return failed("loss is %s at step %lld; parameters were left unchanged", isnan(loss) ? "NaN" : "infinite", step);
+    return failed("gradient of '%s' is not finite (%s) at step %lld; parameters were left unchanged", name ? name : "?",
+                  what ? what : "NaN", step);
+}
+
 static tg_result step_locked(tg_train *t, const tg_data *inputs, int n_inputs) {
     tg_result r;
     memset(&r, 0, sizeof r);
     if (!bind_inputs(&t->c, inputs, n_inputs, r.error, sizeof r.error)) { r.status = TG_FAILED; return r; }
-    optim_hyper(&t->opt, t->step + 1, tg_schedule_at(&t->opt.lr, sched_step(t)), t->hyper);
+    double lr = tg_schedule_at(&t->opt.lr, sched_step(t));   /* tg_set_lr / tg_set_schedule take any double */
+    if (!(lr >= 0 && isfinite(lr)))
+        return failed("learning rate %g at step %lld is negative or not finite; nothing was changed", lr, (long long)t->step + 1);
+    optim_hyper(&t->opt, t->step + 1, lr, t->hyper);
     t->hyper[HYPER_SEED] = call_seed(t->model, 0, t->step + 1);
     tg_error err;
-    double loss;
+    double loss, guard;
     const tg_graph *g = t->c.g;
     if (t->be->step) {
         if (!t->wb_dst) {   /* the write-back targets, in the graph's order */
-            t->wb_dst = tg_xmalloc(sizeof(void *) * (size_t)(g->n_assigns + 1));
+            t->wb_dst = tg_alloc(sizeof(void *) * (size_t)(g->n_assigns + 1));
+            if (!t->wb_dst) return failed("tg_step: out of memory for the write-back table");
             for (int k = 0; k < g->n_assigns; k++) t->wb_dst[k] = leaf_storage(t, &g->nodes[g->assigns[k].dst]);
         }
-        if (!t->be->step(t->c.exec, t->hyper, t->loss, g->assigns, g->n_assigns, t->wb_dst, &loss, &err))
+        if (!t->be->step(t->c.exec, t->hyper, t->loss, g->guard, g->assigns, g->n_assigns, t->wb_dst, &loss, &guard, &err))
             return failed("tg_step: %s", err.msg);
     } else {
         if (!t->be->run(t->c.exec, t->hyper, &err)) return failed("tg_step: %s", err.msg);
         read_node(&t->c, t->loss, &loss);
-        for (int k = 0; k < g->n_assigns && isfinite(loss); k++) {
+        read_node(&t->c, g->guard, &guard);
+        for (int k = 0; k < g->n_assigns && isfinite(guard); k++) {
             const tg_node *dst = &g->nodes[g->assigns[k].dst];
             t->be->copy(leaf_storage(t, dst), t->be->node_buf(t->c.exec, g->assigns[k].src), (size_t)dst->numel);
         }
     }
-    if (!isfinite(loss))
-        return failed("loss is %s at step %lld; parameters were left unchanged", isnan(loss) ? "NaN" : "infinite",
-                      (long long)t->step + 1);
+    if (!isfinite(guard)) return nonfinite_step(t, loss);
     t->step++;
     r.status = TG_OK;
     r.loss = (float)loss;
@@ -493,7 +576,7 @@ static tg_result step_locked(tg_train *t, const tg_data *inputs, int n_inputs) {
 
 tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs) {
     tg_train *l = lock_train(t);
-    if (!l) return failed("tg_step: NULL or destroyed training handle");
+    if (!l) return failed("tg_step: %s training handle", dead(t));
     tg_result r = step_locked(l, inputs, n_inputs);
     unlock(l);
     return r;
@@ -525,10 +608,10 @@ static bool dims_open(const tg_input_decl *d) {
     return false;
 }
 
-/* The declarations with the open dimensions set to `size`. */
+/* The declarations with the open dimensions set to `size`; NULL when memory runs out. */
 static tg_input_decl *concrete_decls(const tg_forward *f, int64_t size) {
-    tg_input_decl *d = tg_xmalloc(sizeof(tg_input_decl) * (size_t)(f->n_inputs + 1));
-    for (int i = 0; i < f->n_inputs; i++) {
+    tg_input_decl *d = tg_alloc(sizeof(tg_input_decl) * (size_t)(f->n_inputs + 1));
+    for (int i = 0; d && i < f->n_inputs; i++) {
         d[i] = f->decls[i];
         for (int k = 0; k < d[i].shape.ndim; k++)
             if (d[i].shape.d[k] == TG_ANY) d[i].shape.d[k] = size;
@@ -539,7 +622,8 @@ static tg_input_decl *concrete_decls(const tg_forward *f, int64_t size) {
 static variant *variant_compile(tg_forward *f, int64_t size, bool patchable, tg_error *err) {
     tg_train *t = f->train;
     tg_input_decl *decls = concrete_decls(f, size);
-    tg_graph *g = trace(t->model, f->fn, f->ctx, decls, f->n_inputs, patchable, err);
+    tg_graph *g = decls ? trace(t->model, f->fn, f->ctx, decls, f->n_inputs, patchable, err) : NULL;
+    if (!decls) tg_seterr(err, "out of memory");
     free(decls);
     if (!g) return NULL;
     if (g->nodes[g->output].dtype != TG_FLOAT32) {
@@ -547,14 +631,22 @@ static variant *variant_compile(tg_forward *f, int64_t size, bool patchable, tg_
         ir_free(g);
         return NULL;
     }
-    variant *v = tg_xmalloc(sizeof *v);
+    variant *v = tg_alloc(sizeof *v);
+    int n_keep, *keep = v ? keep_list(g, &g->output, 1, &n_keep) : NULL;
+    if (!keep) {
+        tg_seterr(err, "out of memory");
+        free(v);
+        ir_free(g);
+        return NULL;
+    }
     v->size = size;
     v->patchable = patchable;
-    int n_keep, *keep = keep_list(g, &g->output, 1, &n_keep);
     bool ok = compile_graph(&v->c, t->be, g, f->n_inputs, keep, n_keep, err);
     free(keep);
     if (ok && patchable) {
-        v->patch_buf = tg_xmalloc(sizeof(void *) * (size_t)(g->n_patches + 1));
+        v->patch_buf = tg_alloc(sizeof(void *) * (size_t)(g->n_patches + 1));
+        if (!v->patch_buf) tg_seterr(err, "out of memory");
+        ok = v->patch_buf != NULL;
         for (int i = 0; ok && i < g->n_patches; i++) {
             int in = g->patches[i].input;
             v->patch_buf[i] = t->be->alloc((size_t)g->nodes[in].numel);
@@ -579,6 +671,12 @@ static variant *variant_for(tg_forward *f, int64_t size, bool patchable, tg_erro
     }
     for (int i = 0; i < f->n_v; i++)
         if (f->v[i]->size == size && f->v[i]->patchable == patchable) return f->v[i];
+    variant **grown = tg_realloc(f->v, sizeof(variant *) * (size_t)(f->n_v + 1));
+    if (!grown) {
+        tg_seterr(err, "out of memory");
+        return NULL;
+    }
+    f->v = grown;
     variant *v = variant_compile(f, size, patchable, err);
     if (!v) return NULL;
     if (f->n_v == f->max_variants) {
@@ -589,7 +687,6 @@ static variant *variant_for(tg_forward *f, int64_t size, bool patchable, tg_erro
         variant_free(f->train->be, f->v[lru]);
         f->v[lru] = f->v[--f->n_v];
     }
-    f->v = realloc(f->v, sizeof(variant *) * (size_t)(f->n_v + 1));
     f->v[f->n_v++] = v;
     return v;
 }
@@ -669,7 +766,11 @@ static bool apply_patches(tg_forward *f, variant *v, double *hyper, char *err, s
         if (mode == TG_PATCH_VALUES) {
             v->c.be->upload(v->patch_buf[i], TG_FLOAT32, rule->values, numel);
         } else if (mode == TG_PATCH_ZERO) {
-            double *zeros = tg_xmalloc(sizeof(double) * numel);
+            double *zeros = tg_alloc(sizeof(double) * numel);
+            if (!zeros) {
+                snprintf(err, len, "out of memory zeroing patch '%s'", site->name);
+                return false;
+            }
             v->c.be->write(v->patch_buf[i], TG_FLOAT32, zeros, numel);
             free(zeros);
         }
@@ -692,7 +793,8 @@ static tg_result run_locked(tg_forward *f, const tg_data *inputs, int n_inputs, 
     f->last = v;
     if (!bind_inputs(&v->c, inputs, n_inputs, r.error, sizeof r.error)) { r.status = TG_FAILED; return r; }
     int n_hyper = v->c.g->n_hyper > 1 ? v->c.g->n_hyper : 1;
-    double *hyper = tg_xmalloc(sizeof(double) * (size_t)n_hyper);
+    double *hyper = tg_alloc(sizeof(double) * (size_t)n_hyper);
+    if (!hyper) return failed("tg_run: out of memory");
     hyper[HYPER_SEED] = call_seed(f->train->model, 1, ++f->calls);
     bool ok = !v->patchable || apply_patches(f, v, hyper, r.error, sizeof r.error);
     ok = ok && v->c.be->run(v->c.exec, hyper, &err);
@@ -703,10 +805,19 @@ static tg_result run_locked(tg_forward *f, const tg_data *inputs, int n_inputs, 
         return r;
     }
     const tg_node *out = &v->c.g->nodes[v->c.g->output];
-    if (out->numel > f->out_cap) {
+    if (out->numel > f->out_cap) {   /* grown for the largest output so far */
+        float *o = tg_alloc(sizeof(float) * (size_t)out->numel);
+        double *h = tg_alloc(sizeof(double) * (size_t)out->numel);
+        if (!o || !h) {
+            free(o);
+            free(h);
+            return failed("tg_run: out of memory for the output");
+        }
+        free(f->out);
+        free(f->host);
+        f->out = o;
+        f->host = h;
         f->out_cap = out->numel;
-        f->out = realloc(f->out, sizeof(float) * (size_t)f->out_cap);
-        f->host = realloc(f->host, sizeof(double) * (size_t)f->out_cap);
     }
     read_node(&v->c, v->c.g->output, f->host);
     for (int64_t i = 0; i < out->numel; i++) f->out[i] = (float)f->host[i];
@@ -735,12 +846,19 @@ static void forward_free(tg_forward *f) {
 /* Declarations as a forward keeps them: checked (open dimensions as size 1), names copied. */
 static tg_input_decl *forward_decls(const tg_forward_spec *spec, bool *open, tg_error *err) {
     if (!check_decls(spec->inputs, spec->n_inputs, err)) return NULL;
-    tg_input_decl *d = tg_xmalloc(sizeof(tg_input_decl) * (size_t)(spec->n_inputs + 1));
+    tg_input_decl *d = tg_alloc(sizeof(tg_input_decl) * (size_t)(spec->n_inputs + 1));
     *open = false;
-    for (int i = 0; i < spec->n_inputs; i++) {
+    bool ok = d != NULL;
+    for (int i = 0; ok && i < spec->n_inputs; i++) {
         d[i] = spec->inputs[i];
-        d[i].name = tg_strdup(spec->inputs[i].name);
+        ok = (d[i].name = tg_strdup(spec->inputs[i].name)) != NULL;
         *open |= dims_open(&d[i]);
+    }
+    if (!ok) {
+        for (int i = 0; d && i < spec->n_inputs; i++) free((char *)d[i].name);
+        free(d);
+        tg_seterr(err, "tg_attach: out of memory");
+        return NULL;
     }
     return d;
 }
@@ -749,7 +867,8 @@ static tg_forward *attach_locked(tg_train *t, const tg_forward_spec *spec, tg_er
     if (!spec) { tg_seterr(err, "tg_attach: NULL spec"); return NULL; }
     if (!spec->forward) { tg_seterr(err, "tg_attach: no forward function given"); return NULL; }
     if (spec->max_variants < 0) { tg_seterr(err, "tg_attach: max_variants is %d", spec->max_variants); return NULL; }
-    tg_forward *f = tg_xmalloc(sizeof *f);
+    tg_forward *f = tg_alloc(sizeof *f);
+    if (!f) { tg_seterr(err, "tg_attach: out of memory"); return NULL; }
     f->train = t;
     f->fn = spec->forward;
     f->ctx = spec->ctx;
@@ -771,15 +890,20 @@ static tg_forward *attach_locked(tg_train *t, const tg_forward_spec *spec, tg_er
         }
         f->last = f->v[0];
     }
-    t->fwd = realloc(t->fwd, sizeof(tg_forward *) * (size_t)(t->n_fwd + 1));
+    tg_forward **fwd = tg_realloc(t->fwd, sizeof(tg_forward *) * (size_t)(t->n_fwd + 1));
+    if (fwd) t->fwd = fwd;
+    if (!fwd || !registry_add(f)) {
+        tg_seterr(err, "tg_attach: out of memory");
+        forward_free(f);
+        return NULL;
+    }
     t->fwd[t->n_fwd++] = f;
-    registry_add(f);
     return f;
 }
 
 tg_forward *tg_attach(tg_train *t, const tg_forward_spec *spec, tg_error *err) {
     tg_train *l = lock_train(t);
-    if (!l) { tg_seterr(err, "tg_attach: NULL or destroyed training handle"); return NULL; }
+    if (!l) { tg_seterr(err, "tg_attach: %s training handle", dead(t)); return NULL; }
     tg_forward *f = attach_locked(l, spec, err);
     unlock(l);
     return f;
@@ -787,7 +911,7 @@ tg_forward *tg_attach(tg_train *t, const tg_forward_spec *spec, tg_error *err) {
 
 tg_result tg_run(tg_forward *f, const tg_data *inputs, int n_inputs) {
     tg_train *t = lock_forward(f);
-    if (!t) return failed("tg_run: NULL or destroyed forward handle");
+    if (!t) return failed("tg_run: %s forward handle", dead(f));
     tg_result r = run_locked(f, inputs, n_inputs, false);
     unlock(t);
     return r;
@@ -812,7 +936,7 @@ void tg_detach(tg_forward *f) {
 
 tg_result tg_eval_loss(tg_train *t, const tg_data *inputs, int n_inputs) {
     tg_train *l = lock_train(t);
-    if (!l) return failed("tg_eval_loss: NULL or destroyed training handle");
+    if (!l) return failed("tg_eval_loss: %s training handle", dead(t));
     if (!l->eval) {
         tg_error err;
         tg_forward_spec spec = { .forward = l->loss_fn, .ctx = l->loss_ctx, .inputs = l->c.decls, .n_inputs = l->c.n_inputs };
@@ -823,6 +947,8 @@ tg_result tg_eval_loss(tg_train *t, const tg_data *inputs, int n_inputs) {
         }
     }
     tg_result r = run_locked(l->eval, inputs, n_inputs, false);
+    if (r.status == TG_OK && !isfinite(r.output[0]))   /* as tg_step: a non-finite loss is a failure */
+        r = failed("tg_eval_loss: loss is %s", isnan(r.output[0]) ? "NaN" : "infinite");
     if (r.status == TG_OK) {
         r.loss = r.output[0];
         r.step = l->step;
@@ -836,12 +962,12 @@ tg_result tg_eval_loss(tg_train *t, const tg_data *inputs, int n_inputs) {
 /* ----- replacing the model ----- */
 
 tg_status tg_replace_model(tg_train *t, tg_model *m, const tg_optimizer *opt, tg_error *err) {
-    if (!registry_has(t)) { tg_seterr(err, "tg_replace_model: NULL or destroyed training handle"); return TG_FAILED; }
+    if (!registry_has(t)) { tg_seterr(err, "tg_replace_model: %s training handle", dead(t)); return TG_FAILED; }
     /* Calls queued for the old model abort first: else the worker, draining the queue, could
      * keep the lock from this call until they all ran. */
     async_abort(t->queue, NULL, "the model was replaced");
     tg_train *l = lock_train(t);
-    if (!l) { tg_seterr(err, "tg_replace_model: NULL or destroyed training handle"); return TG_FAILED; }
+    if (!l) { tg_seterr(err, "tg_replace_model: %s training handle", dead(t)); return TG_FAILED; }
     tg_train_spec spec = { .model = m, .loss = l->loss_fn, .ctx = l->loss_ctx, .inputs = l->c.decls,
                            .n_inputs = l->c.n_inputs, .optimizer = opt ? *opt : l->opt, .backend = l->be->name };
     tg_error e;
@@ -897,8 +1023,9 @@ static tg_result run_job(void *family, void *handle, const tg_data *in, int n, u
     if (!registry_has(handle)) r = aborted("the forward handle was detached or destroyed");
     else r = job_end(t, generation, run_locked(handle, in, n, false));
     if (r.status == TG_OK) {   /* the job's own copy: the handle's buffer belongs to its next call */
-        *out = tg_xmalloc(sizeof(float) * (r.output_len + 1));
-        memcpy(*out, r.output, sizeof(float) * r.output_len);
+        *out = tg_alloc(sizeof(float) * (r.output_len + 1));
+        if (*out) memcpy(*out, r.output, sizeof(float) * r.output_len);
+        r = *out ? r : failed("out of memory copying the output");
         r.output = *out;
     }
     pthread_mutex_unlock(&t->mu);
@@ -917,14 +1044,9 @@ tg_job *tg_run_submit(tg_forward *f, const tg_data *inputs, int n_inputs) {
     return async_submit(t->queue, run_job, t, f, inputs, n_inputs, atomic_load(&t->generation));
 }
 
-void tg_destroy(tg_train *t) {
-    if (!registry_has(t)) return;
-    registry_remove(t);
-    atomic_fetch_add(&t->generation, 1);
-    async_free(t->queue, "the training handle was destroyed");   /* outside the lock: its job in flight needs it */
-    pthread_mutex_lock(&t->mu);   /* a call another thread is making finishes first */
-    for (int i = 0; i < t->n_fwd; i++) registry_remove(t->fwd[i]);
-    pthread_mutex_unlock(&t->mu);
+/* Everything of t once no call can reach it any more. */
+static void destroy_unregistered(tg_train *t) {
+    async_free(t->queue, "the training handle was destroyed");
     for (int i = 0; i < t->n_fwd; i++) forward_free(t->fwd[i]);
     free(t->fwd);
     free_store(t);
@@ -932,6 +1054,18 @@ void tg_destroy(tg_train *t) {
     compiled_free(&t->c);
     pthread_mutex_destroy(&t->mu);
     free(t);
+}
+
+void tg_destroy(tg_train *t) {
+    if (!registry_has(t)) return;
+    registry_remove(t);
+    atomic_fetch_add(&t->generation, 1);
+    async_free(t->queue, "the training handle was destroyed");   /* outside the lock: its job in flight needs it */
+    t->queue = NULL;
+    pthread_mutex_lock(&t->mu);   /* a call another thread is making finishes first */
+    for (int i = 0; i < t->n_fwd; i++) registry_remove(t->fwd[i]);
+    pthread_mutex_unlock(&t->mu);
+    destroy_unregistered(t);
 }
 
 /* ----- captures and patches ----- */
@@ -953,7 +1087,11 @@ static tg_status read_capture(const compiled *c, const char *what, const char *n
         tg_seterr(err, "%s: capture '%s' has %lld elements, not %zu", what, name, (long long)node->numel, n);
         return TG_FAILED;
     }
-    double *v = tg_xmalloc(sizeof(double) * (n + 1));
+    double *v = tg_alloc(sizeof(double) * (n + 1));
+    if (!v) {
+        tg_seterr(err, "%s: out of memory", what);
+        return TG_FAILED;
+    }
     read_node(c, g->captures[i].node, v);
     for (size_t k = 0; k < n; k++) dst[k] = (float)v[k];
     free(v);
@@ -962,7 +1100,7 @@ static tg_status read_capture(const compiled *c, const char *what, const char *n
 
 tg_status tg_train_capture(tg_train *t, const char *name, float *dst, size_t n, tg_shape *shape, tg_error *err) {
     tg_train *l = lock_train(t);
-    if (!l) { tg_seterr(err, "tg_train_capture: NULL or destroyed training handle"); return TG_FAILED; }
+    if (!l) { tg_seterr(err, "tg_train_capture: %s training handle", dead(t)); return TG_FAILED; }
     tg_status st = read_capture(&l->c, "tg_train_capture", name, dst, n, shape, err);
     unlock(l);
     return st;
@@ -970,7 +1108,7 @@ tg_status tg_train_capture(tg_train *t, const char *name, float *dst, size_t n, 
 
 tg_status tg_forward_capture(tg_forward *f, const char *name, float *dst, size_t n, tg_shape *shape, tg_error *err) {
     tg_train *l = lock_forward(f);
-    if (!l) { tg_seterr(err, "tg_forward_capture: NULL or destroyed forward handle"); return TG_FAILED; }
+    if (!l) { tg_seterr(err, "tg_forward_capture: %s forward handle", dead(f)); return TG_FAILED; }
     tg_status st = read_capture(f->last ? &f->last->c : NULL, "tg_forward_capture", name, dst, n, shape, err);
     unlock(l);
     return st;
@@ -993,38 +1131,49 @@ tg_status tg_capture_head(const float *values, tg_shape shape, int head, float *
     return TG_OK;
 }
 
-/* The rule for a site, created off if new. */
+/* The rule for a site, created off if new; NULL when memory runs out. */
 static patch_rule *rule_for(tg_forward *f, const char *site) {
     patch_rule *r = find_rule(f, site);
     if (r) return r;
-    f->patch = realloc(f->patch, sizeof(patch_rule) * (size_t)(f->n_patch + 1));
+    patch_rule *grown = tg_realloc(f->patch, sizeof(patch_rule) * (size_t)(f->n_patch + 1));
+    char *name = tg_strdup(site);
+    if (grown) f->patch = grown;
+    if (!grown || !name) {
+        free(name);
+        return NULL;
+    }
     r = &f->patch[f->n_patch++];
-    *r = (patch_rule){ tg_strdup(site), TG_PATCH_OFF, NULL, 0 };
+    *r = (patch_rule){ name, TG_PATCH_OFF, NULL, 0 };
     return r;
 }
 
-static void set_rule(patch_rule *r, tg_patch_mode mode, float *values, size_t n) {
+/* Sets site's rule, taking ownership of values; false (values freed) when memory runs out. */
+static bool set_rule(tg_forward *f, const char *site, tg_patch_mode mode, float *values, size_t n) {
+    patch_rule *r = rule_for(f, site);
+    if (!r) {
+        free(values);
+        return false;
+    }
     free(r->values);
     r->mode = mode;
     r->values = values;
     r->n = n;
+    return true;
 }
 
 tg_status tg_patch_set(tg_forward *f, const char *site, tg_patch_mode mode, const float *values, size_t n, tg_error *err) {
     tg_train *l = lock_forward(f);
-    if (!l) { tg_seterr(err, "tg_patch_set: NULL or destroyed forward handle"); return TG_FAILED; }
+    if (!l) { tg_seterr(err, "tg_patch_set: %s forward handle", dead(f)); return TG_FAILED; }
     tg_status st = TG_FAILED;
     if (!site || !site[0]) tg_seterr(err, "tg_patch_set: no site name given");
     else if (mode < TG_PATCH_OFF || mode > TG_PATCH_VALUES) tg_seterr(err, "tg_patch_set: unknown mode %d", (int)mode);
     else if (mode == TG_PATCH_VALUES && (!values || n == 0)) tg_seterr(err, "tg_patch_set: '%s': no values given", site);
     else st = TG_OK;
-    if (st == TG_OK) {
-        float *copy = NULL;
-        if (mode == TG_PATCH_VALUES) {
-            copy = tg_xmalloc(sizeof(float) * n);
-            memcpy(copy, values, sizeof(float) * n);
-        }
-        set_rule(rule_for(f, site), mode, copy, mode == TG_PATCH_VALUES ? n : 0);
+    float *copy = st == TG_OK && mode == TG_PATCH_VALUES ? tg_alloc(sizeof(float) * n) : NULL;
+    if (copy) memcpy(copy, values, sizeof(float) * n);
+    if (st == TG_OK && ((mode == TG_PATCH_VALUES && !copy) || !set_rule(f, site, mode, copy, copy ? n : 0))) {
+        tg_seterr(err, "tg_patch_set: out of memory");
+        st = TG_FAILED;
     }
     unlock(l);
     return st;
@@ -1032,7 +1181,7 @@ tg_status tg_patch_set(tg_forward *f, const char *site, tg_patch_mode mode, cons
 
 tg_status tg_patch_from(tg_forward *f, const char *site, const tg_data *inputs, int n_inputs, tg_error *err) {
     tg_train *l = lock_forward(f);
-    if (!l) { tg_seterr(err, "tg_patch_from: NULL or destroyed forward handle"); return TG_FAILED; }
+    if (!l) { tg_seterr(err, "tg_patch_from: %s forward handle", dead(f)); return TG_FAILED; }
     tg_result r = site ? run_locked(f, inputs, n_inputs, true) : failed("no site name given");
     const tg_graph *g = r.status == TG_OK ? f->last->c.g : NULL;
     int i = 0;
@@ -1042,12 +1191,20 @@ tg_status tg_patch_from(tg_forward *f, const char *site, const tg_data *inputs, 
     tg_status st = r.status == TG_OK && i < g->n_patches ? TG_OK : TG_FAILED;
     if (st == TG_OK) {   /* the value arriving at the site (not its patched value) */
         size_t n = (size_t)g->nodes[g->patches[i].node].numel;
-        double *v = tg_xmalloc(sizeof(double) * n);
-        float *values = tg_xmalloc(sizeof(float) * n);
-        read_node(&f->last->c, g->patches[i].node, v);
-        for (size_t k = 0; k < n; k++) values[k] = (float)v[k];
+        double *v = tg_alloc(sizeof(double) * n);
+        float *values = tg_alloc(sizeof(float) * n);
+        bool ok = v && values;
+        if (ok) {
+            read_node(&f->last->c, g->patches[i].node, v);
+            for (size_t k = 0; k < n; k++) values[k] = (float)v[k];
+        } else {
+            free(values);
+        }
         free(v);
-        set_rule(rule_for(f, site), TG_PATCH_VALUES, values, n);
+        if (!ok || !set_rule(f, site, TG_PATCH_VALUES, values, n)) {
+            tg_seterr(err, "tg_patch_from: out of memory");
+            st = TG_FAILED;
+        }
     }
     unlock(l);
     return st;
@@ -1056,7 +1213,10 @@ tg_status tg_patch_from(tg_forward *f, const char *site, const tg_data *inputs, 
 void tg_patch_clear(tg_forward *f) {
     tg_train *l = lock_forward(f);
     if (!l) return;
-    for (int i = 0; i < f->n_patch; i++) set_rule(&f->patch[i], TG_PATCH_OFF, NULL, 0);
+    for (int i = 0; i < f->n_patch; i++) {   /* in place: never fails */
+        free(f->patch[i].values);
+        f->patch[i] = (patch_rule){ f->patch[i].site, TG_PATCH_OFF, NULL, 0 };
+    }
     unlock(l);
 }
 
@@ -1095,19 +1255,21 @@ static int find_param(const tg_train *t, const char *what, const char *name, siz
     return id;
 }
 
-/* A backend buffer of n values into the caller's floats. */
-static void read_floats(const tg_backend *be, const void *buf, float *dst, size_t n) {
-    double *v = tg_xmalloc(sizeof(double) * n);
+/* A backend buffer of n values into the caller's floats; false when memory runs out. */
+static bool read_floats(const tg_backend *be, const void *buf, float *dst, size_t n) {
+    double *v = tg_alloc(sizeof(double) * n);
+    if (!v) return false;
     be->read(buf, TG_FLOAT32, v, n);
     for (size_t i = 0; i < n; i++) dst[i] = (float)v[i];
     free(v);
+    return true;
 }
 
 static tg_status download_param(tg_train *t, const char *name, float *dst, size_t n, tg_error *err) {
     int id = find_param(t, "tg_download_param", name, n, err);
     if (id < 0) return TG_FAILED;
     if (!dst) { tg_seterr(err, "tg_download_param: NULL destination"); return TG_FAILED; }
-    read_floats(t->be, t->param[id], dst, n);
+    if (!read_floats(t->be, t->param[id], dst, n)) { tg_seterr(err, "tg_download_param: out of memory"); return TG_FAILED; }
     return TG_OK;
 }
 
@@ -1117,7 +1279,10 @@ static tg_status download_param_grad(tg_train *t, const char *name, float *dst, 
     if (!dst) { tg_seterr(err, "tg_download_param_grad: NULL destination"); return TG_FAILED; }
     int node = t->c.g->grad_of_param[id];
     if (node < 0) { tg_seterr(err, "tg_download_param_grad: '%s' does not affect the loss", name); return TG_FAILED; }
-    read_floats(t->be, t->be->node_buf(t->c.exec, node), dst, n);
+    if (!read_floats(t->be, t->be->node_buf(t->c.exec, node), dst, n)) {
+        tg_seterr(err, "tg_download_param_grad: out of memory");
+        return TG_FAILED;
+    }
     return TG_OK;
 }
 
@@ -1129,25 +1294,34 @@ static tg_status upload_params(tg_train *t, const tg_data *params, int n, tg_err
             tg_seterr(err, "tg_upload_params: '%s' needs f32 data", params[k].name);
             return TG_FAILED;
         }
+        const float *v = params[k].data;   /* a NaN or infinite parameter could never train */
+        for (size_t i = 0; i < params[k].n; i++)
+            if (!isfinite(v[i])) {
+                tg_seterr(err, "tg_upload_params: '%s' element %zu is %s", params[k].name, i, isnan(v[i]) ? "NaN" : "infinite");
+                return TG_FAILED;
+            }
     }
     for (int k = 0; k < n; k++)
         t->be->upload(t->param[model_find(t->model, params[k].name)], TG_FLOAT32, params[k].data, params[k].n);
     return TG_OK;
 }
 
-static void reset(tg_train *t, int params, int optimizer) {
-    if (params) init_params(t);
+static tg_status reset(tg_train *t, int params, int optimizer) {
+    /* All or nothing: the host buffers first (state slots have their parameters' shapes). */
+    double *zeros = optimizer ? tg_alloc(sizeof(double) * max_param_numel(t)) : NULL;
+    if ((optimizer && !zeros) || (params && !init_params(t))) {
+        free(zeros);
+        return TG_FAILED;
+    }
     if (optimizer) {
         const tg_graph *g = t->c.g;
-        for (int i = 0; i < g->n_state; i++) {
-            size_t n = (size_t)g->nodes[g->state_shape_node[i]].numel;
-            double *zeros = tg_xmalloc(sizeof(double) * n);
-            t->be->write(t->state[i], TG_FLOAT32, zeros, n);
-            free(zeros);
-        }
+        for (int i = 0; i < g->n_state; i++)
+            t->be->write(t->state[i], TG_FLOAT32, zeros, (size_t)g->nodes[g->state_shape_node[i]].numel);
         t->step = 0;
         t->sched_base = 0;
     }
+    free(zeros);
+    return TG_OK;
 }
 
 static void set_schedule(tg_train *t, const tg_schedule *s) {
@@ -1218,33 +1392,36 @@ static void state_name(const tg_train *t, int slot, char *buf, size_t len) {
     snprintf(buf, len, "optimizer.%s.%d", model_param(t->model, owner)->name, k);
 }
 
-/* A persistent buffer's values as a host float tensor named `name`. */
-static st_tensor host_tensor(const tg_backend *be, const void *buf, const char *name, tg_shape shape) {
+/* A persistent buffer's values as a host float tensor named `name`; false when memory runs out
+ * (what was allocated is in *st for the caller to free). */
+static bool host_tensor(const tg_backend *be, const void *buf, const char *name, tg_shape shape, st_tensor *st) {
     size_t n = (size_t)shape_numel(shape);
-    st_tensor st = { tg_strdup(name), TG_FLOAT32, shape, tg_xmalloc(sizeof(float) * n), sizeof(float) * n };
-    read_floats(be, buf, st.data, n);
-    return st;
+    *st = (st_tensor){ tg_strdup(name), TG_FLOAT32, shape, tg_alloc(sizeof(float) * n), sizeof(float) * n };
+    return st->name && st->data && read_floats(be, buf, st->data, n);
 }
 
 static tg_status save(tg_train *t, const char *path, int with_optimizer, tg_error *err) {
     if (!path) { tg_seterr(err, "tg_save: NULL path"); return TG_FAILED; }
     const tg_graph *g = t->c.g;
     int n = t->n_params + (with_optimizer ? g->n_state : 0);
-    st_tensor *ts = tg_xmalloc(sizeof(st_tensor) * (size_t)(n + 1));
+    st_tensor *ts = tg_alloc(sizeof(st_tensor) * (size_t)(n + 1));
+    if (!ts) { tg_seterr(err, "tg_save: out of memory"); return TG_FAILED; }
+    bool held = true;   /* every tensor copied to the host */
     for (int i = 0; i < t->n_params; i++) {
         const tg_param_spec *p = model_param(t->model, i);
-        ts[i] = host_tensor(t->be, t->param[i], p->name, p->shape);
+        held &= host_tensor(t->be, t->param[i], p->name, p->shape, &ts[i]);
     }
     char name[600], step[32], base[32];
     for (int s = 0; with_optimizer && s < g->n_state; s++) {
         state_name(t, s, name, sizeof name);
-        ts[t->n_params + s] = host_tensor(t->be, t->state[s], name, g->nodes[g->state_shape_node[s]].shape);
+        held &= host_tensor(t->be, t->state[s], name, g->nodes[g->state_shape_node[s]].shape, &ts[t->n_params + s]);
     }
+    if (!held) tg_seterr(err, "tg_save: out of memory copying %s", path);
     snprintf(step, sizeof step, "%lld", (long long)t->step);
     snprintf(base, sizeof base, "%lld", (long long)t->sched_base);
     const char *keys[] = { "format", "tensorgrad.step", "tensorgrad.schedule_base" };
     const char *vals[] = { "pt", step, base };
-    bool ok = st_write(path, ts, n, keys, vals, with_optimizer ? 3 : 1, err);
+    bool ok = held && st_write(path, ts, n, keys, vals, with_optimizer ? 3 : 1, err);
     for (int i = 0; i < n; i++) {
         free(ts[i].name);
         free(ts[i].data);
@@ -1318,7 +1495,7 @@ static tg_status load(tg_train *t, const char *path, int with_optimizer, tg_erro
 #define WITH_TRAIN(what, t, err, body)                                                    \
     do {                                                                                  \
         tg_train *l_ = lock_train(t);                                                     \
-        if (!l_) { tg_seterr(err, "%s: NULL or destroyed training handle", what); return TG_FAILED; } \
+        if (!l_) { tg_seterr(err, "%s: %s training handle", what, dead(t)); return TG_FAILED; } \
         tg_status st_ = body;                                                             \
         unlock(l_);                                                                       \
         return st_;                                                                       \
@@ -1344,11 +1521,12 @@ tg_status tg_load(tg_train *t, const char *path, int with_optimizer, tg_error *e
     WITH_TRAIN("tg_load", t, err, load(l_, path, with_optimizer, err));
 }
 
-void tg_reset(tg_train *t, int params, int optimizer) {
+tg_status tg_reset(tg_train *t, int params, int optimizer) {
     tg_train *l = lock_train(t);
-    if (!l) return;
-    reset(l, params, optimizer);
+    if (!l) return TG_FAILED;
+    tg_status st = reset(l, params, optimizer);
     unlock(l);
+    return st;
 }
 
 void tg_set_schedule(tg_train *t, const tg_schedule *s) {

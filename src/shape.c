@@ -81,8 +81,9 @@ bool shape_reshape(tg_graph *g, tg_site s, tg_shape x, tg_shape want, tg_shape *
         } else if (want.d[i] <= 0) {
             ir_fail(g, s, "tg_reshape: %s -> %s: dimensions must be positive or -1", shape_str(x, sx), shape_str(want, sw));
             return false;
-        } else {
-            known *= want.d[i];
+        } else if (__builtin_mul_overflow(known, want.d[i], &known)) {
+            ir_fail(g, s, "tg_reshape: %s -> %s: the new shape's element count overflows", shape_str(x, sx), shape_str(want, sw));
+            return false;
         }
     }
     int64_t n = shape_numel(x);

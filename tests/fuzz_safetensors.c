@@ -1,12 +1,10 @@
-/* libFuzzer entry point for the safetensors reader (src/io.c). Not built by the Makefile.
+/* libFuzzer entry point for the safetensors reader (src/io.c).
  *
- * Build and run (clang 14 or later; io.c needs nothing else from the library):
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude -Isrc \
- *         tests/fuzz_safetensors.c src/io.c -o build/fuzz_safetensors
- *   mkdir -p build/fuzz_corpus
- *   build/fuzz_safetensors build/fuzz_corpus tests/fixtures/fuzz_safetensors \
- *         -dict=tests/fixtures/fuzz_safetensors.dict -max_len=4096 -max_total_time=60
- * (New inputs go to the first directory, so the checked-in seeds stay as they are.)
+ * `make fuzz-clang` builds it with clang -fsanitize=fuzzer,address,undefined (with the library
+ * sources) as build-fuzz/fuzz_safetensors and runs it FUZZ_TIME seconds over the seeds in
+ * tests/fixtures/fuzz_safetensors with tests/fixtures/fuzz_safetensors.dict; new inputs go to
+ * build-fuzz/corpus-fuzz_safetensors, so the checked-in seeds stay as they are. `make fuzz`
+ * (CI) runs it without clang: gcc, ASan + UBSan and the driver tests/fuzz_main.c.
  *
  * Properties: st_parse never crashes, hangs or reads outside the input; a rejected input comes
  * with a message and an empty st_file; an accepted one is self-consistent (nbytes = numel * 4,

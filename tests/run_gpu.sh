@@ -15,6 +15,7 @@ run() { echo "== $*"; "$@" 2>&1 | tee -a "$out/log.txt" | tail -n 25; }
 run build/tests/test_backend
 run build/tests/test_models
 TG_SESSION_BACKENDS=cuda run build/tests/test_session
+run build/tests/test_faults   # non-finite gradients on CUDA too: the guarded write-back
 run build/examples/digits --backend cuda
 [ "${1:-}" = quick ] && exit 0
 run build/bench/bench --backend cuda sin_mlp mnist_mlp cifar_cnn char_gpt_small char_gpt

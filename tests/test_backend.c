@@ -347,7 +347,8 @@ static void test_cache(const char *dir) {
     }
     tg_probe_free(p);
 
-    /* A compiler that fails, one that does not exist, a cache that cannot be created: errors. */
+    /* A compiler that fails, one that does not exist: errors. A cache directory that cannot be
+     * created: the kernels are built in a temporary directory instead (test_faults has more). */
     setenv("TG_CACHE_DIR", dir, 1);
     setenv("TG_CFLAGS", "-O1 -DTG_TEST_DIFFERENT_HASH", 1);
     setenv("TG_CC", "false", 1);
@@ -364,7 +365,8 @@ static void test_cache(const char *dir) {
     snprintf(sub, sizeof sub, "%s/file/cache", dir);
     setenv("TG_CACHE_DIR", sub, 1);
     p = cache_probe(&err);
-    CHECK(p == NULL && strstr(err.msg, "cache"), "unusable cache directory: %s", err.msg);
+    CHECK(p != NULL, "an unusable cache directory falls back to a temporary one: %s", p ? "" : err.msg);
+    tg_probe_free(p);
     setenv("TG_CACHE_DIR", dir, 1);
 
 }
