@@ -115,7 +115,7 @@ static const char *memo_find(cg *c, int id, const char *key) {
     return NULL;
 }
 
-static const char *memo_add(cg *c, int id, const char *key, const char *name) {
+const char *cg_memo_add(cg *c, int id, const char *key, const char *name) {
     memo_t copy;   /* key and name may point into the memo array, which growing it moves */
     snprintf(copy.key, sizeof copy.key, "%s", key);
     snprintf(copy.name, NAME, "%s", name);
@@ -345,7 +345,7 @@ static const char *val(cg *c, int id, ix_t ix) {
     } else {
         compute(c, id, ix, name);
     }
-    return memo_add(c, id, key, name);
+    return cg_memo_add(c, id, key, name);
 }
 
 
@@ -452,7 +452,7 @@ void cg_begin(cg *c, int root) {
 const char *cg_root_value(cg *c, const char *flat) {
     char name[NAME];
     compute(c, c->root, ix_flat(flat), name);
-    return memo_add(c, c->root, "root", name);
+    return cg_memo_add(c, c->root, "root", name);
 }
 
 const char *cg_value(cg *c, int node, const char *flat) { return val(c, node, ix_flat(flat)); }

@@ -41,6 +41,9 @@ bool cg_init(cg *c, const tg_graph *g, const bool *materialized, const tg_plan *
 /* A new memo entry. When memory runs out it reuses the last one: the generator goes on, and its
  * output is discarded (see alloc_failures). */
 memo_t *cg_memo_slot(cg *c);
+/* Remembers that node id's value under key (an index expression) is the variable name; returns
+ * the stored name. */
+const char *cg_memo_add(cg *c, int id, const char *key, const char *name);
 void cg_release(cg *c);
 /* Start the kernel of node `root`: an empty body, nothing read yet. */
 void cg_begin(cg *c, int root);

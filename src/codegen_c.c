@@ -459,16 +459,6 @@ static bool expr_reads(const cg *c, int root, int node, int target) {
     return false;
 }
 
-static void memo_push(cg *c, int node, const char *key, const char *name) {
-    char copy[NAME];   /* name may point into the memo array, which growing it moves */
-    snprintf(copy, NAME, "%s", name);
-    memo_t *m = cg_memo_slot(c);
-    if (!m) return;
-    m->node = node;
-    snprintf(m->key, sizeof m->key, "%s", key);
-    snprintf(m->name, NAME, "%s", copy);
-}
-
 /* Can the roots so far run as one loop? In-place roots only with in-place roots, no root read
  * from memory (a later root reads an earlier one only at its own element, from the memo), no
  * buffer read overlapping a buffer written, no two outputs overlapping, and a leaf replaced in
@@ -507,7 +497,7 @@ static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
     begin(G, first);
     const char *it = index_type(c, first, n->numel);
     cg_line(c, "P%d[i] = %s;", first, cg_root_value(c, "i"));
-    memo_push(c, first, "fi", c->memo[c->n_memo - 1].name);
+    cg_memo_add(c, first, "fi", c->memo[c->n_memo - 1].name);
     int joined = 0;
     bool *saved = tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
     for (int q = 0; saved && q < n_next && G->n_roots < 64; q++) {   /* no memory: no joining */
@@ -531,7 +521,7 @@ static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
             memcpy(c->used, saved, sizeof(bool) * (size_t)c->g->n);
             break;
         }
-        memo_push(c, r, "fi", c->memo[c->n_memo - 1].name);
+        cg_memo_add(c, r, "fi", c->memo[c->n_memo - 1].name);
         joined++;
     }
     free(saved);
