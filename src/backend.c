@@ -52,7 +52,7 @@ static void ref_release(void *h) {
 }
 
 #define REFERENCE_TABLE(NAME, PREPARE) { NAME, ref_alloc, ref_free, ref_write, ref_upload, ref_read, ref_copy, \
-                                         PREPARE, ref_planned_bytes, ref_bind, ref_run, ref_node_buf, ref_release, NULL, NULL }
+                                         PREPARE, ref_planned_bytes, ref_bind, ref_run, ref_node_buf, ref_release, NULL, NULL, false }
 const tg_backend backend_reference = REFERENCE_TABLE("reference", ref_prepare_f32);
 const tg_backend backend_reference_f64 = REFERENCE_TABLE("reference-f64", ref_prepare_f64);
 

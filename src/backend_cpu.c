@@ -276,5 +276,5 @@ const char *cpu_source(void *h) { return ((cpu_exec *)h)->source; }
 
 const tg_backend backend_cpu = {
     "cpu", cpu_alloc, cpu_free, cpu_write, cpu_upload, cpu_read, cpu_copy,
-    cpu_prepare, cpu_planned_bytes, cpu_bind, cpu_run, cpu_node_buf, cpu_release, NULL, cpu_source,
+    cpu_prepare, cpu_planned_bytes, cpu_bind, cpu_run, cpu_node_buf, cpu_release, NULL, cpu_source, false,
 };

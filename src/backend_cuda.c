@@ -333,8 +333,8 @@ typedef struct {
     char *source;
     CUmodule module;
     CUfunction *fn;          /* per launch (CL_KERNEL) */
-    CUfunction writeback;
-    CUdeviceptr arena, table, hyper_dev, wb_table;
+    CUfunction writeback, wb_check;
+    CUdeviceptr arena, table, hyper_dev, wb_table, wb_flag;
     void **bound;            /* host mirror of the device table of bound leaves */
     bool table_dirty;
     double *hyper_host;      /* pinned */
@@ -372,6 +372,7 @@ static void cuda_release(void *h) {
     if (e->table) cu.MemFree(e->table);
     if (e->hyper_dev) cu.MemFree(e->hyper_dev);
     if (e->wb_table) cu.MemFree(e->wb_table);
+    if (e->wb_flag) cu.MemFree(e->wb_flag);
     if (e->hyper_host) cu.MemFreeHost(e->hyper_host);
     if (e->loss_host) cu.MemFreeHost(e->loss_host);
     cuda_plan_free(&e->launches);
@@ -416,6 +417,8 @@ static void *cuda_prepare(const tg_graph *g, const int *keep, int n_keep, tg_err
         if (e->launches.launch[i].kind == CL_KERNEL)
             TRY(cu.ModuleGetFunction(&e->fn[i], e->module, e->launches.launch[i].name), e->launches.launch[i].name);
     TRY(cu.ModuleGetFunction(&e->writeback, e->module, "tg_writeback"), "tg_writeback");
+    TRY(cu.ModuleGetFunction(&e->wb_check, e->module, "tg_wb_check"), "tg_wb_check");
+    TRY(cu.MemAlloc(&e->wb_flag, sizeof(float)), "allocating the write-back flag");
     TRY(cu.MemAlloc(&e->arena, (e->plan.arena ? e->plan.arena : 1) * 4), "allocating the arena");
     TRY(cu.MemAlloc(&e->table, sizeof(void *) * (size_t)(g->n + 1)), "allocating the buffer table");
     e->n_hyper = g->n_hyper > N_HYPER_SLOTS ? g->n_hyper : N_HYPER_SLOTS;
@@ -565,19 +568,21 @@ static bool cuda_run(void *h, const double *hyper, tg_error *err) {
     return launch_graph(e, e->run_graph, hyper, err);
 }
 
-typedef struct { int loss, guard; } step_ctx;
+typedef struct { int loss; } step_ctx;
 
 /* The end of a step's graph: write-backs guarded by the guard node (loss + 0 * every gradient),
  * then the loss and the guard into pinned memory. */
 static bool step_tail(cuda_exec *e, void *ctx, tg_error *err) {
     const step_ctx *c = ctx;
-    CUdeviceptr loss_ptr = node_ptr(e, c->loss), guard_ptr = node_ptr(e, c->guard), table = e->wb_table;
+    CUdeviceptr loss_ptr = node_ptr(e, c->loss), flag = e->wb_flag, table = e->wb_table;
+    TRY(cu.MemsetD32Async(flag, 0, 1, g_cuda.stream), "the write-back flag");
     if (e->n_wb > 0) {
-        void *args[] = { &guard_ptr, &table };
-        TRY(cu.LaunchKernel(e->writeback, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, g_cuda.stream, args, NULL), "write-backs");
+        void *check[] = { &flag, &table }, *copy[] = { &loss_ptr, &flag, &table };
+        TRY(cu.LaunchKernel(e->wb_check, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, g_cuda.stream, check, NULL), "write-back check");
+        TRY(cu.LaunchKernel(e->writeback, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, g_cuda.stream, copy, NULL), "write-backs");
     }
     TRY(cu.MemcpyDtoHAsync(e->loss_host, loss_ptr, sizeof(float), g_cuda.stream), "reading the loss");
-    TRY(cu.MemcpyDtoHAsync(e->loss_host + 1, guard_ptr, sizeof(float), g_cuda.stream), "reading the step guard");
+    TRY(cu.MemcpyDtoHAsync(e->loss_host + 1, flag, sizeof(float), g_cuda.stream), "reading the write-back flag");
     return true;
 fail:
     return false;
@@ -598,11 +603,11 @@ static bool cuda_step(void *h, const double *hyper, int loss, int guard, const t
         if (!r) r = cu.MemcpyHtoD(e->wb_table, t, sizeof(wb_entry) * (size_t)n_wb);
         free(t);
         if (r) { tg_seterr(err, "write-back table: %s", cu_error(r)); return false; }
-        step_ctx ctx = { loss, guard };
+        step_ctx ctx = { loss };
         if (e->profile) {
             bool ok = run_eager(e, hyper, step_tail, &ctx, err);
             *loss_out = e->loss_host[0];
-            *guard_out = e->loss_host[1];
+            *guard_out = (double)e->loss_host[0] + e->loss_host[1];   /* the flag: 0 or NaN */
             cu.MemFree(e->wb_table);   /* rebuilt on the next step: profiling keeps no graph */
             e->wb_table = 0;
             return ok;
@@ -611,7 +616,7 @@ static bool cuda_step(void *h, const double *hyper, int loss, int guard, const t
     }
     if (!launch_graph(e, e->step_graph, hyper, err)) return false;
     *loss_out = e->loss_host[0];
-    *guard_out = e->loss_host[1];
+    *guard_out = (double)e->loss_host[0] + e->loss_host[1];   /* the flag: 0 or NaN */
     return true;
 }
 
@@ -640,7 +645,7 @@ static bool locked_step(void *h, const double *hyper, int loss, int guard, const
 
 const tg_backend backend_cuda = {
     "cuda", locked_alloc, locked_free, locked_write, locked_upload, locked_read, locked_copy,
-    locked_prepare, cuda_planned_bytes, cuda_bind, locked_run, cuda_node_buf, locked_release, locked_step, cuda_source,
+    locked_prepare, cuda_planned_bytes, cuda_bind, locked_run, cuda_node_buf, locked_release, locked_step, cuda_source, true,
 };
 
 /* ----- compile-only variant: host buffers, NVRTC for sm_90, nothing runs ----- */
@@ -696,7 +701,7 @@ static void *nvrtc_node_buf(void *h, int node) { return ((cuda_exec *)h)->bound[
 
 const tg_backend backend_cuda_nvrtc = {
     "cuda-nvrtc", host_alloc, free, host_write, host_upload, host_read, host_copy,
-    nvrtc_prepare, cuda_planned_bytes, cuda_bind, nvrtc_run, nvrtc_node_buf, nvrtc_release, NULL, cuda_source,
+    nvrtc_prepare, cuda_planned_bytes, cuda_bind, nvrtc_run, nvrtc_node_buf, nvrtc_release, NULL, cuda_source, true,
 };
 
 const char *cuda_source(void *exec) { return ((cuda_exec *)exec)->source; }

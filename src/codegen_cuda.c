@@ -78,6 +78,8 @@ static void pointwise_kernel(cg *c, cuda_plan *p, int id) {
 
 /* Sum over one axis: [outer, len, inner] -> [outer, 1, inner], reading coalesced:
  *  - contiguous rows (inner == 1): a warp per row, lanes striding the row, a shuffle reduction;
+ *    when there are too few rows to fill the GPU (a sum over everything: one row), each row is
+ *    cut into chunks of at least 1024, a warp each, added into the zeroed output with atomics;
  *  - otherwise a thread per output, neighbouring threads on neighbouring elements; when that
  *    gives too few threads, the axis is cut into chunks (grid y) summed into the zeroed output
  *    with atomics (so the order of the additions varies from run to run, by rounding only). */
@@ -93,18 +95,27 @@ static void sum_kernel(cg *c, cuda_plan *p, int id) {
     cg_line(c, "acc += %s;", cg_value(c, n->src[0], flat));
     char head[700], tail[400];
     if (inner == 1 && len >= 32) {
+        int64_t chunks = 1;   /* warps enough for about 64k threads, each lane summing >= 32 */
+        while (outs * chunks * 32 < 65536 && len / (chunks * 2) >= 1024) chunks *= 2;
+        int64_t chunk = (len + chunks - 1) / chunks;
         snprintf(head, sizeof head,
-                 "    const int64_t o = ((int64_t)blockIdx.x * %d + threadIdx.x) / 32, j = 0;\n"
-                 "    if (o >= %lldll) return;\n"
+                 "    const int64_t w = ((int64_t)blockIdx.x * %d + threadIdx.x) / 32, j = 0;\n"
+                 "    if (w >= %lldll) return;\n"
+                 "    const int64_t o = w / %lld, k0 = (w %% %lld) * %lld, k1 = k0 + %lld < %lldll ? k0 + %lld : %lldll;\n"
                  "    double acc = 0;\n"
-                 "    for (int64_t k = threadIdx.x & 31; k < %lldll; k += 32) {\n",
-                 BLOCK, (long long)outs, (long long)len);
+                 "    for (int64_t k = k0 + (threadIdx.x & 31); k < k1; k += 32) {\n",
+                 BLOCK, (long long)(outs * chunks), (long long)chunks, (long long)chunks, (long long)chunk, (long long)chunk,
+                 (long long)len, (long long)chunk, (long long)len);
+        char st[100];
+        if (chunks > 1) snprintf(st, sizeof st, "atomicAdd(P%d + o, (%s)acc)", id, cg_ctype(n));
+        else snprintf(st, sizeof st, "P%d[o] = (%s)acc", id, cg_ctype(n));
         snprintf(tail, sizeof tail,
                  "    }\n"
-                 "    for (int w = 16; w > 0; w /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, w);\n"
-                 "    if ((threadIdx.x & 31) == 0) P%d[o] = (%s)acc;\n", id, cg_ctype(n));
+                 "    for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);\n"
+                 "    if ((threadIdx.x & 31) == 0) %s;\n", st);
+        if (chunks > 1) memset_launch(p, id);
         end_kernel(c, NULL, 0, head, tail);
-        kernel_launch(p, id, outs * 32, BLOCK);
+        kernel_launch(p, id, outs * chunks * 32, BLOCK);
         return;
     }
     int64_t chunks = 1;   /* enough threads to fill the GPU: about 64k */
@@ -119,7 +130,7 @@ static void sum_kernel(cg *c, cuda_plan *p, int id) {
              "    for (int64_t k = k0; k < k1; k++) {\n",
              BLOCK, (long long)outs, (long long)inner, (long long)inner, (long long)chunk, (long long)chunk,
              (long long)len, (long long)chunk, (long long)len);
-    if (chunks > 1) snprintf(tail, sizeof tail, "    }\n    atomicAdd(P%d + oj, (float)acc);\n", id);
+    if (chunks > 1) snprintf(tail, sizeof tail, "    }\n    atomicAdd(P%d + oj, (%s)acc);\n", id, cg_ctype(n));
     else snprintf(tail, sizeof tail, "    }\n    P%d[oj] = (%s)acc;\n", id, cg_ctype(n));
     if (chunks > 1) memset_launch(p, id);
     end_kernel(c, NULL, 0, head, tail);
@@ -320,12 +331,20 @@ static const char DEVICE_KERNELS[] =
     "    }\n"
     "    if (g) { if (best >= 0) atomicAdd(out + nc * H * W + best, g[e]); }\n"
     "    else out[e] = best >= 0 ? img[best] : -INFINITY;\n}\n"
-    /* The end of a training step: write-back y of the table (blockIdx.y) copies its source into
-     * its persistent buffer, only if the step's guard (loss + 0 * every gradient) is finite, so
-     * a step with a NaN or infinite loss or gradient changes nothing. */
+    /* The end of a training step. tg_wb_check: a value to write back that is NaN or infinite (as
+     * every update of a parameter whose gradient was) sets *flag (zeroed before) to NaN.
+     * tg_writeback: write-back y of the table (blockIdx.y) copies its source into its persistent
+     * buffer, only if loss + *flag is finite, so a step with a NaN or infinite loss or gradient
+     * changes nothing. One pass over the new values, instead of a reduction per gradient. */
     "struct tgk_copy { const float *src; float *dst; long long n; };\n"
-    "extern \"C\" __global__ void tg_writeback(const float *guard, const tgk_copy *table) {\n"
-    "    if (!isfinite(*guard)) return;\n"
+    "extern \"C\" __global__ void tg_wb_check(float *flag, const tgk_copy *table) {\n"
+    "    const tgk_copy c = table[blockIdx.y];\n"
+    "    bool bad = false;\n"
+    "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < c.n; i += (long long)gridDim.x * blockDim.x)\n"
+    "        bad |= !isfinite(c.src[i]);\n"
+    "    if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *flag = NAN;\n}\n"
+    "extern \"C\" __global__ void tg_writeback(const float *loss, const float *flag, const tgk_copy *table) {\n"
+    "    if (!isfinite(*loss + *flag)) return;\n"
     "    const tgk_copy c = table[blockIdx.y];\n"
     "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < c.n; i += (long long)gridDim.x * blockDim.x)\n"
     "        c.dst[i] = c.src[i];\n}\n\n";

@@ -150,7 +150,8 @@ struct tg_graph {
     int n, cap;
     int output;                     /* loss or forward output */
     int guard;                      /* training graphs: finite only when the loss and every gradient
-                                     * are (see optim_build); write-backs wait on it. -1: none */
+                                     * are (see optim_build), or the loss where the backend checks
+                                     * the written values itself; write-backs wait on it. -1: none */
     tg_model *model;
     int *param_node;                /* per model param id: its PARAM node here, or -1 */
     int n_params;
@@ -226,10 +227,10 @@ int model_find(const tg_model *m, const char *name);
  * same values, independent of other params (each param has its own stream keyed by its name). */
 void model_init_param(const tg_model *m, int id, double *dst);
 
-/* optim.c: append the optimizer update of every parameter that has a gradient, and the step's
- * guard (g->guard). Hyper slots: see optim.c (lr and bias corrections the host computes per
- * step). */
-bool optim_build(tg_graph *g, const tg_optimizer *opt);
+/* optim.c: append the optimizer update of every parameter that has a gradient, and, with guard,
+ * the step's guard (g->guard; else the loss). Hyper slots: see optim.c (lr and bias corrections
+ * the host computes per step). */
+bool optim_build(tg_graph *g, const tg_optimizer *opt, bool guard);
 /* Per-step host scalars for step t (1-based) at learning rate lr. */
 void optim_hyper(const tg_optimizer *opt, int64_t t, double lr, double *hyper);
 
@@ -372,11 +373,16 @@ typedef struct tg_backend {
     void *(*node_buf)(void *exec, int node);                         /* a node's values after run */
     void (*release)(void *exec);
     /* Optional: one whole training step kept on the device: run; then, only if the guard node
-     * is finite, every write-back dst[k] <- node wb[k].src; *loss_out and *guard_out get the
-     * loss and the guard either way. NULL: the runtime does run, read and copy itself. */
+     * is finite (with checks_writebacks: the loss, and every value to write back), every
+     * write-back dst[k] <- node wb[k].src; *loss_out and *guard_out get the loss and the guard
+     * (non-finite when the write-backs were skipped) either way. NULL: the runtime does run,
+     * read and copy itself. */
     bool (*step)(void *exec, const double *hyper, int loss, int guard, const tg_assign *wb, int n_wb, void *const *dst,
                  double *loss_out, double *guard_out, tg_error *err);
     const char *(*source)(void *exec);                               /* generated kernels, or NULL */
+    /* Its step checks every value it writes back and fails the guard itself (one pass on the
+     * device instead of a reduction per gradient): no guard node in the graph. */
+    bool checks_writebacks;
 } tg_backend;
 
 /* By name: "cpu" (the default; $TG_BACKEND overrides), "reference" (the interpreter, f32),

@@ -409,7 +409,7 @@ static tg_train *train_build(const tg_train_spec *spec, tg_error *err) {
     bool ok = ir_ok(g) && grad_build(g, loss, wrt, n_wrt, grads);
     for (int i = 0, k = 0; ok && i < g->n_params; i++)
         if (g->param_node[i] >= 0) g->grad_of_param[i] = grads[k++];
-    ok = ok && optim_build(g, &spec->optimizer);
+    ok = ok && optim_build(g, &spec->optimizer, !be->checks_writebacks);
     free(wrt);
     if (!ok) {
         tg_seterr(err, "%s", g->error);

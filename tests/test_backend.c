@@ -149,6 +149,7 @@ static const bcase CASES[] = {
     { "sum axis 0", SUM0, 1, { F("x", 6, 5) }, 0, false, false },
     { "sum last keep (fused mul)", SUM_LAST, 2, { F("x", 3, 4, 5), F("y", 5) }, 0, false, false },
     { "sum all (fused exp)", SUM_ALL, 1, { F("x", 3, 7) }, 0, false, false },
+    { "sum all, long (rows cut in chunks on CUDA)", SUM_ALL, 1, { F("x", 40, 300) }, 0, false, true },
     { "mean axis 1", MEAN1, 1, { F("x", 2, 5, 3) }, 0, false, false },
     { "sum axis 0, long (chunked on CUDA)", SUM0, 1, { F("x", 3000, 3) }, 0, false, false },
     { "sum last, long rows (a warp each on CUDA)", SUM_LAST, 2, { F("x", 2, 3, 700), F("y", 700) }, 0, false, false },
