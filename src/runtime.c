@@ -704,14 +704,15 @@ static int64_t open_size(const tg_forward *f, const tg_data *data, int n, char *
         if (k == n || !dims_open(d)) continue;
         int64_t fixed = 1;
         int n_open = 0;
+        bool overflow = false;   /* bad fixed dimensions are the trace's to report; only no UB here */
         for (int a = 0; a < d->shape.ndim; a++) {
             if (d->shape.d[a] == TG_ANY) n_open++;
-            else fixed *= d->shape.d[a];
+            else overflow |= __builtin_mul_overflow(fixed, d->shape.d[a] > 0 ? d->shape.d[a] : 1, &fixed);
         }
-        int64_t count = (int64_t)data[k].n, s = llround(pow((double)(count / (fixed ? fixed : 1)), 1.0 / n_open));
-        int64_t p = 1;
-        for (int a = 0; a < n_open && s > 0; a++) p *= s;
-        if (s < 1 || p * fixed != count) {
+        int64_t count = (int64_t)data[k].n, s = llround(pow((double)count / (double)fixed, 1.0 / n_open));
+        int64_t p = fixed;
+        for (int a = 0; a < n_open && s > 0; a++) overflow |= __builtin_mul_overflow(p, s, &p);
+        if (s < 1 || overflow || p != count) {
             char sh[96];
             snprintf(err, len, "input '%s': %lld elements do not fill shape %s (-1 open) with a positive size", d->name,
                      (long long)count, shape_str(d->shape, sh));
