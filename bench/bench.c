@@ -260,18 +260,6 @@ static tg_train *compile(workload *w, const char *backend, double *seconds) {
     return t;
 }
 
-static int64_t numel(tg_shape s) {
-    int64_t k = 1;
-    for (int j = 0; j < s.ndim; j++) k *= s.d[j];
-    return k;
-}
-
-static int64_t n_params(tg_train *t) {
-    int64_t n = 0;
-    for (int i = 0; i < tg_train_n_params(t); i++) n += numel(tg_train_param_shape(t, i));
-    return n;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -289,7 +277,7 @@ static int run(const char *name, const char *backend, double scale) {
     tg_destroy(t);
     t = compile(&w, backend, &warm);   /* the same graph again: a kernel-cache hit */
     if (!t) return 1;
-    int64_t bt = numel(w.in[0].shape), by = numel(w.in[1].shape);
+    int64_t bt = tg_numel(w.in[0].shape), by = tg_numel(w.in[1].shape);
     tg_data data[2] = {
         w.x ? tg_f32("x", w.x, (size_t)bt) : tg_i32("x", w.xi, (size_t)bt),
         w.yf ? tg_f32("y", w.yf, (size_t)by) : tg_i32("y", w.y, (size_t)by),
@@ -320,10 +308,10 @@ static int run(const char *name, const char *backend, double scale) {
     getrusage(RUSAGE_SELF, &ru);
     /* Everything the step keeps in (device) memory: the planned intermediates, the parameters
      * with Adam's two moments, and the inputs. */
-    double state_mb = (tg_train_planned_bytes(t) + 4.0 * (3 * n_params(t) + bt + by)) / 1048576.0;
+    double state_mb = (tg_train_planned_bytes(t) + 4.0 * (3 * tg_train_param_total(t) + bt + by)) / 1048576.0;
     printf("%-16s %-4s %-8s params=%9lld ms/step median=%8.3f min=%8.3f loss=%.4f compile cold=%.2fs warm=%.3fs "
            "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f\n",
-           name, backend, "tg", (long long)n_params(t), sorted[2], sorted[0], r.loss, cold, warm,
+           name, backend, "tg", (long long)tg_train_param_total(t), sorted[2], sorted[0], r.loss, cold, warm,
            tg_train_planned_bytes(t) / 1048576.0, state_mb, ru.ru_maxrss / 1024.0, cpu[2]);
     fflush(stdout);
     tg_destroy(t);

@@ -185,17 +185,6 @@ static tg_tensor loss_fn(const void *ctx, const tg_tensor *in) {
 
 static tg_tensor logits_fn(const void *ctx, const tg_tensor *in) { return gpt_logits(ctx, in[0]); }
 
-static long count_params(const tg_train *t) {
-    long total = 0;
-    for (int i = 0; i < tg_train_n_params(t); i++) {
-        tg_shape s = tg_train_param_shape(t, i);
-        long k = 1;
-        for (int d = 0; d < s.ndim; d++) k *= (long)s.d[d];
-        total += k;
-    }
-    return total;
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Sampling
  * ------------------------------------------------------------------------------------------- */
@@ -342,7 +331,7 @@ int main(int argc, char **argv) {
 
     printf("chargpt: %s: %ld bytes, vocab %d, %ld train / %ld held-out\n", opt.file, c.n, c.vocab, c.n_train, c.n - c.n_train);
     printf("model: d %d, %d layers, %d heads, context %d (%ld parameters); batch %d, adamw lr %g, "
-           "warmup %d, cosine to %g, %d steps, backend %s\n", N_EMBD, N_LAYER, N_HEAD, BLOCK, count_params(t), BATCH,
+           "warmup %d, cosine to %g, %d steps, backend %s\n", N_EMBD, N_LAYER, N_HEAD, BLOCK, (long)tg_train_param_total(t), BATCH,
            opt.lr, warmup, opt.lr / 10, opt.steps, opt.backend ? opt.backend : "default");
 
     /* The held-out windows: drawn once, so every evaluation measures the same text. */

@@ -176,17 +176,6 @@ static tg_tensor logits_fn(const void *ctx, const tg_tensor *in) {
     return logits(ctx, in[0]);
 }
 
-static long count_params(const tg_train *t) {
-    long total = 0;
-    for (int i = 0; i < tg_train_n_params(t); i++) {
-        tg_shape s = tg_train_param_shape(t, i);
-        long k = 1;
-        for (int d = 0; d < s.ndim; d++) k *= (long)s.d[d];
-        total += k;
-    }
-    return total;
-}
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -309,7 +298,7 @@ int main(int argc, char **argv) {
     if (!f) { fprintf(stderr, "digits: tg_attach: %s\n", err.msg); goto out; }
 
     printf("digits: %d train / %d test rows, %s (%ld parameters), adam lr %g, batch %d, backend %s\n", train.n, test.n,
-           opt.cnn ? "CNN conv3x3(16)-pool-conv3x3(32)-pool-linear" : "MLP 64-128-10", count_params(t), opt.lr, BATCH,
+           opt.cnn ? "CNN conv3x3(16)-pool-conv3x3(32)-pool-linear" : "MLP 64-128-10", (long)tg_train_param_total(t), opt.lr, BATCH,
            opt.backend ? opt.backend : "default");
 
     uint64_t rng = 42;

@@ -98,6 +98,8 @@ void tg_model_pop(tg_model *m);
 tg_param tg_param_new(tg_model *m, const char *name, tg_shape shape, tg_init init);
 
 int tg_model_n_params(const tg_model *m);
+/* Elements of a shape (1 for a scalar). */
+int64_t tg_numel(tg_shape s);
 const char *tg_model_param_name(const tg_model *m, int i);
 tg_shape tg_model_param_shape(const tg_model *m, int i);
 
@@ -533,6 +535,7 @@ void tg_flight_free(tg_flight *fl);
 int tg_train_n_params(const tg_train *t);
 const char *tg_train_param_name(const tg_train *t, int i);
 tg_shape tg_train_param_shape(const tg_train *t, int i);
+int64_t tg_train_param_total(const tg_train *t);   /* elements over all parameters */
 tg_status tg_download_param(tg_train *t, const char *name, float *dst, size_t n, tg_error *err);
 tg_status tg_download_param_grad(tg_train *t, const char *name, float *dst, size_t n, tg_error *err);
 tg_status tg_upload_params(tg_train *t, const tg_data *params, int n, tg_error *err);

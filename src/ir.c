@@ -26,6 +26,8 @@ static const char *const OP_NAMES[OP_COUNT] = {
 
 const char *op_name(tg_op op) { return (op >= 0 && op < OP_COUNT) ? OP_NAMES[op] : "?"; }
 
+int64_t tg_numel(tg_shape s) { return shape_numel(s); }
+
 int64_t shape_numel(tg_shape s) {
     int64_t n = 1;
     for (int i = 0; i < s.ndim; i++) n *= s.d[i];

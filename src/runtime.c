@@ -1237,6 +1237,14 @@ const char *tg_train_param_name(const tg_train *t, int i) {
     return name;
 }
 
+int64_t tg_train_param_total(const tg_train *t) {
+    tg_train *l = lock_train(t);
+    int64_t total = 0;
+    for (int i = 0; l && i < l->n_params; i++) total += shape_numel(model_param(l->model, i)->shape);
+    if (l) unlock(l);
+    return total;
+}
+
 tg_shape tg_train_param_shape(const tg_train *t, int i) {
     tg_train *l = lock_train(t);
     tg_shape shape = l ? tg_model_param_shape(l->model, i) : TG_SHAPE0;

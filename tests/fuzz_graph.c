@@ -92,12 +92,7 @@ static tg_tensor pick(rd *r, const tg_tensor *pool, int n) {
     return pool[b % (unsigned)n];
 }
 
-static int64_t numel_of(tg_tensor t) {
-    tg_shape s = tg_shape_of(t);
-    int64_t n = 1;
-    for (int i = 0; i < s.ndim; i++) n *= s.d[i];
-    return n;
-}
+static int64_t numel_of(tg_tensor t) { return tg_numel(tg_shape_of(t)); }
 
 /* One op call decoded from the bytes; its result. Every call reads the same bytes (operands,
  * then one of each kind of argument, then the op), so a mutation of one op leaves the others'
@@ -243,20 +238,12 @@ static void init(void) {
 
 /* Every parameter's values, concatenated (to compare before and after a failed step). */
 static float *all_params(tg_train *t, size_t *total) {
-    size_t n = 0;
-    for (int i = 0; i < tg_train_n_params(t); i++) {
-        tg_shape s = tg_train_param_shape(t, i);
-        size_t k = 1;
-        for (int d = 0; d < s.ndim; d++) k *= (size_t)s.d[d];
-        n += k;
-    }
+    size_t n = (size_t)tg_train_param_total(t);
     float *v = malloc(sizeof(float) * (n + 1));
     REQUIRE(v != NULL);
     size_t at = 0;
     for (int i = 0; i < tg_train_n_params(t); i++) {
-        tg_shape s = tg_train_param_shape(t, i);
-        size_t k = 1;
-        for (int d = 0; d < s.ndim; d++) k *= (size_t)s.d[d];
+        size_t k = (size_t)tg_numel(tg_train_param_shape(t, i));
         tg_error err = { "" };
         REQUIRE(tg_download_param(t, tg_train_param_name(t, i), v + at, k, &err) == TG_OK);
         at += k;

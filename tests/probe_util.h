@@ -70,11 +70,7 @@ static inline void fill(const inspec *s, double *v, int64_t n) {
  * Shapes and host tensors (for the naive float64 references)
  * ------------------------------------------------------------------------------------------- */
 
-static inline int64_t nel(tg_shape s) {
-    int64_t n = 1;
-    for (int i = 0; i < s.ndim; i++) n *= s.d[i];
-    return n;
-}
+static inline int64_t nel(tg_shape s) { return tg_numel(s); }
 static inline bool same_shape(tg_shape a, tg_shape b) {
     if (a.ndim != b.ndim) return false;
     for (int i = 0; i < a.ndim; i++) if (a.d[i] != b.d[i]) return false;

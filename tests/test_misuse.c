@@ -676,7 +676,7 @@ static void test_destroyed_handles(void) {
     tg_destroy(t);
     CHECK(tg_step_submit(t, GOOD_DATA) == NULL && tg_run_submit(f, (tg_data[]){ tg_f32("x", X, 6) }, 1) == NULL, "submit");
     CHECK(tg_train_step_count(t) == 0 && tg_train_lr(t) == 0 && tg_train_n_params(t) == 0 && tg_train_param_name(t, 0) == NULL &&
-          tg_train_graph(t) == NULL && tg_forward_graph(f) == NULL && tg_train_planned_bytes(t) == 0 &&
+          tg_train_graph(t) == NULL && tg_forward_graph(f) == NULL && tg_train_planned_bytes(t) == 0 && tg_train_param_total(t) == 0 &&
           tg_train_kernel_source(t) == NULL && tg_forward_kernel_source(f) == NULL && tg_forward_n_variants(f) == 0, "getters");
     n_cases += 8;   /* reset, set_lr, patch_clear, detach, destroy again, submits, getters */
     still_usable("destroyed handles");

@@ -396,7 +396,9 @@ static void test_replace(void) {
     tg_optimizer sgd = tg_sgd(0.05, 0, 0, 0);
     CHECK(tg_replace_model(t, m2, &sgd, &err) == TG_OK, "%s: replace: %s", backend, err.msg);
     CHECK(tg_train_step_count(t) == 0 && fabs(tg_train_lr(t) - 0.05) < 1e-12, "step count reset, new optimizer");
-    CHECK(tg_train_n_params(t) == 4 && tg_train_param_shape(t, 0).d[1] == 11, "the new model's parameters");
+    CHECK(tg_train_n_params(t) == 4 && tg_train_param_shape(t, 0).d[1] == 11 &&
+          tg_train_param_total(t) == IN * 11 + 11 + 11 * OUT + OUT && tg_numel(tg_train_param_shape(t, 2)) == 11 * OUT,
+          "the new model's parameters");
     host_mlp p;
     download_mlp(t, &p, 11);
     mlp twin_n;
