@@ -515,8 +515,10 @@ void tg_patch_clear(tg_forward *f);
  * refused (as long as its address has not been reused by a new handle).
  * Async: a submit copies the inputs and queues the call on the handle's worker thread (one per
  * training handle, started on first use, calls in submission order); tg_wait blocks until it is
- * done and returns its result (a run's output stays valid until tg_job_free). A call queued or
- * in flight when the model is replaced or the handle destroyed resolves TG_ABORTED.
+ * done and returns its result (a run's output stays valid until tg_job_free; free every job).
+ * A submit returns NULL only for a handle that is not live, or when memory runs out; a bad call
+ * fails at tg_wait. A call queued or in flight when the model is replaced or the handle destroyed
+ * resolves TG_ABORTED. Do not destroy a handle while another thread is calling it.
  * Single flight (live previews): at most one call running and one waiting; a newer call displaces
  * the waiting one, whose caller gets TG_ABORTED. tg_flight_run blocks and copies the output into
  * out (out_len elements at most). */
