@@ -349,7 +349,47 @@ static void test_cache_faults(void) {
     CHECK(system(cmd) == 0, "cleanup");
 }
 
+/* A CPU kernel that finds no scratch memory in the middle of a step (a convolution's input
+ * gradient: its product goes through per-thread scratch, then col2im): the step fails with a
+ * message, the in-place optimizer updates are skipped, and the next step works. Runs first, so
+ * that this process's threads have no scratch yet. */
+typedef struct { tg_conv2d_layer c1, c2; } conv_net;
+static tg_tensor conv_loss(const void *ctx, const tg_tensor *in) {
+    const conv_net *n = ctx;
+    return tg_mean(tg_square(tg_conv(&n->c2, tg_relu(tg_conv(&n->c1, in[0])))), TG_ALL, 0);
+}
+
+static void test_kernel_scratch(void) {
+    conv_net n;
+    tg_model *m = tg_model_new(5);
+    n.c1 = tg_conv2d_new(m, "c1", 3, 8, 3, 1, 1, 1);
+    n.c2 = tg_conv2d_new(m, "c2", 8, 8, 3, 1, 1, 1);
+    tg_error err = { "" };
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = conv_loss, .ctx = &n, .inputs = (tg_input_decl[]){ TG_F32("x", 4, 3, 16, 16) },
+                                              .n_inputs = 1, .optimizer = tg_adam(0.01), .backend = "cpu" }, &err);
+    CHECK(t != NULL, "conv compile: %s", err.msg);
+    if (!t) { tg_model_free(m); return; }
+    static float x[4 * 3 * 16 * 16];
+    for (int i = 0; i < 4 * 3 * 16 * 16; i++) x[i] = (float)((i * 7919) % 200) / 100.0f - 1.0f;
+    long len_before, len_after;
+    unsigned char *before = snapshot(t, "/tmp/tg_faults_scratch_a.safetensors", &len_before);
+    tg__fail_allocs(0, -1);   /* every allocation from here fails */
+    tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, 4 * 3 * 16 * 16) }, 1);
+    tg__fail_allocs(-1, 0);
+    unsigned char *after = snapshot(t, "/tmp/tg_faults_scratch_b.safetensors", &len_after);
+    CHECK(r.status == TG_FAILED && has(r.error, "scratch"), "step without kernel scratch: %s", r.error);
+    CHECK(before && after && len_before == len_after && memcmp(before, after, (size_t)len_before) == 0,
+          "parameters and optimizer state unchanged by the failed step");
+    r = tg_step(t, (tg_data[]){ tg_f32("x", x, 4 * 3 * 16 * 16) }, 1);
+    CHECK(r.status == TG_OK && r.step == 1, "the next step works: %s", r.error);
+    free(before);
+    free(after);
+    tg_destroy(t);
+    tg_model_free(m);
+}
+
 int main(void) {
+    test_kernel_scratch();
     test_nonfinite_gradients();
     test_cache_faults();
     oom_sweep("reference", 1);
