@@ -481,11 +481,12 @@ tg_forward *tg_attach(tg_train *t, const tg_forward_spec *spec, tg_error *err);
 tg_result tg_run(tg_forward *f, const tg_data *inputs, int n_inputs);
 void tg_detach(tg_forward *f);
 
-/* Swap the model behind t: the loss function, inputs and backend stay; parameters are the new
- * model's, initialized from its seed; the optimizer is *opt (NULL: keep the current one); the
- * step count restarts at 0. On failure t is unchanged. Attached forwards stay valid and are
- * traced again, against the new model, at their next call (their functions must fit it). Calls
- * queued or in flight (tg_step_submit, tg_run_submit) resolve TG_ABORTED. */
+/* Swap the model behind t: the loss function, its ctx, the inputs and the backend stay (so the
+ * loss function must now describe m: point its ctx's layers at m's first); parameters are m's,
+ * initialized from its seed; the optimizer is *opt (NULL: keep the current one); the step count
+ * restarts at 0. On failure t is unchanged. Attached forwards stay valid and are traced again,
+ * against m, at their next call. Calls queued (tg_step_submit, tg_run_submit) resolve
+ * TG_ABORTED, even when the replacement fails; a call in flight resolves TG_ABORTED too. */
 tg_status tg_replace_model(tg_train *t, tg_model *m, const tg_optimizer *opt, tg_error *err);
 
 /* Captured values (tg_capture) of the handle's last call: shape (if shape is non-NULL) and,
