@@ -51,29 +51,90 @@ static void memset_launch(cuda_plan *p, int node) { add_launch(p, CL_MEMSET, nod
 
 static void pointer(cg *c, strbuf *decl, int id, bool out) { cg_pointer(c, decl, id, out, "__restrict__"); }
 
-/* The kernel: pointer declarations for every buffer the body read (plus extra ones), then the
- * head, the body, the tail. */
-static void end_kernel(cg *c, const int *extra, int n_extra, const char *head, const char *tail) {
+/* The kernel k<roots[0]>: pointer declarations for every buffer the body read (plus extra ones)
+ * and for its outputs, then the head, the body, the tail. */
+static void end_kernel_roots(cg *c, const int *roots, int n_roots, const int *extra, int n_extra, const char *head,
+                             const char *tail) {
     strbuf decl = { 0 };
     for (int i = 0; i < n_extra; i++) c->used[extra[i]] = true;
+    for (int r = 0; r < n_roots; r++) c->used[roots[r]] = false;
     for (int i = 0; i < c->g->n; i++)
-        if (c->used[i] && i != c->root) pointer(c, &decl, i, false);
-    pointer(c, &decl, c->root, true);
+        if (c->used[i]) pointer(c, &decl, i, false);
+    for (int r = 0; r < n_roots; r++) pointer(c, &decl, roots[r], true);
     sb_printf(c->out, "extern \"C\" __global__ void k%d(float *A, void *const *B, const double *H) {\n%s%s%s%s}\n\n",
-              c->root, sb_str(&decl), head, sb_str(&c->body), tail);
+              roots[0], sb_str(&decl), head, sb_str(&c->body), tail);
     free(decl.s);
 }
 
-static void pointwise_kernel(cg *c, cuda_plan *p, int id) {
+static void end_kernel(cg *c, const int *extra, int n_extra, const char *head, const char *tail) {
+    end_kernel_roots(c, &c->root, 1, extra, n_extra, head, tail);
+}
+
+/* Do two nodes' buffers overlap in the arena? (Bound leaves live outside it.) */
+static bool arena_overlap(const cg *c, int a, int b) {
+    a = plan_home(c->plan, a);
+    b = plan_home(c->plan, b);
+    size_t oa = c->plan->offset[a], ob = c->plan->offset[b];
+    if (oa == PLAN_BOUND || ob == PLAN_BOUND) return a == b;
+    return oa < ob + (size_t)N(c, b)->numel && ob < oa + (size_t)N(c, a)->numel;
+}
+
+/* Can the roots so far share one kernel, a thread per element index i? Each thread then touches
+ * index i of every output only, so it is race-free when no two outputs share memory and nothing
+ * read from memory shares memory with an output (a later root reads an earlier one from its
+ * register: the memo). */
+static bool group_ok(const cg *c, const int *roots, int n_roots) {
+    for (int r = 0; r < n_roots; r++) {
+        for (int q = 0; q < r; q++)
+            if (arena_overlap(c, roots[r], roots[q])) return false;
+        for (int u = 0; u < c->g->n; u++)
+            if (c->used[u] && arena_overlap(c, u, roots[r])) return false;
+    }
+    return true;
+}
+
+#define MAX_ROOTS 16
+
+/* One kernel for the pointwise node order[0] and as many of the nodes after it in order[] as
+ * can join it: pointwise, of its size, race-free together (group_ok). An optimizer update (a
+ * parameter's m, v and new value) then runs as one kernel instead of three. Returns how many of
+ * order[] it took. */
+static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
+    int id = order[0], roots[MAX_ROOTS] = { id }, n_roots = 1;
     const tg_node *n = N(c, id);
     cg_begin(c, id);
     cg_line(c, "P%d[i] = %s;", id, cg_root_value(c, "i"));
+    cg_memo_add(c, id, "fi", c->memo[c->n_memo - 1].name);
+    bool *saved = tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
+    for (int q = 1; saved && q < n_order && n_roots < MAX_ROOTS; q++) {
+        int r = order[q];
+        if (!fuse_pointwise(N(c, r)->op) || N(c, r)->numel != n->numel) break;
+        size_t body_len = c->body.len;
+        int n_memo = c->n_memo, ntmp = c->ntmp;
+        memcpy(saved, c->used, sizeof(bool) * (size_t)c->g->n);
+        c->root = r;
+        cg_line(c, "P%d[i] = %s;", r, cg_root_value(c, "i"));
+        roots[n_roots++] = r;
+        if (!group_ok(c, roots, n_roots)) {   /* undo r */
+            n_roots--;
+            c->body.len = body_len;
+            if (c->body.s) c->body.s[body_len] = 0;
+            c->n_memo = n_memo;
+            c->ntmp = ntmp;
+            memcpy(c->used, saved, sizeof(bool) * (size_t)c->g->n);
+            break;
+        }
+        cg_memo_add(c, r, "fi", c->memo[c->n_memo - 1].name);
+    }
+    free(saved);
+    c->root = id;
     char head[200];
     snprintf(head, sizeof head,
              "    const int64_t i = (int64_t)blockIdx.x * %d + threadIdx.x;\n    if (i >= %lldll) return;\n    {\n",
              BLOCK, (long long)n->numel);
-    end_kernel(c, NULL, 0, head, "    }\n");
+    end_kernel_roots(c, roots, n_roots, NULL, 0, head, "    }\n");
     kernel_launch(p, id, n->numel, BLOCK);
+    return n_roots;
 }
 
 /* Sum over one axis: [outer, len, inner] -> [outer, 1, inner], reading coalesced:
@@ -366,13 +427,17 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     sb_printf(&out, "/* generated by tensorgrad: %d nodes */\n%s", g->n, HEADER);
     cg_prelude(&out, "static __device__ inline");
     sb_printf(&out, "%s", DEVICE_KERNELS);
-    for (int i = 0; i < g->n; i++) {
-        if (!materialized[i] || plan->alias[i] >= 0) continue;   /* inlined, or sharing a buffer */
+    int *order = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
+    for (int i = 0; order && i < g->n; i++)
+        if (materialized[i] && plan->alias[i] < 0) order[n_order++] = i;   /* aliases share a buffer: no kernel */
+    for (int q = 0; q < n_order; q++) {
+        int i = order[q];
         tg_op op = g->nodes[i].op;
-        if (fuse_pointwise(op)) pointwise_kernel(&c, launches, i);
+        if (fuse_pointwise(op)) q += pointwise_kernel(&c, launches, order + q, n_order - q) - 1;
         else if (op == OP_SUM) sum_kernel(&c, launches, i);
         else special_kernel(&c, launches, i);
     }
+    free(order);
     cg_release(&c);
     if (alloc_failures() != failures) {   /* the generator went on with placeholders */
         free(out.s);
