@@ -115,6 +115,31 @@ static const char *memo_find(cg *c, int id, const char *key) {
     return NULL;
 }
 
+void cg_root_line(cg *c, int r) {
+    c->root = r;
+    cg_line(c, "P%d[i] = %s;", r, cg_root_value(c, "i"));
+    if (c->n_memo > 0) cg_memo_add(c, r, "fi", c->memo[c->n_memo - 1].name);
+}
+
+bool cg_try_root(cg *c, int r, bool (*fits)(void *ctx), void *ctx) {
+    size_t body_len = c->body.len;
+    int n_memo = c->n_memo, ntmp = c->ntmp;
+    bool *saved = tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
+    if (!saved) return false;
+    memcpy(saved, c->used, sizeof(bool) * (size_t)c->g->n);
+    cg_root_line(c, r);
+    bool ok = fits(ctx);
+    if (!ok) {
+        c->body.len = body_len;
+        if (c->body.s) c->body.s[body_len] = 0;
+        c->n_memo = n_memo;
+        c->ntmp = ntmp;
+        memcpy(c->used, saved, sizeof(bool) * (size_t)c->g->n);
+    }
+    free(saved);
+    return ok;
+}
+
 const char *cg_memo_add(cg *c, int id, const char *key, const char *name) {
     memo_t copy;   /* key and name may point into the memo array, which growing it moves */
     snprintf(copy.key, sizeof copy.key, "%s", key);

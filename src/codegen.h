@@ -49,6 +49,13 @@ void cg_release(cg *c);
 void cg_begin(cg *c, int root);
 /* The name of a variable holding the root's value at flat index `flat` (computed, not loaded). */
 const char *cg_root_value(cg *c, const char *flat);
+/* Kernels with several outputs (one thread or loop per element index i): cg_root_line appends
+ * "P<r>[i] = <r's value at i>;" and lets later outputs read r's value from the memo rather than
+ * memory; cg_try_root does the same for one more output r, keeps it when fits(ctx) says the
+ * kernel may have it (c->used then says what the kernel reads from memory), else takes it back
+ * out and returns false. */
+void cg_root_line(cg *c, int r);
+bool cg_try_root(cg *c, int r, bool (*fits)(void *ctx), void *ctx);
 /* The same for any node: loaded from memory when materialized, computed when inlined. */
 const char *cg_value(cg *c, int node, const char *flat);
 /* A statement, and a fresh variable `name` of `type` holding an expression. */

@@ -489,6 +489,8 @@ static bool group_ok(gen *G) {
     return true;
 }
 
+static bool group_fits(void *G) { return group_ok(G); }
+
 /* One loop over the elements of several pointwise nodes of equal size: `first`, then each of
  * next[] in order while it can join (returned: how many joined). */
 static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
@@ -496,35 +498,21 @@ static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
     const tg_node *n = N(c, first);
     begin(G, first);
     const char *it = index_type(c, first, n->numel);
-    cg_line(c, "P%d[i] = %s;", first, cg_root_value(c, "i"));
-    cg_memo_add(c, first, "fi", c->memo[c->n_memo - 1].name);
+    cg_root_line(c, first);
     int joined = 0;
-    bool *saved = tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
-    for (int q = 0; saved && q < n_next && G->n_roots < 64; q++) {   /* no memory: no joining */
+    for (int q = 0; q < n_next && G->n_roots < 64; q++) {
         int r = next[q];
         const tg_node *nr = N(c, r);
         if (!fuse_pointwise(nr->op) || nr->numel != n->numel || strcmp(index_type(c, r, nr->numel), it) != 0 ||
             bias_product(c, r) >= 0)
             break;
-        size_t body_len = c->body.len;
-        int n_memo = c->n_memo, ntmp = c->ntmp;
-        memcpy(saved, c->used, sizeof(bool) * (size_t)c->g->n);
-        c->root = r;
-        cg_line(c, "P%d[i] = %s;", r, cg_root_value(c, "i"));
         G->roots[G->n_roots++] = r;
-        if (!group_ok(G)) {
+        if (!cg_try_root(c, r, group_fits, G)) {
             G->n_roots--;
-            c->body.len = body_len;
-            if (c->body.s) c->body.s[body_len] = 0;
-            c->n_memo = n_memo;
-            c->ntmp = ntmp;
-            memcpy(c->used, saved, sizeof(bool) * (size_t)c->g->n);
             break;
         }
-        cg_memo_add(c, r, "fi", c->memo[c->n_memo - 1].name);
         joined++;
     }
-    free(saved);
     c->root = first;
     char head[256];
     snprintf(head, sizeof head, "    for (%s i = 0; i < %lld; i++) {\n", it, (long long)n->numel);

@@ -83,7 +83,13 @@ static bool arena_overlap(const cg *c, int a, int b) {
  * index i of every output only, so it is race-free when no two outputs share memory and nothing
  * read from memory shares memory with an output (a later root reads an earlier one from its
  * register: the memo). */
-static bool group_ok(const cg *c, const int *roots, int n_roots) {
+typedef struct { const cg *c; const int *roots; int n_roots; } group;
+
+static bool group_ok(void *ctx) {
+    const group *gr = ctx;
+    const cg *c = gr->c;
+    const int *roots = gr->roots;
+    int n_roots = gr->n_roots;
     for (int r = 0; r < n_roots; r++) {
         for (int q = 0; q < r; q++)
             if (arena_overlap(c, roots[r], roots[q])) return false;
@@ -100,33 +106,21 @@ static bool group_ok(const cg *c, const int *roots, int n_roots) {
  * parameter's m, v and new value) then runs as one kernel instead of three. Returns how many of
  * order[] it took. */
 static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
-    int id = order[0], roots[MAX_ROOTS] = { id }, n_roots = 1;
+    int id = order[0], roots[MAX_ROOTS] = { id };
+    group gr = { c, roots, 1 };
     const tg_node *n = N(c, id);
     cg_begin(c, id);
-    cg_line(c, "P%d[i] = %s;", id, cg_root_value(c, "i"));
-    cg_memo_add(c, id, "fi", c->memo[c->n_memo - 1].name);
-    bool *saved = tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
-    for (int q = 1; saved && q < n_order && n_roots < MAX_ROOTS; q++) {
+    cg_root_line(c, id);
+    for (int q = 1; q < n_order && gr.n_roots < MAX_ROOTS; q++) {
         int r = order[q];
         if (!fuse_pointwise(N(c, r)->op) || N(c, r)->numel != n->numel) break;
-        size_t body_len = c->body.len;
-        int n_memo = c->n_memo, ntmp = c->ntmp;
-        memcpy(saved, c->used, sizeof(bool) * (size_t)c->g->n);
-        c->root = r;
-        cg_line(c, "P%d[i] = %s;", r, cg_root_value(c, "i"));
-        roots[n_roots++] = r;
-        if (!group_ok(c, roots, n_roots)) {   /* undo r */
-            n_roots--;
-            c->body.len = body_len;
-            if (c->body.s) c->body.s[body_len] = 0;
-            c->n_memo = n_memo;
-            c->ntmp = ntmp;
-            memcpy(c->used, saved, sizeof(bool) * (size_t)c->g->n);
+        roots[gr.n_roots++] = r;
+        if (!cg_try_root(c, r, group_ok, &gr)) {
+            gr.n_roots--;
             break;
         }
-        cg_memo_add(c, r, "fi", c->memo[c->n_memo - 1].name);
     }
-    free(saved);
+    int n_roots = gr.n_roots;
     c->root = id;
     char head[200];
     snprintf(head, sizeof head,
