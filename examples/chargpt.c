@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "plot.h"
+#include "util.h"
 #include "tensorgrad.h"
 
 #define N_EMBD 128             /* model width */
@@ -37,21 +38,6 @@
 #define BLOCK 64               /* context length T */
 #define BATCH 16
 #define EVAL_BATCHES 8         /* held-out batches per evaluation (the same windows every time) */
-
-/* splitmix64, and a uniform double in [0, 1) from its top 53 bits. */
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---------------------------------------------------------------------------------------------
  * Data: the file as token ids, and the byte each id stands for.

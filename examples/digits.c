@@ -20,6 +20,7 @@
 #include <zlib.h>
 
 #include "plot.h"
+#include "util.h"
 #include "tensorgrad.h"
 
 #define N_PIXELS 64
@@ -87,14 +88,6 @@ fail:
     gzclose(f);
     dataset_free(d);
     return -1;
-}
-
-/* splitmix64: a small PRNG so the shuffles are the same on every machine. */
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
 }
 
 static void shuffle(int *idx, int n, uint64_t *rng) {
@@ -174,12 +167,6 @@ static tg_tensor loss_fn(const void *ctx, const tg_tensor *in) {
 
 static tg_tensor logits_fn(const void *ctx, const tg_tensor *in) {
     return logits(ctx, in[0]);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* One pass over the training rows in a fresh order, full batches only; *mean_loss gets the mean
