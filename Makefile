@@ -1,30 +1,46 @@
 # tensorgrad: `make` builds the libraries and examples, `make test` runs the suite,
 # `make sanitize` runs it under AddressSanitizer + UndefinedBehaviorSanitizer, `make tsan` the
 # concurrency tests under ThreadSanitizer, `make fuzz` the fuzz harnesses in a short mode,
-# `make valgrind` memcheck on the demo; `make check` all five.
+# `make valgrind` memcheck on the demo, `make install-test` an install into a temporary prefix
+# with programs built against it; `make check` all of them.
+# `make install` / `make uninstall` honour PREFIX (/usr/local), LIBDIR, INCLUDEDIR and DESTDIR.
 CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
-           -Iinclude -fPIC -fopenmp $(SAN)
-LDLIBS  += -lopenblas -lm -lz -lpthread -ldl
+           -Iinclude -fPIC -fopenmp -fvisibility=hidden $(SAN)
+# What the library itself links against; programs add their own (the digits example: zlib).
+LIBS    := -lopenblas -lm -lpthread -ldl
+LDLIBS  += $(LIBS) -lz
 
-SRC     := $(wildcard src/*.c)
+VERSION := $(shell sed -n 's/^\#define TG_VERSION_STRING "\(.*\)"/\1/p' include/tensorgrad.h)
+MAJOR   := $(firstword $(subst ., ,$(VERSION)))
+SONAME  := libtensorgrad.so.$(MAJOR)
+
+SRC     := $(sort $(shell find src -name '*.c'))
+HDRS    := $(shell find src -name '*.h') include/tensorgrad.h
 OBJ     := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
 EXAMPLES:= $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 
 all: $(BUILD)/libtensorgrad.a $(BUILD)/libtensorgrad.so $(EXAMPLES) $(BUILD)/bench/bench
 
-$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/tensorgrad.h
+$(BUILD)/obj/%.o: src/%.c $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) -Isrc -c $< -o $@
 
 $(BUILD)/libtensorgrad.a: $(OBJ)
+	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/libtensorgrad.so: $(OBJ)
-	$(CC) -shared $(SAN) -o $@ $^ $(LDLIBS)
+# The shared library: libtensorgrad.so.MAJOR.MINOR.PATCH with soname libtensorgrad.so.MAJOR, and
+# the two usual links beside it.
+$(BUILD)/libtensorgrad.so.$(VERSION): $(OBJ)
+	$(CC) -shared $(SAN) -Wl,-soname,$(SONAME) -fopenmp -o $@ $^ $(LIBS)
+
+$(BUILD)/libtensorgrad.so: $(BUILD)/libtensorgrad.so.$(VERSION)
+	ln -sf libtensorgrad.so.$(VERSION) $(BUILD)/$(SONAME)
+	ln -sf $(SONAME) $@
 
 $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libtensorgrad.a
 	@mkdir -p $(dir $@)
@@ -46,6 +62,7 @@ test: $(TESTS) $(EXAMPLES)
 # concurrency tests under ThreadSanitizer, the fuzz harnesses in their short mode, and valgrind
 # on the demo.
 check: test
+	$(MAKE) install-test
 	$(MAKE) sanitize
 	$(MAKE) tsan
 	$(MAKE) fuzz
@@ -87,7 +104,7 @@ fuzz-clang: $(FUZZERS:%=build-fuzz/%)
 	  build-fuzz/$$f build-fuzz/corpus-$$f tests/fixtures/$$f -max_len=4096 -max_total_time=$(FUZZ_TIME) \
 	    -print_final_stats=1 $$( [ -f tests/fixtures/$$f.dict ] && echo -dict=tests/fixtures/$$f.dict ) || exit 1; done
 
-build-fuzz/%: tests/%.c $(SRC) $(wildcard src/*.h) include/tensorgrad.h
+build-fuzz/%: tests/%.c $(SRC) $(HDRS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fopenmp -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  -Iinclude -Isrc $< $(SRC) -o $@ $(LDLIBS)
@@ -98,11 +115,45 @@ tsan:
 	$(MAKE) BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread" build-tsan/tests/test_session
 	TG_SESSION_BACKENDS=reference TSAN_OPTIONS="halt_on_error=1" sh tests/run.sh build-tsan/tests/test_session
 
+# Installing: the header, both libraries, a pkg-config file and a CMake package
+# (find_package(tensorgrad) gives tensorgrad::tensorgrad, and tensorgrad::tensorgrad_static).
+PREFIX     ?= /usr/local
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PCDIR      := $(LIBDIR)/pkgconfig
+CMAKEDIR   := $(LIBDIR)/cmake/tensorgrad
+SUBST      := sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
+                  -e 's|@VERSION@|$(VERSION)|g' -e 's|@MAJOR@|$(MAJOR)|g' -e 's|@LIBS@|$(LIBS)|g'
+
+install: $(BUILD)/libtensorgrad.a $(BUILD)/libtensorgrad.so
+	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PCDIR) $(DESTDIR)$(CMAKEDIR)
+	install -m 644 include/tensorgrad.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 $(BUILD)/libtensorgrad.a $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(BUILD)/libtensorgrad.so.$(VERSION) $(DESTDIR)$(LIBDIR)/
+	ln -sf libtensorgrad.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libtensorgrad.so
+	$(SUBST) packaging/tensorgrad.pc.in > $(DESTDIR)$(PCDIR)/tensorgrad.pc
+	$(SUBST) packaging/tensorgrad-config.cmake.in > $(DESTDIR)$(CMAKEDIR)/tensorgrad-config.cmake
+	$(SUBST) packaging/tensorgrad-config-version.cmake.in > $(DESTDIR)$(CMAKEDIR)/tensorgrad-config-version.cmake
+
+uninstall:
+	rm -f $(DESTDIR)$(INCLUDEDIR)/tensorgrad.h $(DESTDIR)$(LIBDIR)/libtensorgrad.a \
+	      $(DESTDIR)$(LIBDIR)/libtensorgrad.so $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libtensorgrad.so.$(VERSION) \
+	      $(DESTDIR)$(PCDIR)/tensorgrad.pc $(DESTDIR)$(CMAKEDIR)/tensorgrad-config.cmake \
+	      $(DESTDIR)$(CMAKEDIR)/tensorgrad-config-version.cmake
+	-rmdir $(DESTDIR)$(CMAKEDIR) 2>/dev/null
+
+# Installs into a temporary prefix, builds examples/sin.c out of the tree against it (pkg-config,
+# static and shared; CMake where installed), runs each, checks the exported symbols and the
+# version, and uninstalls.
+install-test: $(BUILD)/libtensorgrad.a $(BUILD)/libtensorgrad.so
+	sh tests/install_test.sh $(BUILD)
+
 demo: $(BUILD)/examples/digits
 	$(BUILD)/examples/digits
 
 clean:
 	rm -rf build build-san build-tsan build-fuzz
 
-.PHONY: all test check sanitize tsan fuzz fuzz-short fuzz-clang valgrind demo clean
+.PHONY: all test check sanitize tsan fuzz fuzz-short fuzz-clang valgrind install uninstall install-test demo clean
 .SECONDARY:

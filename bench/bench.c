@@ -3,7 +3,10 @@
  * format (ms/step median and min over 5 repeats after warm-up), plus compile times and peak
  * resident memory.
  *
- *   bench [--backend cpu|cuda|reference] [--steps-scale X] [workload ...]
+ *   bench [--backend cpu|cuda|reference] [--steps-scale X] [--kernels DIR] [workload ...]
+ *
+ * --kernels DIR writes each workload's generated kernel source to DIR/<workload>.<backend>.txt
+ * and times nothing (to compare the code generators' output across changes).
  */
 #include "tensorgrad.h"
 
@@ -265,7 +268,21 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static int run(const char *name, const char *backend, double scale) {
+/* The generated kernels of a compiled workload, to DIR/<workload>.<backend>.txt. */
+static int dump_kernels(tg_train *t, const char *dir, const char *name, const char *backend) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.%s.txt", dir, name, backend);
+    const char *src = tg_train_kernel_source(t);
+    FILE *f = fopen(path, "w");
+    if (!f || !src || fputs(src, f) < 0) {
+        fprintf(stderr, "%s: cannot write %s\n", name, path);
+        if (f) fclose(f);
+        return 1;
+    }
+    return fclose(f) != 0;
+}
+
+static int run(const char *name, const char *backend, double scale, const char *kernels_dir) {
     workload w;
     if (!make(&w, name)) {
         fprintf(stderr, "unknown workload %s\n", name);
@@ -274,6 +291,12 @@ static int run(const char *name, const char *backend, double scale) {
     double cold, warm;
     tg_train *t = compile(&w, backend, &cold);
     if (!t) return 1;
+    if (kernels_dir) {
+        int rc = dump_kernels(t, kernels_dir, name, backend);
+        tg_destroy(t);
+        release(&w);
+        return rc;
+    }
     tg_destroy(t);
     t = compile(&w, backend, &warm);   /* the same graph again: a kernel-cache hit */
     if (!t) return 1;
@@ -322,11 +345,13 @@ static int run(const char *name, const char *backend, double scale) {
 int main(int argc, char **argv) {
     const char *backend = "cpu";
     double scale = 1;
+    const char *kernels_dir = NULL;
     const char *names[8];
     int n = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
         else if (strcmp(argv[i], "--steps-scale") == 0 && i + 1 < argc) scale = atof(argv[++i]);
+        else if (strcmp(argv[i], "--kernels") == 0 && i + 1 < argc) kernels_dir = argv[++i];
         else if (n < 8) names[n++] = argv[i];
     }
     if (n == 0) {
@@ -334,6 +359,6 @@ int main(int argc, char **argv) {
         for (n = 0; n < 4; n++) names[n] = all[n];
     }
     int rc = 0;
-    for (int i = 0; i < n; i++) rc |= run(names[i], backend, scale);
+    for (int i = 0; i < n; i++) rc |= run(names[i], backend, scale, kernels_dir);
     return rc;
 }

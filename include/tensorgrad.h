@@ -32,6 +32,23 @@
 extern "C" {
 #endif
 
+/* The version this header describes; tg_version() gives the library's, and the shared library's
+ * soname is libtensorgrad.so.TG_VERSION_MAJOR. */
+#define TG_VERSION_MAJOR 0
+#define TG_VERSION_MINOR 2
+#define TG_VERSION_PATCH 0
+#define TG_VERSION_STRING "0.2.0"
+
+/* Marks the public functions: the library is built with -fvisibility=hidden, so these are the
+ * only symbols its shared object exports. */
+#if defined(_WIN32)
+#define TG_API
+#elif defined(__GNUC__)
+#define TG_API __attribute__((visibility("default")))
+#else
+#define TG_API
+#endif
+
 #define TG_MAX_DIMS 6
 #define TG_ERROR_LEN 512
 
@@ -78,30 +95,30 @@ typedef struct {
     int decay;             /* -1 default, 0 no, 1 yes */
 } tg_init;
 
-tg_init tg_init_randn(double std);
-tg_init tg_init_kaiming(double gain);
-tg_init tg_init_zeros(void);
-tg_init tg_init_ones(void);
-tg_init tg_init_literal(const float *data, size_t n);
-tg_init tg_init_decay(tg_init init, int decay);   /* the same init with an explicit decay flag */
+TG_API tg_init tg_init_randn(double std);
+TG_API tg_init tg_init_kaiming(double gain);
+TG_API tg_init tg_init_zeros(void);
+TG_API tg_init tg_init_ones(void);
+TG_API tg_init tg_init_literal(const float *data, size_t n);
+TG_API tg_init tg_init_decay(tg_init init, int decay);   /* the same init with an explicit decay flag */
 
-tg_model *tg_model_new(uint64_t seed);   /* NULL only when out of memory */
-void tg_model_free(tg_model *m);
-uint64_t tg_model_seed(const tg_model *m);
+TG_API tg_model *tg_model_new(uint64_t seed);   /* NULL only when out of memory */
+TG_API void tg_model_free(tg_model *m);
+TG_API uint64_t tg_model_seed(const tg_model *m);
 /* The first error recorded while declaring parameters (duplicate name, bad shape), or NULL. */
-const char *tg_model_error(const tg_model *m);
+TG_API const char *tg_model_error(const tg_model *m);
 
 /* Names: tg_model_push(m, "layers.%d", i) opens a scope; parameter names are the scopes joined
  * by '.' and then the local name, e.g. "layers.0.attn.q.W". */
-void tg_model_push(tg_model *m, const char *fmt, ...);
-void tg_model_pop(tg_model *m);
-tg_param tg_param_new(tg_model *m, const char *name, tg_shape shape, tg_init init);
+TG_API void tg_model_push(tg_model *m, const char *fmt, ...);
+TG_API void tg_model_pop(tg_model *m);
+TG_API tg_param tg_param_new(tg_model *m, const char *name, tg_shape shape, tg_init init);
 
-int tg_model_n_params(const tg_model *m);
+TG_API int tg_model_n_params(const tg_model *m);
 /* Elements of a shape (1 for a scalar). */
-int64_t tg_numel(tg_shape s);
-const char *tg_model_param_name(const tg_model *m, int i);
-tg_shape tg_model_param_shape(const tg_model *m, int i);
+TG_API int64_t tg_numel(tg_shape s);
+TG_API const char *tg_model_param_name(const tg_model *m, int i);
+TG_API tg_shape tg_model_param_shape(const tg_model *m, int i);
 
 /* ---------------------------------------------------------------------------------------------
  * Tensors and ops. A tg_tensor is a cheap handle to a node of the graph being traced. Every op is
@@ -113,29 +130,29 @@ typedef struct tg_graph tg_graph;
 typedef struct { tg_graph *g; int id; } tg_tensor;
 
 /* A parameter as a tensor of the graph being traced (only valid inside a forward function). */
-tg_tensor tg_p_at(tg_site s, tg_param p);
+TG_API tg_tensor tg_p_at(tg_site s, tg_param p);
 #define tg_p(p) tg_p_at(TG_HERE, p)
 
 /* Scalars: tg_scalar(2.5) is a constant of shape []; it takes the dtype of the tensor it meets. */
-tg_tensor tg_scalar_at(tg_site s, double v);
+TG_API tg_tensor tg_scalar_at(tg_site s, double v);
 #define tg_scalar(v) tg_scalar_at(TG_HERE, v)
 /* Binary ops accept a tensor or a plain number on either side: tg_sub(1.0, x), tg_mul(x, 2). */
 static inline tg_tensor tg__as_tensor(tg_tensor t) { return t; }
-tg_tensor tg__number(double v);
+TG_API tg_tensor tg__number(double v);
 #define TG_T(x) _Generic((x), tg_tensor: tg__as_tensor, default: tg__number)(x)
 
 /* Elementwise binary, NumPy broadcasting. less/greater return f32 0/1. */
-tg_tensor tg_add_at(tg_site s, tg_tensor a, tg_tensor b);
-tg_tensor tg_sub_at(tg_site s, tg_tensor a, tg_tensor b);
-tg_tensor tg_mul_at(tg_site s, tg_tensor a, tg_tensor b);
-tg_tensor tg_div_at(tg_site s, tg_tensor a, tg_tensor b);
+TG_API tg_tensor tg_add_at(tg_site s, tg_tensor a, tg_tensor b);
+TG_API tg_tensor tg_sub_at(tg_site s, tg_tensor a, tg_tensor b);
+TG_API tg_tensor tg_mul_at(tg_site s, tg_tensor a, tg_tensor b);
+TG_API tg_tensor tg_div_at(tg_site s, tg_tensor a, tg_tensor b);
 /* minimum/maximum: on ties the gradient is split half and half, as torch.minimum/maximum. */
-tg_tensor tg_minimum_at(tg_site s, tg_tensor a, tg_tensor b);
-tg_tensor tg_maximum_at(tg_site s, tg_tensor a, tg_tensor b);
-tg_tensor tg_less_at(tg_site s, tg_tensor a, tg_tensor b);
-tg_tensor tg_greater_at(tg_site s, tg_tensor a, tg_tensor b);
+TG_API tg_tensor tg_minimum_at(tg_site s, tg_tensor a, tg_tensor b);
+TG_API tg_tensor tg_maximum_at(tg_site s, tg_tensor a, tg_tensor b);
+TG_API tg_tensor tg_less_at(tg_site s, tg_tensor a, tg_tensor b);
+TG_API tg_tensor tg_greater_at(tg_site s, tg_tensor a, tg_tensor b);
 /* where(cond, a, b): cond != 0 selects a. All three broadcast. No gradient to cond. */
-tg_tensor tg_where_at(tg_site s, tg_tensor cond, tg_tensor a, tg_tensor b);
+TG_API tg_tensor tg_where_at(tg_site s, tg_tensor cond, tg_tensor a, tg_tensor b);
 #define tg_add(a, b) tg_add_at(TG_HERE, TG_T(a), TG_T(b))
 #define tg_sub(a, b) tg_sub_at(TG_HERE, TG_T(a), TG_T(b))
 #define tg_mul(a, b) tg_mul_at(TG_HERE, TG_T(a), TG_T(b))
@@ -147,16 +164,16 @@ tg_tensor tg_where_at(tg_site s, tg_tensor cond, tg_tensor a, tg_tensor b);
 #define tg_where(c, a, b) tg_where_at(TG_HERE, TG_T(c), TG_T(a), TG_T(b))
 
 /* Elementwise unary. */
-tg_tensor tg_neg_at(tg_site s, tg_tensor x);
-tg_tensor tg_abs_at(tg_site s, tg_tensor x);       /* gradient sign(x), 0 at 0 (as PyTorch) */
-tg_tensor tg_square_at(tg_site s, tg_tensor x);
-tg_tensor tg_sqrt_at(tg_site s, tg_tensor x);
-tg_tensor tg_rsqrt_at(tg_site s, tg_tensor x);
-tg_tensor tg_exp_at(tg_site s, tg_tensor x);
-tg_tensor tg_log_at(tg_site s, tg_tensor x);
-tg_tensor tg_relu_at(tg_site s, tg_tensor x);      /* gradient 0 at 0 (as PyTorch) */
-tg_tensor tg_tanh_at(tg_site s, tg_tensor x);
-tg_tensor tg_sigmoid_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_neg_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_abs_at(tg_site s, tg_tensor x);       /* gradient sign(x), 0 at 0 (as PyTorch) */
+TG_API tg_tensor tg_square_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_sqrt_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_rsqrt_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_exp_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_log_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_relu_at(tg_site s, tg_tensor x);      /* gradient 0 at 0 (as PyTorch) */
+TG_API tg_tensor tg_tanh_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_sigmoid_at(tg_site s, tg_tensor x);
 #define tg_neg(x) tg_neg_at(TG_HERE, x)
 #define tg_abs(x) tg_abs_at(TG_HERE, x)
 #define tg_square(x) tg_square_at(TG_HERE, x)
@@ -170,53 +187,53 @@ tg_tensor tg_sigmoid_at(tg_site s, tg_tensor x);
 
 /* Reductions over one axis (negative counts from the end) or, with TG_ALL, over every axis. */
 #define TG_ALL INT32_MIN
-tg_tensor tg_sum_at(tg_site s, tg_tensor x, int axis, int keepdims);
-tg_tensor tg_mean_at(tg_site s, tg_tensor x, int axis, int keepdims);
+TG_API tg_tensor tg_sum_at(tg_site s, tg_tensor x, int axis, int keepdims);
+TG_API tg_tensor tg_mean_at(tg_site s, tg_tensor x, int axis, int keepdims);
 #define tg_sum(x, axis, keepdims) tg_sum_at(TG_HERE, x, axis, keepdims)
 #define tg_mean(x, axis, keepdims) tg_mean_at(TG_HERE, x, axis, keepdims)
 
 /* Shape ops. reshape: one dimension may be -1. permute: a full reorder of the axes. */
-tg_tensor tg_reshape_at(tg_site s, tg_tensor x, tg_shape shape);
-tg_tensor tg_permute_at(tg_site s, tg_tensor x, tg_shape order);
-tg_tensor tg_swapaxes_at(tg_site s, tg_tensor x, int a, int b);
+TG_API tg_tensor tg_reshape_at(tg_site s, tg_tensor x, tg_shape shape);
+TG_API tg_tensor tg_permute_at(tg_site s, tg_tensor x, tg_shape order);
+TG_API tg_tensor tg_swapaxes_at(tg_site s, tg_tensor x, int a, int b);
 #define tg_reshape(x, ...) tg_reshape_at(TG_HERE, x, TG_SHAPE(__VA_ARGS__))
 #define tg_permute(x, ...) tg_permute_at(TG_HERE, x, TG_SHAPE(__VA_ARGS__))
 #define tg_swapaxes(x, a, b) tg_swapaxes_at(TG_HERE, x, a, b)
 
 /* Matrix product: [..., M, K] x [K, N] or [..., M, K] x [..., K, N] (batch dims broadcast). */
-tg_tensor tg_matmul_at(tg_site s, tg_tensor a, tg_tensor b);
+TG_API tg_tensor tg_matmul_at(tg_site s, tg_tensor a, tg_tensor b);
 #define tg_matmul(a, b) tg_matmul_at(TG_HERE, a, b)
 
 /* Indexing. one_hot: i32 [...] -> f32 [..., n]; out-of-range indices give a zero row.
  * embedding: table [V, D], i32 indices [...] -> [..., D]; an out-of-range index gives zeros. */
-tg_tensor tg_one_hot_at(tg_site s, tg_tensor idx, int64_t n);
-tg_tensor tg_embedding_at(tg_site s, tg_tensor table, tg_tensor idx);
+TG_API tg_tensor tg_one_hot_at(tg_site s, tg_tensor idx, int64_t n);
+TG_API tg_tensor tg_embedding_at(tg_site s, tg_tensor table, tg_tensor idx);
 #define tg_one_hot(idx, n) tg_one_hot_at(TG_HERE, idx, n)
 #define tg_embedding(table, idx) tg_embedding_at(TG_HERE, table, idx)
 
 /* Softmax family over one axis, computed stably (max subtracted). */
-tg_tensor tg_softmax_at(tg_site s, tg_tensor x, int axis);
-tg_tensor tg_log_softmax_at(tg_site s, tg_tensor x, int axis);
+TG_API tg_tensor tg_softmax_at(tg_site s, tg_tensor x, int axis);
+TG_API tg_tensor tg_log_softmax_at(tg_site s, tg_tensor x, int axis);
 #define tg_softmax(x, axis) tg_softmax_at(TG_HERE, x, axis)
 #define tg_log_softmax(x, axis) tg_log_softmax_at(TG_HERE, x, axis)
 
 /* Losses. logits / log-probs [..., C] with i32 targets [...] in 0..C-1 (as PyTorch with the class
  * axis last). TG_NONE keeps the per-element losses (shape of targets). */
 typedef enum { TG_MEAN = 0, TG_SUM = 1, TG_NONE = 2 } tg_reduction;
-tg_tensor tg_cross_entropy_at(tg_site s, tg_tensor logits, tg_tensor targets, tg_reduction r);
-tg_tensor tg_nll_loss_at(tg_site s, tg_tensor logp, tg_tensor targets, tg_reduction r);
+TG_API tg_tensor tg_cross_entropy_at(tg_site s, tg_tensor logits, tg_tensor targets, tg_reduction r);
+TG_API tg_tensor tg_nll_loss_at(tg_site s, tg_tensor logp, tg_tensor targets, tg_reduction r);
 #define tg_cross_entropy(logits, targets, r) tg_cross_entropy_at(TG_HERE, logits, targets, r)
 #define tg_nll_loss(logp, targets, r) tg_nll_loss_at(TG_HERE, logp, targets, r)
 
 /* More elementwise. gelu: the exact erf form, PyTorch's default; gelu_tanh: the tanh
  * approximation (F.gelu(x, approximate="tanh")). silu: x * sigmoid(x). clamp: min(max(x, lo), hi)
  * as torch.clamp (gradient passes where lo <= x <= hi; lo > hi gives hi everywhere). */
-tg_tensor tg_sin_at(tg_site s, tg_tensor x);
-tg_tensor tg_cos_at(tg_site s, tg_tensor x);
-tg_tensor tg_gelu_at(tg_site s, tg_tensor x);
-tg_tensor tg_gelu_tanh_at(tg_site s, tg_tensor x);
-tg_tensor tg_silu_at(tg_site s, tg_tensor x);
-tg_tensor tg_clamp_at(tg_site s, tg_tensor x, double lo, double hi);
+TG_API tg_tensor tg_sin_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_cos_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_gelu_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_gelu_tanh_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_silu_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_clamp_at(tg_site s, tg_tensor x, double lo, double hi);
 #define tg_sin(x) tg_sin_at(TG_HERE, x)
 #define tg_cos(x) tg_cos_at(TG_HERE, x)
 #define tg_gelu(x) tg_gelu_at(TG_HERE, x)
@@ -226,31 +243,31 @@ tg_tensor tg_clamp_at(tg_site s, tg_tensor x, double lo, double hi);
 
 /* argmax/argmin: i32 index of the first extreme along axis (the axis is removed), or of the
  * flattened tensor with TG_ALL (a scalar). No gradient. Ties: the first index, as PyTorch on CPU. */
-tg_tensor tg_argmax_at(tg_site s, tg_tensor x, int axis);
-tg_tensor tg_argmin_at(tg_site s, tg_tensor x, int axis);
+TG_API tg_tensor tg_argmax_at(tg_site s, tg_tensor x, int axis);
+TG_API tg_tensor tg_argmin_at(tg_site s, tg_tensor x, int axis);
 #define tg_argmax(x, axis) tg_argmax_at(TG_HERE, x, axis)
 #define tg_argmin(x, axis) tg_argmin_at(TG_HERE, x, axis)
 
 /* flatten: axes start.. merged into one (torch.flatten(x, start)). split_heads: [..., T, H*Dh] ->
  * [..., H, T, Dh]; merge_heads is its inverse. */
-tg_tensor tg_flatten_at(tg_site s, tg_tensor x, int start);
-tg_tensor tg_split_heads_at(tg_site s, tg_tensor x, int n_heads);
-tg_tensor tg_merge_heads_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_flatten_at(tg_site s, tg_tensor x, int start);
+TG_API tg_tensor tg_split_heads_at(tg_site s, tg_tensor x, int n_heads);
+TG_API tg_tensor tg_merge_heads_at(tg_site s, tg_tensor x);
 #define tg_flatten(x, start) tg_flatten_at(TG_HERE, x, start)
 #define tg_split_heads(x, n_heads) tg_split_heads_at(TG_HERE, x, n_heads)
 #define tg_merge_heads(x) tg_merge_heads_at(TG_HERE, x)
 
 /* take_along_axis (torch.take_along_dim / gather): idx i32 of x's rank, equal to x's shape except
  * along axis; out-of-range indices give 0. */
-tg_tensor tg_take_along_axis_at(tg_site s, tg_tensor x, tg_tensor idx, int axis);
+TG_API tg_tensor tg_take_along_axis_at(tg_site s, tg_tensor x, tg_tensor idx, int axis);
 #define tg_take_along_axis(x, idx, axis) tg_take_along_axis_at(TG_HERE, x, idx, axis)
 
 /* Builders. arange: [n] holding 0..n-1. randn: N(0, 1) drawn anew each step (or run) from the
  * model seed and the step number; no gradient. */
-tg_tensor tg_arange_at(tg_site s, int64_t n, tg_dtype dt);
-tg_tensor tg_zeros_at(tg_site s, tg_shape shape, tg_dtype dt);
-tg_tensor tg_ones_at(tg_site s, tg_shape shape, tg_dtype dt);
-tg_tensor tg_randn_at(tg_site s, tg_shape shape);
+TG_API tg_tensor tg_arange_at(tg_site s, int64_t n, tg_dtype dt);
+TG_API tg_tensor tg_zeros_at(tg_site s, tg_shape shape, tg_dtype dt);
+TG_API tg_tensor tg_ones_at(tg_site s, tg_shape shape, tg_dtype dt);
+TG_API tg_tensor tg_randn_at(tg_site s, tg_shape shape);
 #define tg_arange(n, dt) tg_arange_at(TG_HERE, n, dt)
 #define tg_zeros(dt, ...) tg_zeros_at(TG_HERE, TG_SHAPE(__VA_ARGS__), dt)
 #define tg_ones(dt, ...) tg_ones_at(TG_HERE, TG_SHAPE(__VA_ARGS__), dt)
@@ -259,10 +276,10 @@ tg_tensor tg_randn_at(tg_site s, tg_shape shape);
 /* Structure. narrow: length elements from start along axis. concat: along an existing axis, any
  * number of inputs. stack: along a new axis. split: into pieces of the given sizes (which must
  * add up to the axis length); writes n tensors to out. */
-tg_tensor tg_narrow_at(tg_site s, tg_tensor x, int axis, int64_t start, int64_t length);
-tg_tensor tg_concat_at(tg_site s, const tg_tensor *xs, int n, int axis);
-tg_tensor tg_stack_at(tg_site s, const tg_tensor *xs, int n, int axis);
-void tg_split_at(tg_site s, tg_tensor x, const int64_t *sizes, int n, int axis, tg_tensor *out);
+TG_API tg_tensor tg_narrow_at(tg_site s, tg_tensor x, int axis, int64_t start, int64_t length);
+TG_API tg_tensor tg_concat_at(tg_site s, const tg_tensor *xs, int n, int axis);
+TG_API tg_tensor tg_stack_at(tg_site s, const tg_tensor *xs, int n, int axis);
+TG_API void tg_split_at(tg_site s, tg_tensor x, const int64_t *sizes, int n, int axis, tg_tensor *out);
 #define tg_narrow(x, axis, start, length) tg_narrow_at(TG_HERE, x, axis, start, length)
 /* Variadic so a compound literal (its commas are not inside parentheses) passes through:
  * tg_concat((tg_tensor[]){ a, b }, 2, -1). */
@@ -273,8 +290,8 @@ void tg_split_at(tg_site s, tg_tensor x, const int64_t *sizes, int n, int axis, 
 /* Attention helpers over the last two axes [.., T, T] (row = query, column = key).
  * softmax_causal: softmax along the last axis of the entries with column <= row; 0 above the
  * diagonal (PyTorch: masked_fill(~tril, -inf).softmax(-1)). where_causal: fill above the diagonal. */
-tg_tensor tg_softmax_causal_at(tg_site s, tg_tensor x);
-tg_tensor tg_where_causal_at(tg_site s, tg_tensor x, double fill);
+TG_API tg_tensor tg_softmax_causal_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_where_causal_at(tg_site s, tg_tensor x, double fill);
 #define tg_softmax_causal(x) tg_softmax_causal_at(TG_HERE, x)
 #define tg_where_causal(x, fill) tg_where_causal_at(TG_HERE, x, fill)
 
@@ -282,8 +299,8 @@ tg_tensor tg_where_causal_at(tg_site s, tg_tensor x, double fill);
  * scaled by 1/(1-p)); the mask is a hash of the step's seed, this call's place in the graph and
  * the element index, so backward recomputes it; p = 0 adds no node; 0 <= p < 1. No train/eval
  * flag: trace a forward without dropout for evaluation. */
-tg_tensor tg_stop_gradient_at(tg_site s, tg_tensor x);
-tg_tensor tg_dropout_at(tg_site s, tg_tensor x, double p);
+TG_API tg_tensor tg_stop_gradient_at(tg_site s, tg_tensor x);
+TG_API tg_tensor tg_dropout_at(tg_site s, tg_tensor x, double p);
 #define tg_stop_gradient(x) tg_stop_gradient_at(TG_HERE, x)
 #define tg_dropout(x, p) tg_dropout_at(TG_HERE, x, p)
 
@@ -295,24 +312,24 @@ tg_tensor tg_dropout_at(tg_site s, tg_tensor x, double p);
  * training graph, or while no patch is set, a site is x itself: inactive sites cost nothing (a
  * handle with patches set runs a second compiled variant in which every site selects its value).
  * Names are unique per graph; patch sites must be f32. */
-tg_tensor tg_capture_at(tg_site s, const char *name, tg_tensor x);
-tg_tensor tg_patch_at(tg_site s, const char *name, tg_tensor x);
+TG_API tg_tensor tg_capture_at(tg_site s, const char *name, tg_tensor x);
+TG_API tg_tensor tg_patch_at(tg_site s, const char *name, tg_tensor x);
 #define tg_capture(name, x) tg_capture_at(TG_HERE, name, x)
 #define tg_patch(name, x) tg_patch_at(TG_HERE, name, x)
 
 /* Images, NCHW. conv2d: x [N,C,H,W], w [O,C,kh,kw] -> [N,O,Ho,Wo] (F.conv2d without bias; zero
  * padding). max_pool2d: k x k windows (F.max_pool2d; padding counts as -inf, padding <= k/2).
  * nearest_upsample2d: each pixel repeated factor x factor times (F.interpolate mode="nearest"). */
-tg_tensor tg_conv2d_at(tg_site s, tg_tensor x, tg_tensor w, int stride, int padding);
-tg_tensor tg_max_pool2d_at(tg_site s, tg_tensor x, int k, int stride, int padding);
-tg_tensor tg_nearest_upsample2d_at(tg_site s, tg_tensor x, int factor);
+TG_API tg_tensor tg_conv2d_at(tg_site s, tg_tensor x, tg_tensor w, int stride, int padding);
+TG_API tg_tensor tg_max_pool2d_at(tg_site s, tg_tensor x, int k, int stride, int padding);
+TG_API tg_tensor tg_nearest_upsample2d_at(tg_site s, tg_tensor x, int factor);
 #define tg_conv2d(x, w, stride, padding) tg_conv2d_at(TG_HERE, x, w, stride, padding)
 #define tg_max_pool2d(x, k, stride, padding) tg_max_pool2d_at(TG_HERE, x, k, stride, padding)
 #define tg_nearest_upsample2d(x, factor) tg_nearest_upsample2d_at(TG_HERE, x, factor)
 
 /* Inspecting a tensor while tracing (for the forward function's own asserts). */
-tg_shape tg_shape_of(tg_tensor t);
-tg_dtype tg_dtype_of(tg_tensor t);
+TG_API tg_shape tg_shape_of(tg_tensor t);
+TG_API tg_dtype tg_dtype_of(tg_tensor t);
 
 /* ---------------------------------------------------------------------------------------------
  * Layers: parameters declared once, used in forward functions.
@@ -321,35 +338,35 @@ tg_dtype tg_dtype_of(tg_tensor t);
 /* Linear: y = x W + b, W [in, out], b [out]. Options may be NULL: W randn(0.02), b zeros. */
 typedef struct { int no_bias; tg_init init; int has_init; } tg_linear_opts;
 typedef struct { tg_param W, b; int has_bias; } tg_linear;
-tg_linear tg_linear_new(tg_model *m, const char *name, int64_t in, int64_t out, const tg_linear_opts *opts);
-tg_tensor tg_linear_at(tg_site s, const tg_linear *l, tg_tensor x);
+TG_API tg_linear tg_linear_new(tg_model *m, const char *name, int64_t in, int64_t out, const tg_linear_opts *opts);
+TG_API tg_tensor tg_linear_at(tg_site s, const tg_linear *l, tg_tensor x);
 #define tg_linear(l, x) tg_linear_at(TG_HERE, l, x)
 
 /* Embedding: W [vocab, dim], randn(0.02). */
 typedef struct { tg_param W; } tg_embedding_layer;
-tg_embedding_layer tg_embedding_new(tg_model *m, const char *name, int64_t vocab, int64_t dim);
-tg_tensor tg_embed_at(tg_site s, const tg_embedding_layer *e, tg_tensor idx);
+TG_API tg_embedding_layer tg_embedding_new(tg_model *m, const char *name, int64_t vocab, int64_t dim);
+TG_API tg_tensor tg_embed_at(tg_site s, const tg_embedding_layer *e, tg_tensor idx);
 #define tg_embed(e, idx) tg_embed_at(TG_HERE, e, idx)
 
 /* LayerNorm over the last axis: g ones, b zeros (no decay), eps default 1e-5 (eps <= 0: default). */
 typedef struct { tg_param g, b; int has_bias; double eps; } tg_layernorm;
-tg_layernorm tg_layernorm_new(tg_model *m, const char *name, int64_t dim, double eps, int bias);
-tg_tensor tg_layernorm_at(tg_site s, const tg_layernorm *ln, tg_tensor x);
+TG_API tg_layernorm tg_layernorm_new(tg_model *m, const char *name, int64_t dim, double eps, int bias);
+TG_API tg_tensor tg_layernorm_at(tg_site s, const tg_layernorm *ln, tg_tensor x);
 #define tg_layernorm(ln, x) tg_layernorm_at(TG_HERE, ln, x)
 
 /* RMSNorm over the last axis: x * rsqrt(mean(x^2) + eps) * g; g ones, no decay; eps default 1e-6
  * (eps <= 0: default). */
 typedef struct { tg_param g; double eps; } tg_rmsnorm;
-tg_rmsnorm tg_rmsnorm_new(tg_model *m, const char *name, int64_t dim, double eps);
-tg_tensor tg_rmsnorm_at(tg_site s, const tg_rmsnorm *l, tg_tensor x);
+TG_API tg_rmsnorm tg_rmsnorm_new(tg_model *m, const char *name, int64_t dim, double eps);
+TG_API tg_tensor tg_rmsnorm_at(tg_site s, const tg_rmsnorm *l, tg_tensor x);
 #define tg_rmsnorm(l, x) tg_rmsnorm_at(TG_HERE, l, x)
 
 /* Conv2d: W [out, in, k, k] drawn N(0, 2 / (in k k)) (He init over the true fan-in), b [out]
  * zeros (bias != 0). */
 typedef struct { tg_param W, b; int has_bias, stride, padding; } tg_conv2d_layer;
-tg_conv2d_layer tg_conv2d_new(tg_model *m, const char *name, int64_t in, int64_t out, int k, int stride,
+TG_API tg_conv2d_layer tg_conv2d_new(tg_model *m, const char *name, int64_t in, int64_t out, int k, int stride,
                               int padding, int bias);
-tg_tensor tg_conv_at(tg_site s, const tg_conv2d_layer *l, tg_tensor x);
+TG_API tg_tensor tg_conv_at(tg_site s, const tg_conv2d_layer *l, tg_tensor x);
 #define tg_conv(l, x) tg_conv_at(TG_HERE, l, x)
 
 /* ---------------------------------------------------------------------------------------------
@@ -375,13 +392,13 @@ typedef struct tg_schedule {
     const struct tg_schedule *after;   /* WARMUP only; copied at use */
 } tg_schedule;
 
-tg_schedule tg_lr_constant(double lr);
-tg_schedule tg_lr_linear(double peak, double final, int64_t steps);
-tg_schedule tg_lr_cosine(double peak, double final, int64_t steps);
-tg_schedule tg_lr_warmup(double peak, int64_t steps, const tg_schedule *after);
-tg_schedule tg_lr_staircase(double peak, int64_t every, double gamma);
-tg_schedule tg_lr_multistep(double peak, const int64_t *milestones, int n, double gamma);
-double tg_schedule_at(const tg_schedule *s, int64_t t);   /* the lr at step t (t >= 1) */
+TG_API tg_schedule tg_lr_constant(double lr);
+TG_API tg_schedule tg_lr_linear(double peak, double final, int64_t steps);
+TG_API tg_schedule tg_lr_cosine(double peak, double final, int64_t steps);
+TG_API tg_schedule tg_lr_warmup(double peak, int64_t steps, const tg_schedule *after);
+TG_API tg_schedule tg_lr_staircase(double peak, int64_t every, double gamma);
+TG_API tg_schedule tg_lr_multistep(double peak, const int64_t *milestones, int n, double gamma);
+TG_API double tg_schedule_at(const tg_schedule *s, int64_t t);   /* the lr at step t (t >= 1) */
 
 typedef enum { TG_OPT_ADAM, TG_OPT_ADAMW, TG_OPT_SGD } tg_opt_kind;
 
@@ -402,9 +419,9 @@ typedef struct {
     void *decay_ctx;
 } tg_optimizer;
 
-tg_optimizer tg_adam(double lr);                       /* b1 0.9, b2 0.999, eps 1e-8 */
-tg_optimizer tg_adamw(double lr, double weight_decay);
-tg_optimizer tg_sgd(double lr, double momentum, int nesterov, double weight_decay);
+TG_API tg_optimizer tg_adam(double lr);                       /* b1 0.9, b2 0.999, eps 1e-8 */
+TG_API tg_optimizer tg_adamw(double lr, double weight_decay);
+TG_API tg_optimizer tg_sgd(double lr, double momentum, int nesterov, double weight_decay);
 
 /* ---------------------------------------------------------------------------------------------
  * Compiling and running.
@@ -464,22 +481,22 @@ typedef struct {
 } tg_result;
 
 /* NULL on failure, with err->msg set (trace-time shape errors name the caller's file:line). */
-tg_train *tg_compile(const tg_train_spec *spec, tg_error *err);
+TG_API tg_train *tg_compile(const tg_train_spec *spec, tg_error *err);
 /* A step whose loss or any gradient element is NaN or infinite fails, naming the first parameter
  * (in declaration order) whose gradient is not finite, and leaves parameters, optimizer state
  * and the step count as they were. */
-tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs);
+TG_API tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs);
 /* The loss at the current parameters without an update (held-out evaluation), with the training
  * input shapes; for other batch sizes, attach the loss function as a forward with TG_ANY dims. */
-tg_result tg_eval_loss(tg_train *t, const tg_data *inputs, int n_inputs);
-void tg_destroy(tg_train *t);  /* frees attached forwards too */
+TG_API tg_result tg_eval_loss(tg_train *t, const tg_data *inputs, int n_inputs);
+TG_API void tg_destroy(tg_train *t);  /* frees attached forwards too */
 
 /* A forward graph that shares t's parameter buffers: every step is visible to it at once.
  * Without open dimensions it is compiled here (trace errors come back now); with them, at the
  * first call of each size. Freed by tg_destroy(t), or earlier by tg_detach. */
-tg_forward *tg_attach(tg_train *t, const tg_forward_spec *spec, tg_error *err);
-tg_result tg_run(tg_forward *f, const tg_data *inputs, int n_inputs);
-void tg_detach(tg_forward *f);
+TG_API tg_forward *tg_attach(tg_train *t, const tg_forward_spec *spec, tg_error *err);
+TG_API tg_result tg_run(tg_forward *f, const tg_data *inputs, int n_inputs);
+TG_API void tg_detach(tg_forward *f);
 
 /* Swap the model behind t: the loss function, its ctx, the inputs and the backend stay (so the
  * loss function must now describe m: point its ctx's layers at m's first); parameters are m's,
@@ -487,15 +504,15 @@ void tg_detach(tg_forward *f);
  * restarts at 0. On failure t is unchanged. Attached forwards stay valid and are traced again,
  * against m, at their next call. Calls queued (tg_step_submit, tg_run_submit) resolve
  * TG_ABORTED, even when the replacement fails; a call in flight resolves TG_ABORTED too. */
-tg_status tg_replace_model(tg_train *t, tg_model *m, const tg_optimizer *opt, tg_error *err);
+TG_API tg_status tg_replace_model(tg_train *t, tg_model *m, const tg_optimizer *opt, tg_error *err);
 
 /* Captured values (tg_capture) of the handle's last call: shape (if shape is non-NULL) and,
  * when dst is non-NULL, the n values (n must be the element count). */
-tg_status tg_train_capture(tg_train *t, const char *name, float *dst, size_t n, tg_shape *shape, tg_error *err);
-tg_status tg_forward_capture(tg_forward *f, const char *name, float *dst, size_t n, tg_shape *shape, tg_error *err);
+TG_API tg_status tg_train_capture(tg_train *t, const char *name, float *dst, size_t n, tg_shape *shape, tg_error *err);
+TG_API tg_status tg_forward_capture(tg_forward *f, const char *name, float *dst, size_t n, tg_shape *shape, tg_error *err);
 /* One head of a captured attention map: values of shape [B, H, T, S] (or [H, T, S]) -> the
  * [B, T, S] (or [T, S]) of head `head`, into dst of n elements; its shape to *head_shape. */
-tg_status tg_capture_head(const float *values, tg_shape shape, int head, float *dst, size_t n, tg_shape *head_shape,
+TG_API tg_status tg_capture_head(const float *values, tg_shape shape, int head, float *dst, size_t n, tg_shape *head_shape,
                           tg_error *err);
 
 /* Activation patching on a forward handle (sites are tg_patch calls in its function):
@@ -507,9 +524,9 @@ tg_status tg_capture_head(const float *values, tg_shape shape, int head, float *
  * to what the site holds when the forward runs on other inputs (sites patched as they are set);
  * tg_patch_clear turns every site off. */
 typedef enum { TG_PATCH_OFF, TG_PATCH_ZERO, TG_PATCH_MEAN, TG_PATCH_VALUES } tg_patch_mode;
-tg_status tg_patch_set(tg_forward *f, const char *site, tg_patch_mode mode, const float *values, size_t n, tg_error *err);
-tg_status tg_patch_from(tg_forward *f, const char *site, const tg_data *inputs, int n_inputs, tg_error *err);
-void tg_patch_clear(tg_forward *f);
+TG_API tg_status tg_patch_set(tg_forward *f, const char *site, tg_patch_mode mode, const float *values, size_t n, tg_error *err);
+TG_API tg_status tg_patch_from(tg_forward *f, const char *site, const tg_data *inputs, int n_inputs, tg_error *err);
+TG_API void tg_patch_clear(tg_forward *f);
 
 /* Threads. Every call on a training handle and the forwards attached to it takes one lock, so
  * calls from several threads serialize safely. A handle that was destroyed is recognized and
@@ -524,33 +541,33 @@ void tg_patch_clear(tg_forward *f);
  * the waiting one, whose caller gets TG_ABORTED. tg_flight_run blocks and copies the output into
  * out (out_len elements at most). */
 typedef struct tg_job tg_job;
-tg_job *tg_step_submit(tg_train *t, const tg_data *inputs, int n_inputs);
-tg_job *tg_run_submit(tg_forward *f, const tg_data *inputs, int n_inputs);
-tg_result tg_wait(tg_job *j);
-int tg_job_done(tg_job *j);   /* 1 once tg_wait would not block */
-void tg_job_free(tg_job *j);
+TG_API tg_job *tg_step_submit(tg_train *t, const tg_data *inputs, int n_inputs);
+TG_API tg_job *tg_run_submit(tg_forward *f, const tg_data *inputs, int n_inputs);
+TG_API tg_result tg_wait(tg_job *j);
+TG_API int tg_job_done(tg_job *j);   /* 1 once tg_wait would not block */
+TG_API void tg_job_free(tg_job *j);
 typedef struct tg_flight tg_flight;
-tg_flight *tg_flight_new(tg_forward *f);
-tg_result tg_flight_run(tg_flight *fl, const tg_data *inputs, int n_inputs, float *out, size_t out_len);
-void tg_flight_free(tg_flight *fl);
+TG_API tg_flight *tg_flight_new(tg_forward *f);
+TG_API tg_result tg_flight_run(tg_flight *fl, const tg_data *inputs, int n_inputs, float *out, size_t out_len);
+TG_API void tg_flight_free(tg_flight *fl);
 
 /* Parameters by name. upload is partial: names not given keep their values. */
-int tg_train_n_params(const tg_train *t);
-const char *tg_train_param_name(const tg_train *t, int i);
-tg_shape tg_train_param_shape(const tg_train *t, int i);
-int64_t tg_train_param_total(const tg_train *t);   /* elements over all parameters */
-tg_status tg_download_param(tg_train *t, const char *name, float *dst, size_t n, tg_error *err);
-tg_status tg_download_param_grad(tg_train *t, const char *name, float *dst, size_t n, tg_error *err);
-tg_status tg_upload_params(tg_train *t, const tg_data *params, int n, tg_error *err);
+TG_API int tg_train_n_params(const tg_train *t);
+TG_API const char *tg_train_param_name(const tg_train *t, int i);
+TG_API tg_shape tg_train_param_shape(const tg_train *t, int i);
+TG_API int64_t tg_train_param_total(const tg_train *t);   /* elements over all parameters */
+TG_API tg_status tg_download_param(tg_train *t, const char *name, float *dst, size_t n, tg_error *err);
+TG_API tg_status tg_download_param_grad(tg_train *t, const char *name, float *dst, size_t n, tg_error *err);
+TG_API tg_status tg_upload_params(tg_train *t, const tg_data *params, int n, tg_error *err);
 
 /* Re-init parameters from the model's seed and/or zero the optimizer state and step counter.
  * TG_FAILED (nothing changed) for a NULL handle or when host memory for the values runs out. */
-tg_status tg_reset(tg_train *t, int params, int optimizer);
-void tg_set_lr(tg_train *t, double lr);
+TG_API tg_status tg_reset(tg_train *t, int params, int optimizer);
+TG_API void tg_set_lr(tg_train *t, double lr);
 /* A schedule given mid-training is rebased: its step 1 is the next step. */
-void tg_set_schedule(tg_train *t, const tg_schedule *s);
-int64_t tg_train_step_count(const tg_train *t);
-double tg_train_lr(const tg_train *t);  /* the lr the next step will use */
+TG_API void tg_set_schedule(tg_train *t, const tg_schedule *s);
+TG_API int64_t tg_train_step_count(const tg_train *t);
+TG_API double tg_train_lr(const tg_train *t);  /* the lr the next step will use */
 
 /* Checkpoints in safetensors format (read by PyTorch's and Hugging Face's tools): every
  * parameter as an F32 tensor under its name; with with_optimizer, also the optimizer state as
@@ -558,8 +575,8 @@ double tg_train_lr(const tg_train *t);  /* the lr the next step will use */
  * step count and schedule base in the metadata, so training resumes exactly. tg_load needs
  * every parameter of the model in the file with its shape (other tensors are ignored) and
  * changes nothing unless the whole file is good. */
-tg_status tg_save(tg_train *t, const char *path, int with_optimizer, tg_error *err);
-tg_status tg_load(tg_train *t, const char *path, int with_optimizer, tg_error *err);
+TG_API tg_status tg_save(tg_train *t, const char *path, int with_optimizer, tg_error *err);
+TG_API tg_status tg_load(tg_train *t, const char *path, int with_optimizer, tg_error *err);
 
 /* ---------------------------------------------------------------------------------------------
  * Inspection
@@ -575,33 +592,34 @@ typedef struct {
     tg_site site;
 } tg_node_info;
 
-const tg_graph *tg_train_graph(const tg_train *t);
-const tg_graph *tg_forward_graph(const tg_forward *f);
-int tg_graph_n_nodes(const tg_graph *g);
-tg_node_info tg_graph_node(const tg_graph *g, int id);
-int tg_graph_output(const tg_graph *g);            /* the loss or forward output node */
+TG_API const tg_graph *tg_train_graph(const tg_train *t);
+TG_API const tg_graph *tg_forward_graph(const tg_forward *f);
+TG_API int tg_graph_n_nodes(const tg_graph *g);
+TG_API tg_node_info tg_graph_node(const tg_graph *g, int id);
+TG_API int tg_graph_output(const tg_graph *g);            /* the loss or forward output node */
 /* Graphviz DOT text; the caller frees it. */
-char *tg_graph_dot(const tg_graph *g);
+TG_API char *tg_graph_dot(const tg_graph *g);
 /* Bytes of intermediate memory the buffer plan needs (parameters and state not counted). */
-size_t tg_train_planned_bytes(const tg_train *t);
+TG_API size_t tg_train_planned_bytes(const tg_train *t);
 /* The generated kernel source of the handle's graph (C for "cpu", CUDA C for "cuda"; for a
  * forward, the variant of its last call), or NULL (the reference interpreter, or not compiled
  * yet). Valid until the handle's next call or change. */
-const char *tg_train_kernel_source(const tg_train *t);
-const char *tg_forward_kernel_source(const tg_forward *f);
+TG_API const char *tg_train_kernel_source(const tg_train *t);
+TG_API const char *tg_forward_kernel_source(const tg_forward *f);
 /* Compiled variants a forward holds now (sizes of its open dimensions, plain or patchable). */
-int tg_forward_n_variants(const tg_forward *f);
+TG_API int tg_forward_n_variants(const tg_forward *f);
 /* Captures and patch sites of a graph, by index. */
-int tg_graph_n_captures(const tg_graph *g);
-const char *tg_graph_capture(const tg_graph *g, int i, int *node);
-int tg_graph_n_patches(const tg_graph *g);
-const char *tg_graph_patch(const tg_graph *g, int i, int *node);
+TG_API int tg_graph_n_captures(const tg_graph *g);
+TG_API const char *tg_graph_capture(const tg_graph *g, int i, int *node);
+TG_API int tg_graph_n_patches(const tg_graph *g);
+TG_API const char *tg_graph_patch(const tg_graph *g, int i, int *node);
 
 /* Can this backend run here? 1 if so; else 0 with the reason in why (e.g. "CUDA is not
  * available: no CUDA device"). Backends: "cpu" (default), "cuda", "reference". */
-int tg_backend_available(const char *name, char *why, size_t why_len);
+TG_API int tg_backend_available(const char *name, char *why, size_t why_len);
 
-const char *tg_version(void);
+/* The library's version, "MAJOR.MINOR.PATCH" (TG_VERSION_STRING of the header it was built with). */
+TG_API const char *tg_version(void);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-/* libFuzzer entry point for the safetensors reader (src/io.c).
+/* libFuzzer entry point for the safetensors reader (src/io/safetensors.c).
  *
  * `make fuzz-clang` builds it with clang -fsanitize=fuzzer,address,undefined (with the library
  * sources) as build-fuzz/fuzz_safetensors and runs it FUZZ_TIME seconds over the seeds in
@@ -10,7 +10,7 @@
  * with a message and an empty st_file; an accepted one is self-consistent (nbytes = numel * 4,
  * data within the input's size) and st_encode writes it to bytes that parse back to the same
  * tensors and metadata, which re-encode to the same bytes. */
-#include "io.h"
+#include "io/safetensors.h"
 
 #include <stdint.h>
 #include <stdio.h>

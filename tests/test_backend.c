@@ -357,8 +357,14 @@ static void test_cache(const char *dir) {
     CHECK(p == NULL && strstr(err.msg, "kernel compilation failed"), "failing compiler: %s", err.msg);
     setenv("TG_CC", "/nonexistent/cc", 1);
     p = cache_probe(&err);
-    CHECK(p == NULL && strstr(err.msg, "kernel compilation failed"), "missing compiler: %s", err.msg);
+    CHECK(p == NULL && strstr(err.msg, "'/nonexistent/cc' was not found") && strstr(err.msg, "TG_CC") &&
+              strstr(err.msg, "'reference' backend runs"),
+          "missing compiler: the message names it, TG_CC and the backend that still runs: %s", err.msg);
+    char why[512];
+    CHECK(!tg_backend_available("cpu", why, sizeof why) && strstr(why, "TG_CC"), "cpu unavailable without a compiler: %s", why);
+    CHECK(tg_backend_available("reference", why, sizeof why), "the reference backend needs no compiler");
     unsetenv("TG_CC");
+    CHECK(tg_backend_available("cpu", why, sizeof why), "cpu available with the system compiler: %s", why);
     unsetenv("TG_CFLAGS");
     snprintf(sub, sizeof sub, "%s/file", dir);
     FILE *f = fopen(sub, "w");

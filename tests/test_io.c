@@ -1,4 +1,4 @@
-/* safetensors files (src/io.c): byte-exact agreement with the reference writer's layout (the
+/* safetensors files (src/io/safetensors.c): byte-exact agreement with the reference writer's layout (the
  * test vectors of huggingface/safetensors' own tests, and a buffer laid out by hand as that
  * writer does), round trips through files with bitwise-equal values, names that need escaping,
  * and hostile input: every truncation, thousands of random byte flips, and a catalogue of
@@ -7,7 +7,7 @@
  * If tests/fixtures/python_reference.safetensors exists (tests/fixtures/make_python_fixture.py
  * writes it with the Python safetensors package), it is read, checked, and compared byte for
  * byte with what st_encode writes for the same tensors. */
-#include "io.h"
+#include "io/safetensors.h"
 #include "check.h"
 
 #include <stdbool.h>

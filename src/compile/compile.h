@@ -1,0 +1,38 @@
+/* From a traced graph to what a compiled backend runs: the schedule (which nodes get memory)
+ * and the liveness-based buffer plan. The shared expression engine is in expr.h. */
+#ifndef TG_COMPILE_H
+#define TG_COMPILE_H
+
+#include "graph/graph.h"
+
+/* plan.c: liveness-based buffer plan. Non-leaf nodes get an offset (in elements) into one arena;
+ * leaves bound from outside (INPUT, PARAM, STATE) get PLAN_BOUND. `keep` lists nodes whose
+ * values must survive to the end of the run (outputs, gradients, write-back sources). */
+#define PLAN_BOUND ((size_t)-1)
+/* The largest arena a plan accepts, in elements (2^60: its bytes still fit a size_t). */
+#define PLAN_MAX_ARENA ((size_t)1 << 60)
+typedef struct {
+    size_t *offset;     /* per node */
+    size_t arena;       /* elements */
+    int *alias;         /* per node: the node whose buffer it shares (no kernel of its own), or -1 */
+} tg_plan;
+/* False (nothing allocated) when memory runs out or the arena would pass PLAN_MAX_ARENA.
+ * `materialized` (NULL: every node) marks the nodes that get memory; the others are computed
+ * inside the kernels that read them, so a buffer they read stays live until those kernels ran.
+ * Nodes not materialized get PLAN_BOUND too. `alias` (NULL: none) names, per node, the node
+ * whose buffer it shares; that buffer then stays live as long as either is read. */
+bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, const int *alias,
+                tg_plan *out);
+/* The node whose buffer holds node id's values (itself unless it is an alias). */
+static inline int plan_home(const tg_plan *p, int id) { return p->alias && p->alias[id] >= 0 ? p->alias[id] : id; }
+void plan_free(tg_plan *p);
+
+/* fuse.c: the scheduler of compiled backends. materialized[i] says whether node i gets memory
+ * (computed by a kernel of its own) or is computed inside the kernels that read it. fuse =
+ * false materializes every node (the unfused schedule, for tests). */
+bool fuse_pointwise(tg_op op);
+/* alias[i] >= 0: node i (a reshape or identity of a buffer already in memory) shares the buffer
+ * of node alias[i] and gets no kernel; -1 otherwise. */
+void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bool *materialized, int *alias);
+
+#endif

@@ -1,0 +1,510 @@
+/* The expression engine shared by the code generators: see expr.h. */
+#include "compile/expr.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const tg_node *N(const cg *c, int id) { return &c->g->nodes[id]; }
+const char *cg_ctype(const tg_node *n) { return n->dtype == TG_INT32 ? "int32_t" : "float"; }
+bool cg_is_bound(tg_op op) { return op == OP_INPUT || op == OP_PARAM || op == OP_STATE; }
+static bool in_memory(const cg *c, int id) { return id != c->root && (c->mat[id] || cg_is_bound(N(c, id)->op)); }
+
+void cg_line(cg *c, const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    sb_printf(&c->body, "        %s\n", buf);
+}
+
+/* A fresh variable `name` of `type` holding the expression. */
+void cg_def(cg *c, char *name, const char *prefix, const char *type, const char *fmt, ...) {
+    char expr[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(expr, sizeof expr, fmt, ap);
+    va_end(ap);
+    snprintf(name, NAME, "%s%d", prefix, c->ntmp++);
+    cg_line(c, "const %s %s = %s;", type, name, expr);
+}
+
+/* A float literal for v, inf and NaN included. */
+const char *cg_flit(double v, char *buf) {
+    if (isnan(v)) return strcpy(buf, "NAN");
+    if (isinf(v)) return strcpy(buf, v > 0 ? "INFINITY" : "-INFINITY");
+    snprintf(buf, 40, "%.9ef", v);
+    return buf;
+}
+
+static int64_t stride_of(tg_shape s, int k) {
+    int64_t st = 1;
+    for (int i = k + 1; i < s.ndim; i++) st *= s.d[i];
+    return st;
+}
+
+static void ensure_flat(cg *c, tg_shape s, ix_t *ix) {
+    if (ix->has_flat) return;
+    char expr[512] = "0";
+    int len = 0;
+    for (int k = 0; k < s.ndim; k++) {
+        if (s.d[k] == 1 || strcmp(ix->c[k], "0") == 0) continue;
+        int64_t st = stride_of(s, k);
+        len += st == 1 ? snprintf(expr + len, sizeof expr - (size_t)len, "%s%s", len ? " + " : "", ix->c[k])
+                       : snprintf(expr + len, sizeof expr - (size_t)len, "%s%s * %lld", len ? " + " : "", ix->c[k], (long long)st);
+    }
+    if (len == 0) strcpy(ix->flat, "0");
+    else cg_def(c, ix->flat, "f", "int64_t", "%s", expr);
+    ix->has_flat = true;
+}
+
+static void ensure_coords(cg *c, tg_shape s, ix_t *ix) {
+    if (ix->has_coords) return;
+    for (int k = 0; k < s.ndim; k++) {
+        int64_t st = stride_of(s, k);
+        if (s.d[k] == 1) strcpy(ix->c[k], "0");
+        else if (k == 0 && st == 1) snprintf(ix->c[k], NAME, "%s", ix->flat);
+        else if (k == 0) cg_def(c, ix->c[k], "c", "int64_t", "%s / %lld", ix->flat, (long long)st);
+        else if (st == 1) cg_def(c, ix->c[k], "c", "int64_t", "%s %% %lld", ix->flat, (long long)s.d[k]);
+        else cg_def(c, ix->c[k], "c", "int64_t", "(%s / %lld) %% %lld", ix->flat, (long long)st, (long long)s.d[k]);
+    }
+    ix->has_coords = true;
+}
+
+static ix_t ix_flat(const char *flat) {
+    ix_t ix;
+    memset(&ix, 0, sizeof ix);
+    ix.has_flat = true;
+    snprintf(ix.flat, NAME, "%s", flat);
+    return ix;
+}
+
+static ix_t ix_coords(int nd) {
+    ix_t ix;
+    memset(&ix, 0, sizeof ix);
+    ix.has_coords = true;
+    for (int k = 0; k < nd; k++) strcpy(ix.c[k], "0");
+    return ix;
+}
+
+static bool same_shape(tg_shape a, tg_shape b) {
+    if (a.ndim != b.ndim) return false;
+    for (int i = 0; i < a.ndim; i++)
+        if (a.d[i] != b.d[i]) return false;
+    return true;
+}
+
+/* The index into source `src` (NumPy-broadcast to `out`) of the element at ix of `out`. */
+static ix_t broadcast_ix(cg *c, tg_shape src, tg_shape out, ix_t *ix) {
+    if (same_shape(src, out)) return *ix;
+    if (src.ndim == 0 || shape_numel(src) == 1) return ix_flat("0");
+    ensure_coords(c, out, ix);
+    ix_t r = ix_coords(src.ndim);
+    int lead = out.ndim - src.ndim;
+    for (int k = 0; k < src.ndim; k++)
+        if (src.d[k] != 1) strcpy(r.c[k], ix->c[k + lead]);
+    return r;
+}
+
+static const char *val(cg *c, int id, ix_t ix);
+
+static const char *memo_find(cg *c, int id, const char *key) {
+    for (int i = c->n_memo - 1; i >= 0; i--)
+        if (c->memo[i].node == id && strcmp(c->memo[i].key, key) == 0) return c->memo[i].name;
+    return NULL;
+}
+
+void cg_root_line(cg *c, int r) {
+    c->root = r;
+    cg_line(c, "P%d[i] = %s;", r, cg_root_value(c, "i"));
+    if (c->n_memo > 0) cg_memo_add(c, r, "fi", c->memo[c->n_memo - 1].name);
+}
+
+bool cg_try_root(cg *c, int r, bool (*fits)(void *ctx), void *ctx) {
+    size_t body_len = c->body.len;
+    int n_memo = c->n_memo, ntmp = c->ntmp;
+    bool *saved = tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
+    if (!saved) return false;
+    memcpy(saved, c->used, sizeof(bool) * (size_t)c->g->n);
+    cg_root_line(c, r);
+    bool ok = fits(ctx);
+    if (!ok) {
+        c->body.len = body_len;
+        if (c->body.s) c->body.s[body_len] = 0;
+        c->n_memo = n_memo;
+        c->ntmp = ntmp;
+        memcpy(c->used, saved, sizeof(bool) * (size_t)c->g->n);
+    }
+    free(saved);
+    return ok;
+}
+
+const char *cg_memo_add(cg *c, int id, const char *key, const char *name) {
+    memo_t copy;   /* key and name may point into the memo array, which growing it moves */
+    snprintf(copy.key, sizeof copy.key, "%s", key);
+    snprintf(copy.name, NAME, "%s", name);
+    copy.node = id;
+    memo_t *m = cg_memo_slot(c);
+    if (!m) return "0";   /* out of memory: the output is discarded (alloc_failures) */
+    *m = copy;
+    return m->name;
+}
+
+static void ix_key(const ix_t *ix, int nd, char *key, size_t len) {
+    if (ix->has_flat) { snprintf(key, len, "f%s", ix->flat); return; }
+    size_t k = (size_t)snprintf(key, len, "c");
+    for (int i = 0; i < nd && k < len; i++) k += (size_t)snprintf(key + k, len - k, ",%s", ix->c[i]);
+}
+
+/* Clamp coordinate expression v into [0, n) as a new variable (reads in range even where the
+ * value will be masked out, so the expression stays branch-free). */
+static void clamped(cg *c, char *name, const char *v, int64_t n) {
+    cg_def(c, name, "c", "int64_t", "%s < 0 ? 0 : %s >= %lld ? %lld : %s", v, v, (long long)n, (long long)(n - 1), v);
+}
+
+static const char *unary_expr(const tg_node *n, const char *a, char *buf, size_t len) {
+    bool i32 = n->dtype == TG_INT32;
+    switch (n->op) {
+    case OP_NEG: snprintf(buf, len, "-%s", a); break;
+    case OP_ABS: snprintf(buf, len, i32 ? "(%s < 0 ? -%s : %s)" : "fabsf(%s)", a, a, a); break;
+    case OP_SQUARE: snprintf(buf, len, "%s * %s", a, a); break;
+    case OP_SQRT: snprintf(buf, len, "sqrtf(%s)", a); break;
+    case OP_RSQRT: snprintf(buf, len, "1.0f / sqrtf(%s)", a); break;
+    case OP_EXP: snprintf(buf, len, "expf(%s)", a); break;
+    case OP_LOG: snprintf(buf, len, "logf(%s)", a); break;
+    case OP_RELU: snprintf(buf, len, "%s > 0.0f ? %s : 0.0f", a, a); break;
+    case OP_TANH: snprintf(buf, len, "tanhf(%s)", a); break;
+    case OP_SIGMOID: snprintf(buf, len, "1.0f / (1.0f + expf(-%s))", a); break;
+    case OP_SIGN: snprintf(buf, len, "(%s > 0) - (%s < 0)", a, a); break;
+    case OP_STEP: snprintf(buf, len, "%s > 0.0f ? 1.0f : 0.0f", a); break;
+    case OP_SIN: snprintf(buf, len, "sinf(%s)", a); break;
+    case OP_COS: snprintf(buf, len, "cosf(%s)", a); break;
+    case OP_GELU: snprintf(buf, len, n->iarg[0] ? "tgk_gelu_tanh(%s)" : "tgk_gelu(%s)", a); break;
+    case OP_GELU_GRAD: snprintf(buf, len, n->iarg[0] ? "tgk_gelu_tanh_grad(%s)" : "tgk_gelu_grad(%s)", a); break;
+    case OP_IDENTITY: snprintf(buf, len, "%s", a); break;
+    default: snprintf(buf, len, "0 /* ? */"); break;
+    }
+    return buf;
+}
+
+static const char *binary_expr(const tg_node *n, bool i32, const char *a, const char *b, char *buf, size_t len) {
+    switch (n->op) {
+    case OP_ADD: snprintf(buf, len, "%s + %s", a, b); break;
+    case OP_SUB: snprintf(buf, len, "%s - %s", a, b); break;
+    case OP_MUL: snprintf(buf, len, "%s * %s", a, b); break;
+    /* i32: x / 0 is 0 (as the reference) and INT32_MIN / -1 wraps: both would trap on x86. */
+    case OP_DIV:
+        snprintf(buf, len, i32 ? "(%2$s == -1 ? (int32_t)(0u - (uint32_t)%1$s) : %2$s ? %1$s / %2$s : 0)" : "%s / %s", a, b);
+        break;
+    /* NaN-propagating exactly as the reference (x != x is the NaN test). */
+    case OP_MIN: snprintf(buf, len, "((%1$s < %2$s || %1$s != %1$s) ? %1$s : %2$s)", a, b); break;
+    case OP_MAX: snprintf(buf, len, "((%1$s > %2$s || %1$s != %1$s) ? %1$s : %2$s)", a, b); break;
+    case OP_LESS: snprintf(buf, len, "(%s < %s ? 1.0f : 0.0f)", a, b); break;
+    case OP_GREATER: snprintf(buf, len, "(%s > %s ? 1.0f : 0.0f)", a, b); break;
+    case OP_EQUAL: snprintf(buf, len, "(%s == %s ? 1.0f : 0.0f)", a, b); break;
+    default: snprintf(buf, len, "0"); break;
+    }
+    return buf;
+}
+
+/* The value of node id at ix, computed (not loaded): the op's expression over its sources. */
+static const char *compute(cg *c, int id, ix_t ix, char *name) {
+    const tg_node *n = N(c, id);
+    const tg_node *s0 = n->nsrc > 0 ? N(c, n->src[0]) : NULL;
+    const char *t = cg_ctype(n);
+    char e[900];
+    switch (n->op) {
+    case OP_CONST:
+        if (n->dtype == TG_INT32) cg_def(c, name, "t", t, "%lld", (long long)n->farg);
+        else cg_def(c, name, "t", t, "%s", cg_flit(n->farg, (char[40]){ 0 }));
+        break;
+    case OP_HYPER: cg_def(c, name, "t", t, "(float)H[%lld]", (long long)n->iarg[0]); break;
+    case OP_IOTA:
+        ensure_flat(c, n->shape, &ix);
+        cg_def(c, name, "t", t, "(%s)%s", t, ix.flat);
+        break;
+    case OP_RANDN:
+        ensure_flat(c, n->shape, &ix);
+        cg_def(c, name, "t", t, "(float)tgk_normal((uint64_t)H[0], %lldull, (uint64_t)%s)", (long long)n->iarg[0], ix.flat);
+        break;
+    case OP_DROPOUT: {
+        ensure_flat(c, n->shape, &ix);
+        const char *x = val(c, n->src[0], ix);
+        cg_def(c, name, "t", t, "tgk_uniform((uint64_t)H[0], %lldull, (uint64_t)%s) >= %.17g ? (float)((double)%s / %.17g) : 0.0f",
+            (long long)n->iarg[0], ix.flat, n->farg, x, 1.0 - n->farg);
+        break;
+    }
+    case OP_NEG: case OP_ABS: case OP_SQUARE: case OP_SQRT: case OP_RSQRT: case OP_EXP: case OP_LOG:
+    case OP_RELU: case OP_TANH: case OP_SIGMOID: case OP_SIGN: case OP_STEP: case OP_SIN: case OP_COS:
+    case OP_GELU: case OP_GELU_GRAD: case OP_IDENTITY:
+        cg_def(c, name, "t", t, "%s", unary_expr(n, val(c, n->src[0], ix), e, sizeof e));
+        break;
+    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MIN: case OP_MAX:
+    case OP_LESS: case OP_GREATER: case OP_EQUAL: {
+        char a[NAME], b[NAME];
+        snprintf(a, NAME, "%s", val(c, n->src[0], broadcast_ix(c, s0->shape, n->shape, &ix)));
+        snprintf(b, NAME, "%s", val(c, n->src[1], broadcast_ix(c, N(c, n->src[1])->shape, n->shape, &ix)));
+        cg_def(c, name, "t", t, "%s", binary_expr(n, s0->dtype == TG_INT32, a, b, e, sizeof e));
+        break;
+    }
+    case OP_WHERE: {
+        char k[NAME], a[NAME], b[NAME];
+        snprintf(k, NAME, "%s", val(c, n->src[0], broadcast_ix(c, s0->shape, n->shape, &ix)));
+        snprintf(a, NAME, "%s", val(c, n->src[1], broadcast_ix(c, N(c, n->src[1])->shape, n->shape, &ix)));
+        snprintf(b, NAME, "%s", val(c, n->src[2], broadcast_ix(c, N(c, n->src[2])->shape, n->shape, &ix)));
+        cg_def(c, name, "t", t, "%s != 0 ? %s : %s", k, a, b);
+        break;
+    }
+    case OP_EXPAND:
+        cg_def(c, name, "t", t, "%s", val(c, n->src[0], broadcast_ix(c, s0->shape, n->shape, &ix)));
+        break;
+    case OP_RESHAPE:
+        ensure_flat(c, n->shape, &ix);
+        cg_def(c, name, "t", t, "%s", val(c, n->src[0], ix_flat(ix.flat)));
+        break;
+    case OP_PERMUTE: {
+        ensure_coords(c, n->shape, &ix);
+        ix_t si = ix_coords(s0->shape.ndim);
+        for (int k = 0; k < n->shape.ndim; k++) strcpy(si.c[n->iarg[k]], ix.c[k]);
+        cg_def(c, name, "t", t, "%s", val(c, n->src[0], si));
+        break;
+    }
+    case OP_SLICE: {
+        ensure_coords(c, n->shape, &ix);
+        ix_t si = ix;
+        si.has_flat = false;
+        cg_def(c, si.c[n->axis], "c", "int64_t", "%s + %lld", ix.c[n->axis], (long long)n->iarg[0]);
+        cg_def(c, name, "t", t, "%s", val(c, n->src[0], si));
+        break;
+    }
+    case OP_PAD: {
+        ensure_coords(c, n->shape, &ix);
+        ix_t si = ix;
+        si.has_flat = false;
+        char rel[NAME];
+        int64_t len = s0->shape.d[n->axis];
+        cg_def(c, rel, "c", "int64_t", "%s - %lld", ix.c[n->axis], (long long)n->iarg[0]);
+        clamped(c, si.c[n->axis], rel, len);
+        const char *x = val(c, n->src[0], si);
+        cg_def(c, name, "t", t, "(%s >= 0 && %s < %lld) ? %s : 0", rel, rel, (long long)len, x);
+        break;
+    }
+    case OP_WHERE_CAUSAL: {
+        ensure_coords(c, n->shape, &ix);
+        int r = n->shape.ndim;
+        const char *x = val(c, n->src[0], ix);
+        cg_def(c, name, "t", t, "%s > %s ? %s : %s", ix.c[r - 1], ix.c[r - 2], cg_flit(n->farg, (char[40]){ 0 }), x);
+        break;
+    }
+    case OP_ONE_HOT: {
+        ensure_coords(c, n->shape, &ix);
+        ix_t si = ix;
+        si.has_flat = false;
+        const char *k = val(c, n->src[0], si);
+        cg_def(c, name, "t", t, "%s == %s ? 1.0f : 0.0f", k, ix.c[n->shape.ndim - 1]);
+        break;
+    }
+    case OP_GATHER_ROWS: {
+        ensure_coords(c, n->shape, &ix);
+        ix_t si = ix;
+        si.has_flat = false;
+        char k[NAME], row[NAME], flat[NAME];
+        int64_t rows = s0->shape.d[0], dim = s0->shape.d[1];
+        snprintf(k, NAME, "%s", val(c, n->src[1], si));
+        clamped(c, row, k, rows);
+        cg_def(c, flat, "f", "int64_t", "%s * %lld + %s", row, (long long)dim, ix.c[n->shape.ndim - 1]);
+        const char *x = val(c, n->src[0], ix_flat(flat));
+        cg_def(c, name, "t", t, "(%s >= 0 && %s < %lld) ? %s : 0.0f", k, k, (long long)rows, x);
+        break;
+    }
+    case OP_TAKE_ALONG: {
+        ensure_coords(c, n->shape, &ix);
+        char k[NAME];
+        int64_t len = s0->shape.d[n->axis];
+        snprintf(k, NAME, "%s", val(c, n->src[1], ix));
+        ix_t si = ix;
+        si.has_flat = false;
+        clamped(c, si.c[n->axis], k, len);
+        const char *x = val(c, n->src[0], si);
+        cg_def(c, name, "t", t, "(%s >= 0 && %s < %lld) ? %s : 0", k, k, (long long)len, x);
+        break;
+    }
+    case OP_IM2COL: {
+        ensure_coords(c, n->shape, &ix);
+        int64_t kh = n->iarg[0], kw = n->iarg[1], st = n->iarg[2], pad = n->iarg[3];
+        int64_t H = s0->shape.d[2], W = s0->shape.d[3], wo = (W + 2 * pad - kw) / st + 1;
+        char y[NAME], x[NAME];
+        ix_t si = ix_coords(4);
+        strcpy(si.c[0], ix.c[0]);
+        cg_def(c, si.c[1], "c", "int64_t", "%s / %lld", ix.c[1], (long long)(kh * kw));
+        cg_def(c, y, "c", "int64_t", "(%s / %lld) * %lld - %lld + (%s / %lld) %% %lld", ix.c[2], (long long)wo, (long long)st,
+            (long long)pad, ix.c[1], (long long)kw, (long long)kh);
+        cg_def(c, x, "c", "int64_t", "(%s %% %lld) * %lld - %lld + %s %% %lld", ix.c[2], (long long)wo, (long long)st,
+            (long long)pad, ix.c[1], (long long)kw);
+        clamped(c, si.c[2], y, H);
+        clamped(c, si.c[3], x, W);
+        const char *v = val(c, n->src[0], si);
+        cg_def(c, name, "t", t, "(%s >= 0 && %s < %lld && %s >= 0 && %s < %lld) ? %s : 0.0f", y, y, (long long)H, x, x,
+            (long long)W, v);
+        break;
+    }
+    default:
+        cg_def(c, name, "t", t, "0 /* %s is not pointwise */", op_name(n->op));
+        break;
+    }
+    return name;
+}
+
+static const char *val(cg *c, int id, ix_t ix) {
+    const tg_node *n = N(c, id);
+    char key[sizeof c->memo[0].key];
+    ix_key(&ix, n->shape.ndim, key, sizeof key);
+    const char *found = memo_find(c, id, key);
+    if (found) return found;
+    char name[NAME];
+    if (in_memory(c, id)) {
+        ensure_flat(c, n->shape, &ix);
+        c->used[id] = true;
+        cg_def(c, name, "t", cg_ctype(n), "P%d[%s]", id, ix.flat);
+    } else {
+        compute(c, id, ix, name);
+    }
+    return cg_memo_add(c, id, key, name);
+}
+
+
+/* ----- shapes for the generators ----- */
+
+void cg_axis_split(tg_shape s, int axis, int64_t *outer, int64_t *len, int64_t *inner) {
+    *outer = 1;
+    *inner = 1;
+    *len = s.d[axis];
+    for (int k = 0; k < axis; k++) *outer *= s.d[k];
+    for (int k = axis + 1; k < s.ndim; k++) *inner *= s.d[k];
+}
+
+cg_gemm cg_gemm_of(const tg_graph *g, int id) {
+    const tg_node *n = &g->nodes[id], *a = &g->nodes[n->src[0]], *b = &g->nodes[n->src[1]];
+    cg_gemm m = { (int)n->iarg[0], (int)n->iarg[1], 0, 0, 0, 0, NULL, NULL };
+    m.M = n->shape.d[n->shape.ndim - 2];
+    m.N = n->shape.d[n->shape.ndim - 1];
+    m.K = m.ta ? a->shape.d[a->shape.ndim - 2] : a->shape.d[a->shape.ndim - 1];
+    m.batch = n->numel / (m.M * m.N);
+    if (b->numel / (m.K * m.N) == 1 && !m.ta && a->numel / (m.M * m.K) == m.batch) {
+        m.M *= m.batch;
+        m.batch = 1;
+    }
+    m.aoff = tg_alloc(sizeof(int64_t) * (size_t)m.batch);
+    m.boff = tg_alloc(sizeof(int64_t) * (size_t)m.batch);
+    if (!m.aoff || !m.boff) {   /* the caller sees NULL offsets and emits nothing */
+        free(m.aoff);
+        free(m.boff);
+        m.aoff = m.boff = NULL;
+        return m;
+    }
+    tg_shape ob = n->shape, ab = a->shape, bb = b->shape;
+    ob.ndim -= 2;
+    ab.ndim -= 2;
+    bb.ndim -= 2;
+    for (int64_t i = 0; i < m.batch && m.batch > 1; i++) {   /* walk the batch dims from the last */
+        int64_t rem = i, ast = m.M * m.K, bst = m.K * m.N;
+        for (int k = ob.ndim - 1; k >= 0; k--) {
+            int64_t ck = rem % ob.d[k];
+            rem /= ob.d[k];
+            int ka = k - (ob.ndim - ab.ndim), kb = k - (ob.ndim - bb.ndim);
+            if (ka >= 0) {
+                if (ab.d[ka] != 1) m.aoff[i] += ck * ast;
+                ast *= ab.d[ka];
+            }
+            if (kb >= 0) {
+                if (bb.d[kb] != 1) m.boff[i] += ck * bst;
+                bst *= bb.d[kb];
+            }
+        }
+    }
+    return m;
+}
+
+/* ----- the engine's entry points ----- */
+
+void cg_pointer(cg *c, strbuf *decl, int id, bool out, const char *restrict_kw) {
+    const tg_node *n = N(c, id);
+    int home = plan_home(c->plan, id);
+    const char *t = cg_ctype(n), *q = out ? "" : "const ";
+    if (cg_is_bound(N(c, home)->op))
+        sb_printf(decl, "    %s%s *%s P%d = (%s%s *)B[%d];\n", q, t, restrict_kw, id, q, t, home);
+    else
+        sb_printf(decl, "    %s%s *%s P%d = (%s%s *)(A + %zu);\n", q, t, restrict_kw, id, q, t, c->plan->offset[home]);
+}
+
+bool cg_init(cg *c, const tg_graph *g, const bool *materialized, const tg_plan *plan, strbuf *out) {
+    memset(c, 0, sizeof *c);
+    c->g = g;
+    c->mat = materialized;
+    c->plan = plan;
+    c->out = out;
+    c->used = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
+    c->cap_memo = 64;
+    c->memo = tg_alloc(sizeof(memo_t) * (size_t)c->cap_memo);
+    return c->used && c->memo;
+}
+
+memo_t *cg_memo_slot(cg *c) {
+    if (c->n_memo == c->cap_memo) {
+        memo_t *grown = tg_realloc(c->memo, sizeof(memo_t) * (size_t)c->cap_memo * 2);
+        if (!grown) return c->n_memo ? &c->memo[c->n_memo - 1] : NULL;   /* overwritten: output discarded */
+        c->memo = grown;
+        c->cap_memo *= 2;
+    }
+    return &c->memo[c->n_memo++];
+}
+
+void cg_release(cg *c) {
+    free(c->body.s);
+    free(c->memo);
+    free(c->used);
+}
+
+void cg_begin(cg *c, int root) {
+    c->root = root;
+    c->n_memo = 0;
+    c->body.len = 0;
+    if (c->body.s) c->body.s[0] = 0;
+    memset(c->used, 0, sizeof(bool) * (size_t)c->g->n);
+}
+
+const char *cg_root_value(cg *c, const char *flat) {
+    char name[NAME];
+    compute(c, c->root, ix_flat(flat), name);
+    return cg_memo_add(c, c->root, "root", name);
+}
+
+const char *cg_value(cg *c, int node, const char *flat) { return val(c, node, ix_flat(flat)); }
+
+/* Every helper, written once with a placeholder for the qualifier. */
+static const char *const HELPERS[] = {
+    "uint64_t tgk_mix(uint64_t z) {\n"
+    "    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;\n"
+    "    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;\n"
+    "    return z ^ (z >> 31);\n}\n",
+    "double tgk_uniform(uint64_t seed, uint64_t salt, uint64_t i) {\n"
+    "    uint64_t b = tgk_mix(tgk_mix(seed * 0x9E3779B97F4A7C15ull + salt) + i * 0xD1B54A32D192ED03ull);\n"
+    "    return ((double)(b >> 40) + 0.5) * (1.0 / 16777216.0);\n}\n",
+    "double tgk_normal(uint64_t seed, uint64_t salt, uint64_t i) {\n"
+    "    double u1 = tgk_uniform(seed, salt, 2 * i), u2 = tgk_uniform(seed, salt, 2 * i + 1);\n"
+    "    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);\n}\n",
+    "float tgk_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }\n",
+    "float tgk_gelu_grad(float x) {\n"
+    "    return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * 0.39894228040143268f * expf(-0.5f * x * x);\n}\n",
+    "float tgk_gelu_tanh(float x) {\n"
+    "    return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));\n}\n",
+    "float tgk_gelu_tanh_grad(float x) {\n"
+    "    float t = tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x));\n"
+    "    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * x * x);\n}\n",
+};
+
+void cg_prelude(strbuf *out, const char *qualifier) {
+    for (size_t i = 0; i < sizeof HELPERS / sizeof HELPERS[0]; i++) sb_printf(out, "%s %s", qualifier, HELPERS[i]);
+    sb_printf(out, "\n");
+}

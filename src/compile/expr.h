@@ -1,0 +1,82 @@
+/* The expression engine shared by the code generators (cpu_codegen.c for the CPU, cuda_codegen.c
+ * for CUDA). A kernel computes one materialized node; its loop body is a list of statements that
+ * evaluate the node's inlined producers as temporaries. Each source is read at an index derived
+ * from the output's (broadcast, permute, reshape, narrow, pad, gathers), so movement never copies.
+ * The statements are plain C expressions over float/int32_t values, libm functions and the
+ * prelude's helpers, valid C and valid CUDA alike; buffers are read as P<node>[index], which each
+ * generator declares in its kernel wrapper. Internal to the code generators. */
+#ifndef TG_CODEGEN_H
+#define TG_CODEGEN_H
+
+#include "compile/compile.h"
+
+#define NAME 24
+
+/* An index into a node: its flat position and/or its coordinates, as names of generated
+ * variables or literals. */
+typedef struct {
+    bool has_flat, has_coords;
+    char flat[NAME];
+    char c[TG_MAX_DIMS][NAME];
+} ix_t;
+
+typedef struct { int node; char key[TG_MAX_DIMS * NAME + 8]; char name[NAME]; } memo_t;
+
+typedef struct {
+    const tg_graph *g;
+    const bool *mat;
+    const tg_plan *plan;
+    strbuf *out;
+    strbuf body;
+    int root, ntmp;
+    memo_t *memo;
+    int n_memo, cap_memo;
+    bool *used;          /* per node: read from memory by the current kernel */
+    int parallel_min;    /* CPU: elements below which a kernel runs on one thread */
+} cg;
+
+
+/* False when memory runs out (cg_release still frees what it got). */
+bool cg_init(cg *c, const tg_graph *g, const bool *materialized, const tg_plan *plan, strbuf *out);
+/* A new memo entry. When memory runs out it reuses the last one: the generator goes on, and its
+ * output is discarded (see alloc_failures). */
+memo_t *cg_memo_slot(cg *c);
+/* Remembers that node id's value under key (an index expression) is the variable name; returns
+ * the stored name. */
+const char *cg_memo_add(cg *c, int id, const char *key, const char *name);
+void cg_release(cg *c);
+/* Start the kernel of node `root`: an empty body, nothing read yet. */
+void cg_begin(cg *c, int root);
+/* The name of a variable holding the root's value at flat index `flat` (computed, not loaded). */
+const char *cg_root_value(cg *c, const char *flat);
+/* Kernels with several outputs (one thread or loop per element index i): cg_root_line appends
+ * "P<r>[i] = <r's value at i>;" and lets later outputs read r's value from the memo rather than
+ * memory; cg_try_root does the same for one more output r, keeps it when fits(ctx) says the
+ * kernel may have it (c->used then says what the kernel reads from memory), else takes it back
+ * out and returns false. */
+void cg_root_line(cg *c, int r);
+bool cg_try_root(cg *c, int r, bool (*fits)(void *ctx), void *ctx);
+/* The same for any node: loaded from memory when materialized, computed when inlined. */
+const char *cg_value(cg *c, int node, const char *flat);
+/* A statement, and a fresh variable `name` of `type` holding an expression. */
+void cg_line(cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cg_def(cg *c, char *name, const char *prefix, const char *type, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+const char *cg_ctype(const tg_node *n);        /* "float" or "int32_t" */
+/* Declare P<id>, the pointer to node id's values: its arena slot or bound buffer, or those of the
+ * node it aliases; `restrict_kw` is the language's spelling of restrict. */
+void cg_pointer(cg *c, strbuf *decl, int id, bool out, const char *restrict_kw);
+/* A MATMUL node as BLAS sees it: op(A) [M, K] x op(B) [K, N], `batch` products, aoff/boff the
+ * element offsets of each product's A and B (broadcast batch dims step 0; the caller frees them).
+ * With B shared and A untransposed, the batch folds into M: one product. */
+typedef struct { int ta, tb; int64_t M, N, K, batch, *aoff, *boff; } cg_gemm;
+cg_gemm cg_gemm_of(const tg_graph *g, int id);
+/* A shape as [outer, len, inner] around `axis`. */
+void cg_axis_split(tg_shape s, int axis, int64_t *outer, int64_t *len, int64_t *inner);
+bool cg_is_bound(tg_op op);                    /* INPUT, PARAM, STATE */
+const char *cg_flit(double v, char *buf);      /* a float literal, inf and NaN included */
+/* The helpers generated expressions call (random numbers, GELU), each function declared with
+ * `qualifier` ("static inline" in C, "static __device__ inline" in CUDA). */
+void cg_prelude(strbuf *out, const char *qualifier);
+
+#endif

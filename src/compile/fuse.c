@@ -1,0 +1,79 @@
+/* The scheduler of compiled backends: which nodes get memory (materialized, each computed by a
+ * kernel of its own) and which are computed inside the kernels that read them (inlined).
+ *
+ * Pointwise ops — those whose element at an output coordinate is a function of their sources'
+ * elements at coordinates derived from it — inline into their consumer: chains of elementwise
+ * ops become one loop, movement ops (reshape, permute, expand, narrow, pad) become index
+ * arithmetic, and gathers (embedding, one_hot, take_along_axis, im2col) read through computed
+ * indices. A reduction (sum) reads its inlined producer directly. Everything else (matmul,
+ * softmax, scatters, pooling) reads materialized sources from memory. */
+#include "compile/compile.h"
+
+#include <stdlib.h>
+
+bool fuse_pointwise(tg_op op) {
+    switch (op) {
+    case OP_CONST: case OP_HYPER: case OP_IOTA: case OP_RANDN:
+    case OP_NEG: case OP_ABS: case OP_SQUARE: case OP_SQRT: case OP_RSQRT: case OP_EXP: case OP_LOG:
+    case OP_RELU: case OP_TANH: case OP_SIGMOID: case OP_SIGN: case OP_STEP:
+    case OP_SIN: case OP_COS: case OP_GELU: case OP_GELU_GRAD: case OP_IDENTITY:
+    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MIN: case OP_MAX:
+    case OP_LESS: case OP_GREATER: case OP_EQUAL: case OP_WHERE:
+    case OP_RESHAPE: case OP_PERMUTE: case OP_EXPAND: case OP_SLICE: case OP_PAD:
+    case OP_WHERE_CAUSAL: case OP_DROPOUT:
+    case OP_ONE_HOT: case OP_GATHER_ROWS: case OP_TAKE_ALONG: case OP_IM2COL:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Cheap enough to recompute in every consumer rather than store. */
+static bool trivial(tg_op op) { return op == OP_CONST || op == OP_HYPER || op == OP_IOTA; }
+
+/* Does this consumer read the source through an inlined expression? Pointwise ops and sum do;
+ * the rest read memory. */
+static bool reads_inline(tg_op consumer) { return fuse_pointwise(consumer) || consumer == OP_SUM; }
+
+/* Reshapes and identities only relabel memory: when one must be in memory and its source already
+ * is, it shares the source's buffer (chains resolve to the first buffer). */
+static void find_aliases(const tg_graph *g, const bool *materialized, int *alias) {
+    for (int i = 0; i < g->n; i++) {
+        const tg_node *n = &g->nodes[i];
+        alias[i] = -1;
+        if ((n->op != OP_RESHAPE && n->op != OP_IDENTITY) || !materialized[i]) continue;
+        int s = n->src[0];
+        tg_op sop = g->nodes[s].op;
+        bool in_memory = materialized[s] || sop == OP_INPUT || sop == OP_PARAM || sop == OP_STATE;
+        if (in_memory) alias[i] = alias[s] >= 0 ? alias[s] : s;
+    }
+}
+
+void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bool *materialized, int *alias) {
+    int n = g->n;
+    int *uses = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    bool *memory_read = tg_alloc(sizeof(bool) * (size_t)(n + 1));
+    bool *kept = tg_alloc(sizeof(bool) * (size_t)(n + 1));
+    if (!uses || !memory_read || !kept) fuse = false;   /* no memory to analyse: the unfused schedule, as valid */
+    for (int i = 0; fuse && i < n; i++)
+        for (int k = 0; k < g->nodes[i].nsrc; k++) {
+            int s = g->nodes[i].src[k];
+            uses[s]++;
+            if (!reads_inline(g->nodes[i].op)) memory_read[s] = true;
+        }
+    for (int k = 0; fuse && k < n_keep; k++)
+        if (keep[k] >= 0) kept[keep[k]] = true;
+    for (int k = 0; fuse && k < g->n_assigns; k++) kept[g->assigns[k].src] = true;
+    for (int i = 0; i < n; i++) {
+        tg_op op = g->nodes[i].op;
+        if (op == OP_INPUT || op == OP_PARAM || op == OP_STATE) { materialized[i] = false; continue; }
+        bool inline_ok = fuse && fuse_pointwise(op) && !kept[i] && !memory_read[i] && (uses[i] <= 1 || trivial(op));
+        materialized[i] = !inline_ok;
+    }
+    if (fuse) find_aliases(g, materialized, alias);
+    else
+        for (int i = 0; i < n; i++) alias[i] = -1;
+    free(uses);
+    free(memory_read);
+    free(kept);
+}

@@ -1,0 +1,86 @@
+/* The buffer plan: every computed node gets a place in one arena, and two nodes share memory
+ * when their lifetimes (from their own step to their last consumer's) do not overlap. A node's
+ * output never overlaps its inputs, which are still live when it runs. */
+#include "compile/compile.h"
+
+#include <stdlib.h>
+
+#define ALIGN 16   /* elements: keeps every buffer 64-byte aligned for vector loads of floats */
+
+static bool is_bound(tg_op op) { return op == OP_INPUT || op == OP_PARAM || op == OP_STATE; }
+
+typedef struct { size_t off, size; int last; } live_buf;
+
+/* Lowest offset where `size` fits between the live buffers (kept sorted by offset). */
+static size_t first_fit(const live_buf *live, int n, size_t size) {
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (live[i].off >= at + size) break;
+        if (live[i].off + live[i].size > at) at = live[i].off + live[i].size;
+    }
+    return at;
+}
+
+bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, const int *alias,
+                tg_plan *out) {
+    int n = g->n;
+    int *last = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    live_buf *live = tg_alloc(sizeof(live_buf) * (size_t)(n + 1));
+    out->offset = tg_alloc(sizeof(size_t) * (size_t)(n + 1));
+    out->alias = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    out->arena = 0;
+    if (!last || !live || !out->offset || !out->alias) {
+        free(last);
+        free(live);
+        plan_free(out);
+        return false;
+    }
+    for (int i = 0; i < n; i++) out->alias[i] = alias ? alias[i] : -1;
+    /* A buffer is read last by the last kernel that reads it, directly or through nodes
+     * computed inside that kernel; consumers come after their sources, so one backward sweep
+     * settles it. */
+    for (int i = 0; i < n; i++) last[i] = i;
+    for (int k = 0; k < n_keep; k++)
+        if (keep[k] >= 0) last[keep[k]] = n;
+    for (int k = 0; k < g->n_assigns; k++) last[g->assigns[k].src] = n;
+    for (int i = n - 1; i >= 0; i--) {
+        int reader = (!materialized || materialized[i]) ? i : last[i];
+        for (int k = 0; k < g->nodes[i].nsrc; k++)
+            if (last[g->nodes[i].src[k]] < reader) last[g->nodes[i].src[k]] = reader;
+        if (out->alias[i] >= 0 && last[out->alias[i]] < last[i]) last[out->alias[i]] = last[i];   /* shared buffer */
+    }
+
+    int n_live = 0;
+    for (int i = 0; i < n; i++) {
+        if (is_bound(g->nodes[i].op) || (materialized && !materialized[i])) { out->offset[i] = PLAN_BOUND; continue; }
+        if (out->alias[i] >= 0) { out->offset[i] = out->offset[out->alias[i]]; continue; }
+        int w = 0;   /* drop buffers whose last reader ran before this node */
+        for (int j = 0; j < n_live; j++)
+            if (live[j].last >= i) live[w++] = live[j];
+        n_live = w;
+        size_t size = ((size_t)g->nodes[i].numel + ALIGN - 1) / ALIGN * ALIGN;
+        size_t off = first_fit(live, n_live, size);
+        if (off > PLAN_MAX_ARENA - size) {   /* no machine has that much memory; sizes stay exact */
+            free(last);
+            free(live);
+            plan_free(out);
+            return false;
+        }
+        int pos = n_live;
+        while (pos > 0 && live[pos - 1].off > off) { live[pos] = live[pos - 1]; pos--; }
+        live[pos] = (live_buf){ off, size, last[i] };
+        n_live++;
+        out->offset[i] = off;
+        if (off + size > out->arena) out->arena = off + size;
+    }
+    free(last);
+    free(live);
+    return true;
+}
+
+void plan_free(tg_plan *p) {
+    free(p->offset);
+    free(p->alias);
+    p->offset = NULL;
+    p->alias = NULL;
+}

@@ -1,0 +1,1027 @@
+/* C code generation for the compiled CPU backend: one C function per kernel with every shape
+ * baked in as a constant, and an entry point that runs them in order. Pointwise and sum kernels
+ * are loops around the shared expression engine (expr.h); matrix products and the ops that
+ * read whole rows or scatter (softmax, argmax, scatters, pooling) call library kernels
+ * (cpu_kernels.c) on materialized buffers.
+ *
+ * Beyond fuse.c's schedule (codegen_c_refine): products absorb a following bias add, sum over
+ * their batch or col2im, and read im2col straight from the image; chains of sums become one
+ * reduction; optimizer updates write parameters and state in place. Consecutive pointwise
+ * kernels of one size share a loop (an Adam update is one pass over m, v and p).
+ *
+ * Generated entry: void tg_entry(float *A, void **B, const double *H, void *const *R)
+ *   A arena (plan offsets in floats), B bound leaves by node id, H hyper scalars, R library
+ *   kernels by tgk id. */
+#include "compile/expr.h"
+#include "cpu/cpu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const tg_node *N(const cg *c, int id) { return &c->g->nodes[id]; }
+
+/* The generator's state: the expression engine plus the in-place write-back targets. */
+typedef struct {
+    cg c;                 /* first member: kernels pass &G->c to the engine */
+    const int *inplace;   /* per node: the PARAM/STATE leaf its kernel writes in place, or -1; may be NULL */
+    int roots[64];        /* the outputs of the kernel being generated */
+    int same[64];         /* per root: an earlier root whose buffer (dead by then) it reuses, or -1 */
+    int n_roots;
+    strbuf slots;         /* the current kernel's buffer slots: arena offsets or bound-leaf indices */
+    int n_slots;
+    strbuf call;          /* the current kernel's call, for the entry */
+    char **texts;         /* kernels emitted so far, in canonical form (see end_kernel) */
+    char **names;
+    int n_texts, cap_texts;
+} gen;
+
+static int inplace_of(const gen *G, int id) { return G->inplace ? G->inplace[id] : -1; }
+
+/* The node whose buffer holds node id's values: through the plan's aliases (reshapes and
+ * identities sharing a buffer) and unmaterialized reshapes of absorbed producers. */
+static int view_base(const cg *c, int id) {
+    for (;;) {
+        id = plan_home(c->plan, id);
+        if (c->mat[id] || (N(c, id)->op != OP_RESHAPE && N(c, id)->op != OP_IDENTITY)) return id;
+        id = N(c, id)->src[0];
+    }
+}
+
+/* The same before planning: through fuse.c's aliases and unmaterialized reshapes. */
+static int home_of(const tg_graph *g, const bool *mat, const int *alias, int id) {
+    for (;;) {
+        if (alias[id] >= 0) id = alias[id];
+        if (mat[id] || (g->nodes[id].op != OP_RESHAPE && g->nodes[id].op != OP_IDENTITY)) return id;
+        id = g->nodes[id].src[0];
+    }
+}
+
+/* ----- scheduling refinements (CPU only) -----
+ * On top of fuse.c's schedule:
+ *  - absorbed producers: a sum read only by another sum (one multi-axis reduction), a batched
+ *    product read only by a sum over its batch axis (one accumulating product), a product read
+ *    only by col2im (col2im per image of a scratch product), a product read only by the add of
+ *    a bias (the product kernel adds it), and an im2col read only by products (packed from the
+ *    image, never materialized) are computed by their consumers' kernels: unmaterialized, so the
+ *    plan keeps their sources alive until then;
+ *  - in-place write-backs: an optimizer update whose kernel is the last reader of the parameter
+ *    or state it replaces, reading it only at the element it writes, writes the persistent
+ *    buffer directly; the generated entry returns before the first such kernel when the guard
+ *    (loss + 0 * every gradient) is not finite, so a failed step still leaves parameters and
+ *    optimizer state unchanged. */
+
+/* Does `node` read source k at its own flat index (so an element depends only on the same
+ * element of that source)? */
+static bool same_index(const tg_graph *g, int node, int k) {
+    const tg_node *n = &g->nodes[node], *s = &g->nodes[n->src[k]];
+    switch (n->op) {
+    case OP_NEG: case OP_ABS: case OP_SQUARE: case OP_SQRT: case OP_RSQRT: case OP_EXP: case OP_LOG:
+    case OP_RELU: case OP_TANH: case OP_SIGMOID: case OP_SIGN: case OP_STEP: case OP_SIN: case OP_COS:
+    case OP_GELU: case OP_GELU_GRAD: case OP_IDENTITY: case OP_RESHAPE: case OP_DROPOUT:
+        return true;
+    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MIN: case OP_MAX: case OP_LESS: case OP_GREATER:
+    case OP_EQUAL: case OP_WHERE: case OP_EXPAND: {
+        if (s->shape.ndim != n->shape.ndim) return false;
+        for (int i = 0; i < n->shape.ndim; i++)
+            if (s->shape.d[i] != n->shape.d[i]) return false;
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
+/* Are all reads of `target` in the expression of `node` (inlined below `root`) at root's flat
+ * index? `same`: node is evaluated at root's flat index. */
+static bool reads_same_index(const tg_graph *g, const bool *mat, int root, int node, int target, bool same) {
+    if (node == target) return same;
+    const tg_node *n = &g->nodes[node];
+    if (node != root && (mat[node] || cg_is_bound(n->op))) return true;
+    for (int k = 0; k < n->nsrc; k++)
+        if (!reads_same_index(g, mat, root, n->src[k], target, same && same_index(g, node, k))) return false;
+    return true;
+}
+
+enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS_COL = 16 };   /* cpu_kernels.c k_matmul */
+
+/* Is the ADD node `add` a product (operand k, through views, node mm) plus a bias that the
+ * product kernel can add: the other operand, in memory (node *bias, through views: home(o)),
+ * one value per row or per column of every product matrix? Returns MM_BIAS_ROW, MM_BIAS_COL or
+ * 0. */
+static int bias_of(const tg_graph *g, int add, int k, int mm, int bias_home, bool bias_in_memory) {
+    const tg_node *a = &g->nodes[add], *m = &g->nodes[mm], *on = &g->nodes[a->src[1 - k]];
+    if (a->dtype != TG_FLOAT32 || m->numel != a->numel || on->dtype != TG_FLOAT32 || !bias_in_memory ||
+        g->nodes[bias_home].numel != on->numel)
+        return 0;
+    int r = a->shape.ndim, rm = m->shape.ndim;
+    int64_t M = m->shape.d[rm - 2], N = m->shape.d[rm - 1];
+    /* The dims of the add that make up a product row (N) and the rows (M). */
+    int lo[2], hi[2], d = r - 1;
+    int64_t want[2] = { N, M };
+    for (int part = 0; part < 2; part++) {
+        int64_t p = 1;
+        hi[part] = d;
+        while (p < want[part] && d >= 0) p *= a->shape.d[d--];
+        if (p != want[part] || d == hi[part]) return 0;
+        lo[part] = d + 1;
+    }
+    tg_shape os = on->shape;
+    for (int part = 0; part < 2; part++) {   /* columns first: the bias varies only within the part */
+        bool ok = true;
+        for (int q = 0; q < r && ok; q++) {
+            int oq = q - (r - os.ndim);
+            int64_t od = oq >= 0 ? os.d[oq] : 1;
+            bool inside = q >= lo[part] && q <= hi[part];
+            ok = inside ? od == a->shape.d[q] : od == 1;
+        }
+        if (ok) return part == 0 ? MM_BIAS_COL : MM_BIAS_ROW;
+    }
+    return 0;
+}
+
+/* Unmaterialize node i, absorbed by its consumer; the views (aliases) on the way to it too. */
+static void absorb(const tg_graph *g, bool *mat, int *alias, int i) {
+    mat[i] = false;
+    alias[i] = -1;
+    for (int u = i + 1; u < g->n; u++)
+        if (alias[u] == i || (g->nodes[u].op == OP_RESHAPE && g->nodes[u].src[0] == i && !mat[u])) {
+            mat[u] = false;
+            alias[u] = -1;
+        }
+}
+
+void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *mat, int *alias, int *inplace) {
+    int n = g->n;
+    int *uses = tg_alloc(sizeof(int) * (size_t)(n + 1)), *user = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    int *last = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    bool *kept = tg_alloc(sizeof(bool) * (size_t)(n + 1));
+    for (int i = 0; i < n; i++) inplace[i] = -1;
+    if (!uses || !user || !last || !kept) {   /* the schedule stays unrefined; the caller sees the failure */
+        free(uses);
+        free(user);
+        free(last);
+        free(kept);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < g->nodes[i].nsrc; k++) {
+            uses[g->nodes[i].src[k]]++;
+            user[g->nodes[i].src[k]] = i;
+        }
+    for (int k = 0; k < n_keep; k++)
+        if (keep[k] >= 0) kept[keep[k]] = true;
+    for (int k = 0; k < g->n_assigns; k++) kept[g->assigns[k].src] = true;
+    if (g->output >= 0 && g->output < n) kept[g->output] = true;
+
+    /* Sums read only by a sum. */
+    for (int i = 0; i < n; i++) {
+        if (g->nodes[i].op != OP_SUM || !mat[i] || kept[i] || uses[i] != 1) continue;
+        int u = user[i];
+        if (g->nodes[u].op == OP_SUM && mat[u] && alias[u] < 0 && g->nodes[u].src[0] == i) absorb(g, mat, alias, i);
+    }
+    /* Batched products read only by a sum over their one batch axis. */
+    for (int i = 0; i < n; i++) {
+        const tg_node *nd = &g->nodes[i];
+        if (nd->op != OP_MATMUL || !mat[i] || kept[i] || uses[i] != 1 || nd->shape.ndim != 3) continue;
+        int u = user[i];
+        if (g->nodes[u].op == OP_SUM && mat[u] && g->nodes[u].axis == 0 && g->nodes[u].src[0] == i) absorb(g, mat, alias, i);
+    }
+    /* Products read only by col2im (a convolution's input gradient). */
+    for (int i = 0; i < n; i++) {
+        const tg_node *nd = &g->nodes[i];
+        if (nd->op != OP_COL2IM || !mat[i]) continue;
+        int m = nd->src[0];
+        if (g->nodes[m].op == OP_MATMUL && mat[m] && !kept[m] && uses[m] == 1 && g->nodes[m].shape.ndim == 3)
+            absorb(g, mat, alias, m);
+    }
+    /* Products read only by the add of a bias. */
+    for (int i = 0; i < n; i++) {
+        const tg_node *nd = &g->nodes[i];
+        if (nd->op != OP_ADD || !mat[i] || alias[i] >= 0) continue;
+        for (int k = 0; k < 2; k++) {
+            int m = nd->src[k];
+            bool single = true;   /* each view on the way read only here */
+            while ((g->nodes[m].op == OP_RESHAPE || g->nodes[m].op == OP_IDENTITY) && (alias[m] >= 0 || !mat[m])) {
+                single &= uses[m] == 1 && !kept[m];
+                m = g->nodes[m].src[0];
+            }
+            int o = home_of(g, mat, alias, nd->src[1 - k]);
+            bool in_memory = mat[o] || cg_is_bound(g->nodes[o].op);
+            if (single && g->nodes[m].op == OP_MATMUL && mat[m] && !kept[m] && uses[m] == 1 &&
+                home_of(g, mat, alias, nd->src[1 - k]) != m && bias_of(g, i, k, m, o, in_memory)) {
+                absorb(g, mat, alias, m);
+                break;
+            }
+        }
+    }
+    /* im2col read only as the second operand of products. */
+    for (int i = 0; i < n; i++) {
+        const tg_node *nd = &g->nodes[i];
+        if (nd->op != OP_IM2COL || !mat[i] || kept[i] || uses[i] == 0) continue;
+        int x = home_of(g, mat, alias, nd->src[0]);
+        bool ok = (mat[x] || cg_is_bound(g->nodes[x].op)) && g->nodes[x].dtype == TG_FLOAT32;
+        for (int u = i + 1; ok && u < n; u++) {
+            const tg_node *nu = &g->nodes[u];
+            for (int k = 0; k < nu->nsrc; k++)
+                if (nu->src[k] == i && !(nu->op == OP_MATMUL && k == 1 && nu->src[0] != i)) ok = false;
+        }
+        if (ok) absorb(g, mat, alias, i);
+    }
+
+    /* In-place write-backs. last[i]: the last node whose kernel reads i's buffer. */
+    for (int i = 0; i < n; i++) last[i] = kept[i] ? n : i;
+    for (int i = n - 1; i >= 0; i--) {
+        int reader = mat[i] ? i : last[i];
+        for (int k = 0; k < g->nodes[i].nsrc; k++)
+            if (last[g->nodes[i].src[k]] < reader) last[g->nodes[i].src[k]] = reader;
+        if (alias[i] >= 0 && last[alias[i]] < last[i]) last[alias[i]] = last[i];
+    }
+    int guard = g->guard;
+    bool guard_ok = g->n_assigns > 0 && guard >= 0 && guard < n && mat[guard] && alias[guard] < 0 &&
+                    g->nodes[guard].numel == 1 && g->nodes[guard].dtype == TG_FLOAT32;
+    for (int k = 0; guard_ok && k < g->n_assigns; k++) {
+        int dst = g->assigns[k].dst, src = g->assigns[k].src;
+        const tg_node *ns = &g->nodes[src], *nd = &g->nodes[dst];
+        bool absorbs = false;   /* an add computed by a product kernel */
+        for (int q = 0; q < ns->nsrc && ns->op == OP_ADD; q++) {
+            int m = home_of(g, mat, alias, ns->src[q]);
+            absorbs |= !mat[m] && g->nodes[m].op == OP_MATMUL;
+        }
+        bool ok = !absorbs && mat[src] && alias[src] < 0 && fuse_pointwise(ns->op) && ns->numel == nd->numel &&
+                  ns->dtype == nd->dtype && src > guard && (nd->op == OP_PARAM || nd->op == OP_STATE) && last[dst] <= src;
+        for (int j = 0; ok && j < n_keep; j++) ok = keep[j] != src;
+        for (int j = 0; ok && j < g->n_assigns; j++)
+            if (j != k) ok = g->assigns[j].src != src && g->assigns[j].dst != dst;
+        if (ok && reads_same_index(g, mat, src, src, dst, true)) inplace[src] = dst;
+    }
+    free(uses);
+    free(user);
+    free(last);
+    free(kept);
+}
+
+/* ----- kernels ----- */
+
+/* Declare P<id>: the memory of the node that holds id's values (view_base), or the leaf that
+ * node's kernel writes in place; the address comes from the kernel's slot table q (an arena
+ * offset or a bound-leaf index), so that kernels alike but for their buffers share one function. */
+static void pointer(gen *G, strbuf *decl, int id, bool out) {
+    cg *c = &G->c;
+    int home = view_base(c, id);
+    const tg_node *n = N(c, id);
+    const char *t = cg_ctype(n), *q = out ? "" : "const ";
+    int dst = inplace_of(G, home), k = G->n_slots++;
+    if (dst >= 0 || cg_is_bound(N(c, home)->op)) {
+        sb_printf(decl, "    %s%s *restrict P%d = (%s%s *)B[q[%d]];\n", q, t, id, q, t, k);
+        sb_printf(&G->slots, "%s%d", k ? ", " : "", dst >= 0 ? dst : home);
+    } else {
+        sb_printf(decl, "    %s%s *restrict P%d = (%s%s *)(A + q[%d]);\n", q, t, id, q, t, k);
+        sb_printf(&G->slots, "%s%zu", k ? ", " : "", c->plan->offset[home]);
+    }
+}
+
+/* Node names P<id> renumbered by first appearance (P_0, P_1, ...): the text of a kernel up to
+ * which nodes it touches. */
+static char *canonical(const char *text) {
+    strbuf out = { 0 };
+    int *ids = NULL, n_ids = 0, cap = 0;
+    sb_printf(&out, "%s", "");
+    for (const char *p = text; *p;) {
+        bool start = p == text || !(p[-1] == '_' || (p[-1] >= '0' && p[-1] <= '9') || (p[-1] >= 'a' && p[-1] <= 'z') ||
+                                    (p[-1] >= 'A' && p[-1] <= 'Z'));
+        if (start && p[0] == 'P' && p[1] >= '0' && p[1] <= '9') {
+            char *end;
+            long id = strtol(p + 1, &end, 10);
+            int k = 0;
+            while (k < n_ids && ids[k] != id) k++;
+            if (k == n_ids && n_ids == cap) {
+                int *grown = tg_realloc(ids, sizeof(int) * (size_t)(cap ? 2 * cap : 64));
+                if (!grown) break;   /* out of memory: the output is discarded (alloc_failures) */
+                ids = grown;
+                cap = cap ? 2 * cap : 64;
+            }
+            if (k == n_ids) ids[n_ids++] = (int)id;
+            sb_printf(&out, "P_%d", k);
+            p = end;
+        } else {
+            const char *q = p + 1;
+            while (*q && *q != 'P') q++;
+            sb_printf(&out, "%.*s", (int)(q - p), p);
+            p = q;
+        }
+    }
+    free(ids);
+    return sb_take(&out);
+}
+
+/* Room for one more kernel text and name. */
+static bool grow_texts(gen *G) {
+    if (G->n_texts < G->cap_texts) return true;
+    int cap = G->cap_texts ? 2 * G->cap_texts : 64;
+    char **texts = tg_realloc(G->texts, sizeof(char *) * (size_t)cap);
+    if (texts) G->texts = texts;
+    char **names = texts ? tg_realloc(G->names, sizeof(char *) * (size_t)cap) : NULL;
+    if (names) G->names = names;
+    if (!names) return false;
+    G->cap_texts = cap;
+    return true;
+}
+
+/* The kernel: pointer declarations (its outputs, then every buffer its body read; a leaf that an
+ * output replaces in place is read through that output's pointer, by a macro, so that the
+ * vectorizer sees one pointer), then head, body and tail. A parallel kernel declares its pointers
+ * inside the OpenMP region, where `restrict` survives outlining (the compiler then needs no
+ * run-time alias checks), and shares its loop (the first line of head) among the threads. */
+static void end_kernel(gen *G, bool parallel, const char *head, const char *tail) {
+    cg *c = &G->c;
+    strbuf decl = { 0 }, undef = { 0 }, text = { 0 };
+    for (int r = 0; r < G->n_roots; r++) {
+        if (G->same[r] >= 0) {   /* one pointer for one buffer, so that the compiler orders the accesses */
+            sb_printf(&decl, "#define P%d P%d\n", G->roots[r], G->same[r]);
+            sb_printf(&undef, "#undef P%d\n", G->roots[r]);
+        } else {
+            pointer(G, &decl, G->roots[r], true);
+        }
+    }
+    for (int i = 0; i < c->g->n; i++) {
+        if (!c->used[i]) continue;
+        bool is_root = false;   /* a row kernel reads what it wrote for the same row */
+        for (int r = 0; r < G->n_roots; r++) is_root |= G->roots[r] == i;
+        if (is_root) continue;
+        int writer = -1;
+        for (int r = 0; r < G->n_roots; r++)
+            if (inplace_of(G, G->roots[r]) == i) writer = G->roots[r];
+        if (writer >= 0) {
+            sb_printf(&decl, "#define P%d P%d\n", i, writer);
+            sb_printf(&undef, "#undef P%d\n", i);
+        } else {
+            pointer(G, &decl, i, false);
+        }
+    }
+    if (parallel) sb_printf(&text, "  #pragma omp parallel\n  {\n%s    #pragma omp for schedule(static) nowait\n", decl.s ? decl.s : "");
+    else sb_printf(&text, "%s", decl.s ? decl.s : "");
+    sb_printf(&text, "%s%s%s%s%s", head ? head : "", sb_str(&c->body), tail ? tail : "", parallel ? "  }\n" : "", sb_str(&undef));
+    /* Kernels alike but for their buffers (a model's repeated layers, the optimizer's updates of
+     * parameters of one shape) share one function: less code to compile. */
+    char *canon = canonical(sb_str(&text)), buf[32];
+    const char *name = NULL;
+    for (int k = 0; canon && k < G->n_texts && !name; k++)
+        if (strcmp(G->texts[k], canon) == 0) name = G->names[k];
+    snprintf(buf, sizeof buf, "k%d", G->roots[0]);
+    if (!canon || name) {   /* out of memory (the output is discarded: see alloc_failures), or a twin */
+        free(canon);
+    } else if (grow_texts(G)) {
+        G->texts[G->n_texts] = canon;
+        G->names[G->n_texts] = tg_strdup(buf);
+        name = G->names[G->n_texts++];
+        sb_printf(c->out, "static void %s(float *A, void **B, const double *H, void *const *R, const int64_t *q) {\n%s}\n\n",
+                  buf, canon);
+    } else {
+        free(canon);
+    }
+    G->call.len = 0;
+    if (G->call.s) G->call.s[0] = 0;
+    sb_printf(&G->call, "    { static const int64_t q[] = { %s }; %s(A, B, H, R, q); }\n", G->slots.s ? G->slots.s : "0",
+              name ? name : buf);
+    free(decl.s);
+    free(undef.s);
+    free(text.s);
+}
+
+static void begin(gen *G, int root) {
+    cg_begin(&G->c, root);
+    G->c.ntmp = 0;   /* temporaries numbered per kernel: alike kernels read alike */
+    G->roots[0] = root;
+    G->n_roots = 1;
+    for (int r = 0; r < 64; r++) G->same[r] = -1;
+    G->slots.len = 0;
+    if (G->slots.s) G->slots.s[0] = 0;
+    G->n_slots = 0;
+}
+
+/* Shapes are constants, so whether a loop is worth threads is decided here: small kernels get
+ * no OpenMP region at all (each region is an outlined function the compiler must build). */
+static bool omp(const cg *c, int64_t work) { return work >= c->parallel_min; }
+
+/* Loop indices are 32-bit unsigned where the kernel allows it, so that the divisions and
+ * remainders by constants that turn flat indices into coordinates vectorize (there is no 64-bit
+ * vector multiply-high). Not where a coordinate equal to the flat index could be offset below
+ * zero (pad). */
+static bool has_pad(const cg *c, int node, int root, int depth) {
+    const tg_node *n = N(c, node);
+    if (node != root && (c->mat[node] || cg_is_bound(n->op))) return false;
+    if (n->op == OP_PAD || depth > 64) return true;
+    for (int k = 0; k < n->nsrc; k++)
+        if (has_pad(c, n->src[k], root, depth + 1)) return true;
+    return false;
+}
+
+static const char *index_type(const cg *c, int root, int64_t numel) {
+    return numel < ((int64_t)1 << 31) && !has_pad(c, root, root, 0) ? "uint32_t" : "int64_t";
+}
+
+/* Do two nodes' buffers (as the kernel addresses them) overlap? */
+static bool overlap(gen *G, int a, int b) {
+    cg *c = &G->c;
+    a = view_base(c, a);
+    b = view_base(c, b);
+    if (a == b) return true;
+    int da = inplace_of(G, a), db = inplace_of(G, b);
+    int ka = da >= 0 ? da : cg_is_bound(N(c, a)->op) ? a : -1, kb = db >= 0 ? db : cg_is_bound(N(c, b)->op) ? b : -1;
+    if (ka >= 0 || kb >= 0) return ka == kb;
+    size_t oa = c->plan->offset[a], ob = c->plan->offset[b];
+    return oa < ob + (size_t)N(c, b)->numel && ob < oa + (size_t)N(c, a)->numel;
+}
+
+/* The product an ADD node absorbed (refinement: the product adds the bias), or -1. */
+static int bias_product(const cg *c, int id) {
+    const tg_node *n = N(c, id);
+    if (n->op != OP_ADD || !c->mat[id]) return -1;
+    for (int k = 0; k < 2; k++) {
+        int m = view_base(c, n->src[k]);
+        if (!c->mat[m] && N(c, m)->op == OP_MATMUL) return m;
+    }
+    return -1;
+}
+
+/* Does the kernel of `root` read `target` from memory (directly or through inlined nodes)? */
+static bool expr_reads(const cg *c, int root, int node, int target) {
+    if (node == target && node != root) return true;
+    const tg_node *n = N(c, node);
+    if (node != root && (c->mat[node] || cg_is_bound(n->op))) return false;
+    for (int k = 0; k < n->nsrc; k++)
+        if (expr_reads(c, root, n->src[k], target)) return true;
+    return false;
+}
+
+/* Can the roots so far run as one loop? In-place roots only with in-place roots, no root read
+ * from memory (a later root reads an earlier one only at its own element, from the memo), no
+ * buffer read overlapping a buffer written, no two outputs overlapping, and a leaf replaced in
+ * place read only by the root replacing it. */
+static bool group_ok(gen *G) {
+    cg *c = &G->c;
+    /* In-place roots run only after a finite guard (the entry returns before them otherwise):
+     * nothing else may share their loop, so that a failed step still computes the gradients. */
+    int n_inplace = 0;
+    for (int k = 0; k < G->n_roots; k++) n_inplace += inplace_of(G, G->roots[k]) >= 0;
+    if (n_inplace != 0 && n_inplace != G->n_roots) return false;
+    for (int k = 0; k < G->n_roots; k++)
+        for (int j = 0; j < k; j++)
+            if (overlap(G, G->roots[k], G->roots[j])) return false;
+    for (int i = 0; i < c->g->n; i++) {
+        if (!c->used[i]) continue;
+        for (int k = 0; k < G->n_roots; k++) {
+            int w = G->roots[k];
+            if (i == w) return false;
+            if (inplace_of(G, w) == i) {
+                for (int j = 0; j < G->n_roots; j++)
+                    if (j != k && expr_reads(c, G->roots[j], G->roots[j], i)) return false;
+            } else if (overlap(G, i, w)) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+static bool group_fits(void *G) { return group_ok(G); }
+
+/* One loop over the elements of several pointwise nodes of equal size: `first`, then each of
+ * next[] in order while it can join (returned: how many joined). */
+static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
+    cg *c = &G->c;
+    const tg_node *n = N(c, first);
+    begin(G, first);
+    const char *it = index_type(c, first, n->numel);
+    cg_root_line(c, first);
+    int joined = 0;
+    for (int q = 0; q < n_next && G->n_roots < 64; q++) {
+        int r = next[q];
+        const tg_node *nr = N(c, r);
+        if (!fuse_pointwise(nr->op) || nr->numel != n->numel || strcmp(index_type(c, r, nr->numel), it) != 0 ||
+            bias_product(c, r) >= 0)
+            break;
+        G->roots[G->n_roots++] = r;
+        if (!cg_try_root(c, r, group_fits, G)) {
+            G->n_roots--;
+            break;
+        }
+        joined++;
+    }
+    c->root = first;
+    char head[256];
+    snprintf(head, sizeof head, "    for (%s i = 0; i < %lld; i++) {\n", it, (long long)n->numel);
+    end_kernel(G, omp(c, n->numel * G->n_roots), head, "    }\n");
+    return joined;
+}
+
+/* The product behind a reduction's source, when it is an absorbed batched product. */
+static void matmul_call(gen *G, int id, int mm, int flags);
+
+/* Sum over one or more axes of an inlined producer (a chain of sums the refinement left to this
+ * kernel). The source's axes, merged where adjacent ones are alike, alternate between kept and
+ * reduced groups; the loops follow memory order. When the innermost group is reduced, each
+ * output is one accumulator over a vectorized inner loop; when it is kept, a row of
+ * accumulators is updated by a vectorized loop along it. Accumulation in double. */
+static void sum_kernel(gen *G, int id) {
+    cg *c = &G->c;
+    const tg_node *n = N(c, id);
+    bool red[TG_MAX_DIMS] = { false };
+    red[n->axis] = true;
+    int x = n->src[0];
+    while (!c->mat[x] && N(c, x)->op == OP_SUM) {
+        red[N(c, x)->axis] = true;
+        x = N(c, x)->src[0];
+    }
+    if (!c->mat[x] && N(c, x)->op == OP_MATMUL) {   /* an absorbed product: one accumulating call */
+        matmul_call(G, id, x, MM_REDUCE);
+        return;
+    }
+    const tg_node *s = N(c, x);
+    /* Merged groups: size, stride in the source, reduced. */
+    int ng = 0;
+    int64_t gsize[TG_MAX_DIMS], gstride[TG_MAX_DIMS];
+    bool gred[TG_MAX_DIMS];
+    for (int k = 0; k < s->shape.ndim; k++) {
+        if (s->shape.d[k] == 1) continue;
+        int64_t st = 1;
+        for (int j = k + 1; j < s->shape.ndim; j++) st *= s->shape.d[j];
+        if (ng > 0 && gred[ng - 1] == red[k]) {
+            gsize[ng - 1] *= s->shape.d[k];
+            gstride[ng - 1] = st;
+        } else {
+            gsize[ng] = s->shape.d[k];
+            gstride[ng] = st;
+            gred[ng++] = red[k];
+        }
+    }
+    begin(G, id);
+    const char *ct = cg_ctype(n);
+    const char *it = s->numel < ((int64_t)1 << 31) && !has_pad(c, x, -1, 0) ? "uint32_t" : "int64_t";
+    bool inner_kept = ng > 0 && !gred[ng - 1];
+    int64_t out = n->numel, J = inner_kept ? gsize[ng - 1] : 1, JB = J > 512 ? 512 : J;
+    int64_t nb = (J + JB - 1) / JB, rows = out / J;
+    int nkept = inner_kept ? ng - 1 : ng;   /* groups handled by the outer loop (kept ones) */
+    strbuf head = { 0 }, tail = { 0 };
+    int64_t total = s->numel;
+    bool parallel = rows * nb > 1 && omp(c, total);
+    sb_printf(&head, "    for (int64_t ob = 0; ob < %lld; ob++) {\n", (long long)(rows * nb));
+    sb_printf(&head, "      const int64_t o = ob / %lld, jb = (ob %% %lld) * %lld;\n", (long long)nb, (long long)nb,
+              (long long)JB);
+    /* Kept coordinates of the outer loop: o is their row-major index. */
+    sb_printf(&head, "      int64_t base = 0;\n");
+    {
+        int64_t after = 1;
+        for (int k = nkept - 1; k >= 0; k--) {
+            if (gred[k]) continue;
+            sb_printf(&head, "      base += ((o / %lld) %% %lld) * %lld;\n", (long long)after, (long long)gsize[k],
+                      (long long)gstride[k]);
+            after *= gsize[k];
+        }
+    }
+    if (inner_kept) {
+        sb_printf(&head, "      double acc[%lld];\n      for (int64_t j = 0; j < %lld; j++) acc[j] = 0;\n", (long long)JB,
+                  (long long)JB);
+        sb_printf(&head, "      const int64_t jn = %lld - jb < %lld ? %lld - jb : %lld;\n", (long long)J, (long long)JB,
+                  (long long)J, (long long)JB);
+    } else {
+        sb_printf(&head, "      double acc = 0;\n");
+    }
+    /* Reduced groups: nested loops, the innermost reduced group last (vectorized when it is the
+     * innermost group of all). */
+    int last_red = -1;
+    for (int k = 0; k < ng; k++)
+        if (gred[k]) last_red = k;
+    int depth = 0;
+    char off[512] = "base";
+    for (int k = 0; k < ng; k++) {
+        if (!gred[k]) continue;
+        bool vec = !inner_kept && k == last_red;
+        if (vec) sb_printf(&head, "      #pragma omp simd reduction(+:acc)\n");
+        sb_printf(&head, "      for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", k, k, (long long)gsize[k], k);
+        size_t len = strlen(off);
+        snprintf(off + len, sizeof off - len, " + r%d * %lld", k, (long long)gstride[k]);
+        depth++;
+    }
+    if (inner_kept) {
+        sb_printf(&head, "      #pragma omp simd\n      for (int64_t j = 0; j < jn; j++) {\n");
+        size_t len = strlen(off);
+        snprintf(off + len, sizeof off - len, " + jb + j");
+        depth++;
+    }
+    cg_line(c, "const %s xf = (%s)(%s);", it, it, off);
+    const char *v = cg_value(c, x, "xf");
+    if (inner_kept) cg_line(c, "acc[j] += (double)%s;", v);
+    else cg_line(c, "acc += (double)%s;", v);
+    for (int k = 0; k < depth; k++) sb_printf(&tail, "      }\n");
+    if (inner_kept)
+        sb_printf(&tail, "      for (int64_t j = 0; j < jn; j++) P%d[o * %lld + jb + j] = (%s)acc[j];\n", id, (long long)J, ct);
+    else
+        sb_printf(&tail, "      P%d[o] = (%s)acc;\n", id, ct);
+    sb_printf(&tail, "    }\n");
+    end_kernel(G, parallel, head.s, tail.s);
+    free(head.s);
+    free(tail.s);
+}
+
+/* ----- row kernels -----
+ * A sum along the last axis of an [R, L] source, then the kernels after it that work row by row
+ * (elementwise over [R, L], or over the R row values), as one loop over rows: each row is read
+ * from memory once and its later passes hit the cache. Layer norm (mean, centre, variance,
+ * scale) and the backward passes of layer norm and softmax are such chains. */
+
+enum { ROW_ELEMS, ROW_VALUES, ROW_SUM };
+
+/* [R, L] when node id is a materialized sum over the last axis of its (inlined or materialized)
+ * source, with the kept axes in front. */
+static bool row_sum(const cg *c, int id, int64_t *R, int64_t *L) {
+    const tg_node *n = N(c, id);
+    if (n->op != OP_SUM || !c->mat[id] || plan_home(c->plan, id) != id) return false;
+    const tg_node *s = N(c, n->src[0]);
+    if (!c->mat[n->src[0]] && (s->op == OP_SUM || s->op == OP_MATMUL)) return false;   /* absorbed producers */
+    for (int k = n->axis + 1; k < s->shape.ndim; k++)
+        if (s->shape.d[k] != 1) return false;
+    *L = s->shape.d[n->axis];
+    *R = s->numel / *L;
+    return *L >= 2 && s->numel < ((int64_t)1 << 31);
+}
+
+/* The row role of kernel id in an [R, L] row kernel, or -1. */
+static int row_role(gen *G, int id, int64_t R, int64_t L) {
+    const cg *c = &G->c;
+    const tg_node *n = N(c, id);
+    int64_t r, l;
+    if (row_sum(c, id, &r, &l)) return r == R && l == L ? ROW_SUM : -1;
+    if (!fuse_pointwise(n->op) || inplace_of(G, id) >= 0 || bias_product(c, id) >= 0 || has_pad(c, id, id, 0)) return -1;
+    return n->numel == R * L ? ROW_ELEMS : n->numel == R ? ROW_VALUES : -1;
+}
+
+/* Does `node` (evaluated in `state`: 0 element (r, j) of an [R, L] value, 1 row r of an [R] value,
+ * -1 elsewhere) read `target` (an [R, L] or [R] member of the row kernel) only within row r? */
+static bool row_local(const cg *c, int root, int node, int target, int state, int64_t R, int64_t L) {
+    if (node == target) return N(c, node)->numel == R * L ? state == 0 : state == 1;
+    const tg_node *n = N(c, node);
+    if (node != root && (c->mat[node] || cg_is_bound(n->op))) return true;
+    for (int k = 0; k < n->nsrc; k++) {
+        const tg_node *sk = N(c, n->src[k]);
+        int st = -1;
+        if (state >= 0 && same_index(c->g, node, k)) {
+            st = state;
+        } else if (state == 0 && n->shape.d[n->shape.ndim - 1] == L && sk->shape.ndim == n->shape.ndim &&
+                   sk->shape.d[sk->shape.ndim - 1] == 1 && n->op != OP_PERMUTE) {
+            bool rows = true;   /* a broadcast along the last axis only: the source's flat index is r */
+            for (int d = 0; d + 1 < n->shape.ndim; d++) rows &= sk->shape.d[d] == n->shape.d[d];
+            if (rows && (n->op == OP_EXPAND || n->op == OP_ADD || n->op == OP_SUB || n->op == OP_MUL || n->op == OP_DIV ||
+                         n->op == OP_MIN || n->op == OP_MAX || n->op == OP_LESS || n->op == OP_GREATER ||
+                         n->op == OP_EQUAL || n->op == OP_WHERE))
+                st = 1;
+        }
+        if (!row_local(c, root, n->src[k], target, st, R, L)) return false;
+    }
+    return true;
+}
+
+/* In the body of member m (elements of row r), reads of the row values of earlier members are
+ * at row r (row_local checked it): say so, since the compiler cannot see it through the
+ * coordinate arithmetic (it would gather). */
+static void at_row(cg *c, const int *members, const int *roles, int m) {
+    for (int e = 0; e < m; e++) {
+        if (roles[e] == ROW_ELEMS || !c->body.s) continue;
+        char pat[32];
+        int len = snprintf(pat, sizeof pat, "P%d[", members[e]);
+        for (char *at = strstr(c->body.s, pat); at; at = strstr(at + len, pat)) {
+            char *end = strchr(at + len, ']');
+            if (!end) break;
+            memmove(at + len + 1, end, strlen(end) + 1);
+            at[len] = 'r';
+        }
+    }
+    c->body.len = c->body.s ? strlen(c->body.s) : 0;
+}
+
+/* The row kernel starting at the sum order[0]; returns how many of order[] it took (0: none). */
+static int row_kernel(gen *G, const int *order, int n_order) {
+    cg *c = &G->c;
+    int64_t R, L;
+    if (!row_sum(c, order[0], &R, &L)) return 0;
+    int members[64], roles[64], nm = 0;
+    for (int q = 0; q < n_order && nm < 64; q++) {
+        int id = order[q], role = row_role(G, id, R, L);
+        if (role < 0) break;
+        bool ok = true;
+        for (int e = 0; e < nm && ok; e++) {
+            int start = role == ROW_SUM ? N(c, id)->src[0] : id;
+            ok = row_local(c, id, start, members[e], role == ROW_VALUES ? 1 : 0, R, L);
+        }
+        if (!ok) break;
+        members[nm] = id;
+        roles[nm++] = role;
+    }
+    if (nm < 2) return 0;
+    /* The bodies, one loop each inside the loop over rows; a member that reads memory a later
+     * member writes (other than another member) ends the kernel before that member. */
+    for (;;) {
+        begin(G, members[0]);
+        G->n_roots = 0;
+        strbuf text = { 0 };
+        for (int m = 0; m < nm; m++) {
+            int id = members[m];
+            G->roots[G->n_roots++] = id;
+            c->root = id;
+            c->n_memo = 0;
+            c->body.len = 0;
+            if (c->body.s) c->body.s[0] = 0;
+            if (roles[m] == ROW_SUM) {
+                cg_line(c, "const uint32_t xf = r * %lldu + j;", (long long)L);
+                cg_line(c, "acc += (double)%s;", cg_value(c, N(c, id)->src[0], "xf"));
+                at_row(c, members, roles, m);
+                sb_printf(&text, "      {\n      double acc = 0;\n      #pragma omp simd reduction(+:acc)\n"
+                                 "      for (uint32_t j = 0; j < %lldu; j++) {\n%s      }\n      P%d[r] = (%s)acc;\n      }\n",
+                          (long long)L, sb_str(&c->body), id, cg_ctype(N(c, id)));
+            } else if (roles[m] == ROW_ELEMS) {
+                cg_line(c, "const uint32_t i = r * %lldu + j;", (long long)L);
+                cg_line(c, "P%d[i] = %s;", id, cg_root_value(c, "i"));
+                at_row(c, members, roles, m);
+                sb_printf(&text, "      for (uint32_t j = 0; j < %lldu; j++) {\n%s      }\n", (long long)L, sb_str(&c->body));
+            } else {
+                cg_line(c, "P%d[r] = %s;", id, cg_root_value(c, "r"));
+                sb_printf(&text, "      {\n%s      }\n", sb_str(&c->body));
+            }
+        }
+        bool ok = true;
+        for (int i = 0; i < c->g->n && ok; i++) {
+            if (!c->used[i]) continue;
+            bool member = false;
+            for (int m = 0; m < nm; m++) member |= members[m] == i;
+            for (int m = 0; m < nm && ok && !member; m++) ok = !overlap(G, i, members[m]);
+        }
+        /* Members' buffers are apart, or a later one reuses exactly the buffer of an earlier one
+         * that no member after it reads (the plan freed it): row by row, the reads come first. */
+        for (int m = 0; m < nm && ok; m++)
+            for (int k = 0; k < m && ok; k++) {
+                if (!overlap(G, members[m], members[k])) continue;
+                ok = c->plan->offset[members[m]] == c->plan->offset[members[k]] &&
+                     N(c, members[m])->numel == N(c, members[k])->numel;
+                for (int later = m + 1; later < nm && ok; later++) {
+                    int start = roles[later] == ROW_SUM ? N(c, members[later])->src[0] : members[later];
+                    ok = !expr_reads(c, members[later], start, members[k]) && start != members[k];
+                }
+                if (ok && G->same[m] < 0) G->same[m] = G->same[k] >= 0 ? G->same[k] : members[k];
+            }
+        if (!ok) {
+            free(text.s);
+            if (--nm < 2) return 0;
+            continue;
+        }
+        c->body.len = 0;
+        if (c->body.s) c->body.s[0] = 0;
+        c->root = members[0];
+        char head[128];
+        snprintf(head, sizeof head, "    for (uint32_t r = 0; r < %lldu; r++) {\n", (long long)R);
+        sb_printf(&c->body, "%s", sb_str(&text));
+        free(text.s);
+        end_kernel(G, R > 1 && omp(c, R * L * nm), head, "    }\n");
+        return nm;
+    }
+}
+
+/* A call of library kernel `fn` with constant arguments and buffer pointers; `id` is the kernel's
+ * output (its buffer listed in bufs too). */
+static void library_call(gen *G, int id, const char *fn, const int64_t *args, int nargs, const int *bufs, int nbufs) {
+    cg *c = &G->c;
+    begin(G, id);
+    strbuf head = { 0 };
+    sb_printf(&head, "    static const int64_t a[] = {");
+    for (int i = 0; i < nargs; i++) sb_printf(&head, "%s%lld", i ? ", " : " ", (long long)args[i]);
+    sb_printf(&head, " };\n    void *const p[] = {");
+    for (int i = 0; i < nbufs; i++) {
+        int b = bufs[i] == id ? id : view_base(c, bufs[i]);
+        if (b != id) c->used[b] = true;
+        sb_printf(&head, "%s(void *)P%d", i ? ", " : " ", b);
+    }
+    sb_printf(&head, " };\n    ((tgk_fn)R[%s])(a, p);\n", fn);
+    end_kernel(G, false, head.s, "");
+    free(head.s);
+}
+
+/* An im2col node's geometry as k_matmul takes it: C H W kh kw stride pad of its image. */
+static void im2col_geometry(const cg *c, int node, int64_t *geo) {
+    const tg_node *n = N(c, node);
+    const tg_shape img = n->op == OP_IM2COL ? N(c, n->src[0])->shape : n->shape;
+    geo[0] = img.d[1];
+    geo[1] = img.d[2];
+    geo[2] = img.d[3];
+    for (int k = 0; k < 4; k++) geo[3 + k] = n->iarg[k];
+}
+
+/* The product of node mm (cg_gemm_of: per batch element offsets into A and B, or the batch
+ * folded into M), written to node id's buffer. flags (MM_*): MM_REDUCE, id is the sum over mm's
+ * batch axis; MM_COL2IM_C, id is the col2im of mm; MM_BIAS_ROW / MM_BIAS_COL, id is mm plus a
+ * bias (bias_of). A second operand that is an unmaterialized im2col is read from its image
+ * (MM_IM2COL_B). */
+static void matmul_call(gen *G, int id, int mm, int flags) {
+    cg *c = &G->c;
+    const tg_node *n = N(c, mm);
+    cg_gemm m = cg_gemm_of(c->g, mm);
+    int64_t batch = n->numel / (n->shape.d[n->shape.ndim - 2] * n->shape.d[n->shape.ndim - 1]);
+    if (m.batch != batch && (flags & ~MM_BIAS_COL)) {   /* unfold: these modes need the products apart */
+        m.M /= batch;
+        m.batch = batch;
+        free(m.aoff);
+        free(m.boff);
+        m.aoff = tg_alloc(sizeof(int64_t) * (size_t)batch);
+        m.boff = tg_alloc(sizeof(int64_t) * (size_t)batch);
+        for (int64_t i = 0; m.aoff && i < batch; i++) m.aoff[i] = i * m.M * m.K;   /* A contiguous, B shared */
+    }
+    int bufs[4] = { n->src[0], n->src[1], id, -1 }, nbufs = 3;
+    if (flags & (MM_BIAS_ROW | MM_BIAS_COL)) {   /* id is an add of mm and a bias */
+        const tg_node *add = N(c, id);
+        bufs[3] = view_base(c, add->src[view_base(c, add->src[0]) == mm ? 1 : 0]);
+        nbufs = 4;
+    }
+    int bv = view_base(c, n->src[1]);
+    int64_t img = 0;   /* elements per image of an im2col operand */
+    if (!c->mat[bv] && N(c, bv)->op == OP_IM2COL) {
+        flags |= MM_IM2COL_B;
+        bufs[1] = view_base(c, N(c, bv)->src[0]);
+        img = N(c, N(c, bv)->src[0])->numel / N(c, N(c, bv)->src[0])->shape.d[0];
+    }
+    /* args: ta, tb, M, N, K, batch, flags, geometries, then batch offsets of A, then of B. */
+    int64_t *args = m.aoff && m.boff ? tg_alloc(sizeof(int64_t) * (size_t)(21 + 2 * m.batch)) : NULL;
+    if (!args) {   /* out of memory: no call (the source is discarded: see alloc_failures) */
+        free(m.aoff);
+        free(m.boff);
+        return;
+    }
+    int64_t head[7] = { m.ta, m.tb, m.M, m.N, m.K, m.batch, flags };
+    memcpy(args, head, sizeof head);
+    int na = 7;
+    if (flags & MM_IM2COL_B) {
+        im2col_geometry(c, bv, args + na);
+        na += 7;
+    }
+    if (flags & MM_COL2IM_C) {
+        im2col_geometry(c, id, args + na);
+        na += 7;
+    }
+    for (int64_t i = 0; i < m.batch; i++) {
+        args[na + i] = m.aoff[i];
+        args[na + m.batch + i] = (flags & MM_IM2COL_B) ? m.boff[i] / (m.K * m.N) * img : m.boff[i];
+    }
+    library_call(G, id, "TGK_MATMUL", args, (int)(na + 2 * m.batch), bufs, nbufs);
+    free(args);
+    free(m.aoff);
+    free(m.boff);
+}
+
+static void special_kernel(gen *G, int id) {
+    cg *c = &G->c;
+    const tg_node *n = N(c, id), *s0 = N(c, n->src[0]);
+    int two[2] = { n->src[0], id }, three[3] = { n->src[0], n->nsrc > 1 ? n->src[1] : id, id };
+    int64_t a[12] = { 0 };
+    switch (n->op) {
+    case OP_MATMUL: matmul_call(G, id, id, 0); return;
+    case OP_COL2IM:
+        if (!c->mat[n->src[0]] && s0->op == OP_MATMUL) {   /* an absorbed product: col2im per image */
+            matmul_call(G, id, n->src[0], MM_COL2IM_C);
+            return;
+        }
+        break;
+    case OP_SOFTMAX: case OP_LOG_SOFTMAX:
+        cg_axis_split(n->shape, n->axis, &a[0], &a[1], &a[2]);
+        a[3] = n->op == OP_LOG_SOFTMAX;
+        library_call(G, id, "TGK_SOFTMAX", a, 4, two, 2);
+        return;
+    case OP_SOFTMAX_CAUSAL: {
+        int r = n->shape.ndim;
+        a[1] = n->shape.d[r - 2];
+        a[2] = n->shape.d[r - 1];
+        a[0] = n->numel / (a[1] * a[2]);
+        library_call(G, id, "TGK_SOFTMAX_CAUSAL", a, 3, two, 2);
+        return;
+    }
+    case OP_ARGMAX:
+        cg_axis_split(s0->shape, n->axis, &a[0], &a[1], &a[2]);
+        a[3] = n->iarg[0];
+        library_call(G, id, "TGK_ARGMAX", a, 4, two, 2);
+        return;
+    case OP_SCATTER_ROWS:
+        a[0] = N(c, n->src[1])->numel;
+        a[1] = n->shape.d[1];
+        a[2] = n->shape.d[0];
+        library_call(G, id, "TGK_SCATTER_ROWS", a, 3, three, 3);
+        return;
+    case OP_SCATTER_ALONG:
+        cg_axis_split(s0->shape, n->axis, &a[0], &a[1], &a[2]);
+        a[3] = n->shape.d[n->axis];
+        library_call(G, id, "TGK_SCATTER_ALONG", a, 4, three, 3);
+        return;
+    default:
+        break;
+    }
+    switch (n->op) {
+    case OP_COL2IM: case OP_MAXPOOL2D: case OP_MAXPOOL2D_BWD: {
+        const tg_shape img = n->op == OP_MAXPOOL2D ? s0->shape : n->shape;
+        for (int k = 0; k < 4; k++) a[k] = img.d[k];
+        if (n->op == OP_COL2IM) {
+            for (int k = 0; k < 4; k++) a[4 + k] = n->iarg[k];   /* kh kw stride pad */
+            library_call(G, id, "TGK_COL2IM", a, 8, two, 2);
+        } else {
+            a[4] = a[5] = n->iarg[0];                            /* k, k, stride, pad */
+            a[6] = n->iarg[1];
+            a[7] = n->iarg[2];
+            library_call(G, id, n->op == OP_MAXPOOL2D ? "TGK_MAXPOOL" : "TGK_MAXPOOL_BWD", a, 8,
+                         n->op == OP_MAXPOOL2D ? two : three, n->op == OP_MAXPOOL2D ? 2 : 3);
+        }
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+/* What every generated C file starts with: headers, the libm functions generated expressions
+ * call, declared with OpenMP SIMD variants so that loops calling them vectorize into glibc's
+ * libmvec (reached through libm's linker script; built with -fno-math-errno, see cpu_backend.c,
+ * so sqrtf vectorizes too), the library-kernel table. */
+static const char PRELUDE[] =
+    "#include <math.h>\n#include <stdint.h>\n#include <string.h>\n\n"
+    "#pragma omp declare simd notinbranch\nfloat expf(float);\n"
+    "#pragma omp declare simd notinbranch\nfloat logf(float);\n"
+    "#pragma omp declare simd notinbranch\nfloat tanhf(float);\n"
+    "#pragma omp declare simd notinbranch\nfloat erff(float);\n"
+    "#pragma omp declare simd notinbranch\nfloat sinf(float);\n"
+    "#pragma omp declare simd notinbranch\nfloat cosf(float);\n"
+    "typedef void (*tgk_fn)(const int64_t *a, void *const *p);\n"
+    "enum { TGK_MATMUL, TGK_SOFTMAX, TGK_SOFTMAX_CAUSAL, TGK_ARGMAX, TGK_SCATTER_ROWS, TGK_SCATTER_ALONG,\n"
+    "       TGK_COL2IM, TGK_MAXPOOL, TGK_MAXPOOL_BWD, TGK_FAILED };\n";
+
+char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min,
+                        const int *inplace) {
+    strbuf out = { 0 };
+    gen G;
+    memset(&G, 0, sizeof G);
+    cg *c = &G.c;
+    long failures = alloc_failures();   /* any allocation failing from here on voids the source */
+    if (!cg_init(c, g, materialized, plan, &out)) {
+        cg_release(c);
+        return NULL;
+    }
+    c->parallel_min = parallel_min;
+    G.inplace = inplace;
+    sb_printf(&out, "/* generated by tensorgrad: %d nodes */\n%s", g->n, PRELUDE);
+    cg_prelude(&out, "static inline");
+    strbuf entry = { 0 };
+    sb_printf(&entry, "void tg_entry(float *A, void **B, const double *H, void *const *R) {\n");
+    int *order = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
+    for (int i = 0; order && i < g->n; i++)
+        if (materialized[i] && plan->alias[i] < 0) order[n_order++] = i;   /* aliases share a buffer: no kernel */
+    bool guarded = false;
+    for (int q = 0; q < n_order; q++) {
+        int i = order[q];
+        const tg_node *n = &g->nodes[i];
+        int joined = 0, mm = bias_product(c, i);
+        if (mm >= 0) {
+            const tg_node *a = &g->nodes[i];
+            int k = view_base(c, a->src[0]) == mm ? 0 : 1, o = view_base(c, a->src[1 - k]);
+            matmul_call(&G, i, mm, bias_of(g, i, k, mm, o, materialized[o] || cg_is_bound(g->nodes[o].op)));
+        } else if (fuse_pointwise(n->op)) joined = pointwise_kernel(&G, i, order + q + 1, n_order - q - 1);
+        else if (n->op == OP_SUM && (joined = row_kernel(&G, order + q, n_order - q)) > 0) joined--;
+        else if (n->op == OP_SUM) sum_kernel(&G, i);
+        else special_kernel(&G, i);
+        bool writes_leaf = false;
+        for (int r = 0; r < G.n_roots; r++) writes_leaf |= inplace_of(&G, G.roots[r]) >= 0;
+        if (writes_leaf && !guarded) {
+            /* Parameters and optimizer state are replaced from here on: only when the loss and every
+             * gradient are finite (the guard) and every kernel so far got its scratch memory. */
+            sb_printf(&entry, "    if (!isfinite(((const float *)(A + %zu))[0]) || ((int (*)(void))R[TGK_FAILED])()) return;\n",
+                      plan->offset[g->guard]);
+            guarded = true;
+        }
+        sb_printf(&entry, "%s", sb_str(&G.call));
+        q += joined;
+    }
+    sb_printf(&entry, "}\n");
+    sb_printf(&out, "%s", sb_str(&entry));
+    free(entry.s);
+    free(order);
+    for (int k = 0; k < G.n_texts; k++) {
+        free(G.texts[k]);
+        free(G.names[k]);
+    }
+    free(G.texts);
+    free(G.names);
+    free(G.slots.s);
+    free(G.call.s);
+    cg_release(c);
+    if (alloc_failures() != failures) {   /* the generator went on with placeholders: not a program */
+        free(out.s);
+        return NULL;
+    }
+    return out.s;
+}
+
+char *codegen_c(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min) {
+    return codegen_c_inplace(g, materialized, plan, parallel_min, NULL);
+}

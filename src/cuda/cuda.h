@@ -1,0 +1,26 @@
+/* The CUDA backend: its code generator and launch list. */
+#ifndef TG_CUDA_H
+#define TG_CUDA_H
+
+#include "compile/compile.h"
+
+/* cuda_codegen.c: the CUDA source of a scheduled, planned graph and its launch list, in order:
+ * kernels (grid x block threads, each kernel (float *A, void *const *B, const double *H)),
+ * cuBLAS products (row-major op(A) op(B), per-batch offsets) and memsets of a node's buffer. */
+typedef enum { CL_KERNEL, CL_GEMM, CL_MEMSET } cuda_launch_kind;
+typedef struct {
+    cuda_launch_kind kind;
+    int node;                        /* the node whose buffer it writes */
+    char name[24];                   /* CL_KERNEL */
+    int64_t grid, grid_y;
+    int block;
+    int ta, tb, a, b;                /* CL_GEMM: operands' nodes */
+    int64_t M, N, K, batch, *aoff, *boff;
+    int64_t n;                       /* CL_MEMSET: elements */
+} cuda_launch;
+typedef struct { const tg_graph *g; cuda_launch *launch; int n, cap; } cuda_plan;
+char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches);
+void cuda_plan_free(cuda_plan *p);
+
+
+#endif

@@ -1,0 +1,706 @@
+/* The CUDA backend. The driver API, NVRTC and cuBLAS are loaded at run time with dlopen, so the
+ * library builds, and its CPU backends run, on machines without CUDA; tg_backend_available("cuda")
+ * says whether it can run here and why not.
+ *
+ * A graph is scheduled and planned like on the CPU, turned into CUDA C (cuda_codegen.c) and
+ * compiled by NVRTC for the device's own architecture (cubins cached on disk by a hash of the
+ * source, the architecture and the NVRTC version). The first run captures the whole launch list
+ * (hyper scalars upload, kernels, cuBLAS products, memsets) into a CUDA graph, replayed by every
+ * later run. A training step's graph also holds the write-backs, guarded on the device by the
+ * step's guard node (finite only when the loss and every gradient are), and the copies of the
+ * loss and the guard into pinned memory: one graph launch and one synchronisation per step.
+ *
+ * Environment: TG_TF32=1 lets cuBLAS use TF32 tensor cores (off by default: full f32).
+ * TG_CUDA_PROFILE=1 runs each step's launches one by one, synchronised, and prints the time spent
+ * per op (the op of the node each launch writes) when the handle is released.
+ * "cuda-nvrtc" is a compile-only variant for tests on machines without a GPU: it generates and
+ * NVRTC-compiles every kernel for sm_90 and runs nothing. */
+#include "cuda/cuda.h"
+#include "runtime/backend.h"
+#include "io/cache.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ----- the pieces of the CUDA APIs used, declared here so no CUDA header is needed ----- */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphExec;
+typedef void *nvrtcProgram;
+typedef void *cublasHandle_t;
+
+#define CU_ATTR_CC_MAJOR 75
+#define CU_ATTR_CC_MINOR 76
+#define CU_CAPTURE_THREAD_LOCAL 1
+
+static struct {
+    CUresult (*Init)(unsigned);
+    CUresult (*DeviceGetCount)(int *);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*DeviceGetAttribute)(int *, int, CUdevice);
+    CUresult (*DeviceGetName)(char *, int, CUdevice);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*MemAllocHost)(void **, size_t);
+    CUresult (*MemFreeHost)(void *);
+    CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
+    CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
+    CUresult (*MemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
+    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*MemsetD32)(CUdeviceptr, unsigned, size_t);
+    CUresult (*MemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
+    CUresult (*ModuleLoadData)(CUmodule *, const void *);
+    CUresult (*ModuleUnload)(CUmodule);
+    CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                             void **, void **);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*StreamBeginCapture)(CUstream, int);
+    CUresult (*StreamEndCapture)(CUstream, CUgraph *);
+    CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*GraphLaunch)(CUgraphExec, CUstream);
+    CUresult (*GraphExecDestroy)(CUgraphExec);
+    CUresult (*GraphDestroy)(CUgraph);
+    CUresult (*GetErrorString)(CUresult, const char **);
+} cu;
+
+static struct {
+    int (*CreateProgram)(nvrtcProgram *, const char *, const char *, int, const char *const *, const char *const *);
+    int (*CompileProgram)(nvrtcProgram, int, const char *const *);
+    int (*GetProgramLogSize)(nvrtcProgram, size_t *);
+    int (*GetProgramLog)(nvrtcProgram, char *);
+    int (*GetCUBINSize)(nvrtcProgram, size_t *);
+    int (*GetCUBIN)(nvrtcProgram, char *);
+    int (*DestroyProgram)(nvrtcProgram *);
+    int (*Version)(int *, int *);
+} nvrtc;
+
+static struct {
+    int (*Create)(cublasHandle_t *);
+    int (*SetStream)(cublasHandle_t, CUstream);
+    int (*SetMathMode)(cublasHandle_t, int);
+    int (*SetWorkspace)(cublasHandle_t, void *, size_t);
+    int (*Sgemm)(cublasHandle_t, int, int, int, int, int, const float *, const float *, int, const float *, int,
+                 const float *, float *, int);
+    int (*SgemmStridedBatched)(cublasHandle_t, int, int, int, int, int, const float *, const float *, int, long long,
+                               const float *, int, long long, const float *, float *, int, long long, int);
+} cublas;
+
+/* Open the first library of the list that loads; NULL if none. */
+static void *open_any(const char *const *names) {
+    for (; *names; names++) {
+        void *h = dlopen(*names, RTLD_NOW | RTLD_LOCAL);
+        if (h) return h;
+    }
+    return NULL;
+}
+
+/* Resolve each symbol into its slot; false (naming the symbol) if one is missing. */
+static bool resolve(void *lib, void **slots, const char *const *names, int n, char *why, size_t len) {
+    for (int i = 0; i < n; i++) {
+        slots[i] = dlsym(lib, names[i]);
+        if (!slots[i]) {
+            snprintf(why, len, "symbol %s not found", names[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
+static const char *const CU_NAMES[] = {
+    "cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetAttribute", "cuDeviceGetName", "cuDevicePrimaryCtxRetain",
+    "cuCtxSetCurrent", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocHost_v2", "cuMemFreeHost", "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2", "cuMemcpyDtoD_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemsetD32_v2",
+    "cuMemsetD32Async", "cuModuleLoadData", "cuModuleUnload", "cuModuleGetFunction", "cuLaunchKernel", "cuStreamCreate",
+    "cuStreamSynchronize", "cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy", "cuGetErrorString",
+};
+static const char *const NVRTC_NAMES[] = {
+    "nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize", "nvrtcGetProgramLog",
+    "nvrtcGetCUBINSize", "nvrtcGetCUBIN", "nvrtcDestroyProgram", "nvrtcVersion",
+};
+static const char *const CUBLAS_NAMES[] = {
+    "cublasCreate_v2", "cublasSetStream_v2", "cublasSetMathMode", "cublasSetWorkspace_v2", "cublasSgemm_v2",
+    "cublasSgemmStridedBatched",
+};
+static const char *const CUDA_LIBS[] = { "libcuda.so.1", "libcuda.so", NULL };
+static const char *const NVRTC_LIBS[] = { "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", NULL };
+static const char *const CUBLAS_LIBS[] = { "libcublas.so.13", "libcublas.so.12", "libcublas.so", NULL };
+
+#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* ----- process-wide state: loaded once ----- */
+
+static struct {
+    pthread_once_t nvrtc_once, device_once;
+    bool nvrtc_ok, device_ok;
+    char nvrtc_why[256], device_why[256];
+    CUcontext ctx;
+    CUstream stream;
+    cublasHandle_t blas;
+    char arch[16];          /* "sm_90" */
+    char name[128];
+} g_cuda = { PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, false, false, "", "", 0, 0, 0, "", "" };
+
+static void load_nvrtc(void) {
+    void *lib = open_any(NVRTC_LIBS);
+    if (!lib) {
+        snprintf(g_cuda.nvrtc_why, sizeof g_cuda.nvrtc_why, "NVRTC (libnvrtc.so) is not installed");
+        return;
+    }
+    g_cuda.nvrtc_ok = resolve(lib, (void **)&nvrtc, NVRTC_NAMES, N_OF(NVRTC_NAMES), g_cuda.nvrtc_why, sizeof g_cuda.nvrtc_why);
+}
+
+static const char *cu_error(CUresult r) {
+    const char *s = NULL;
+    if (cu.GetErrorString) cu.GetErrorString(r, &s);
+    return s ? s : "unknown CUDA error";
+}
+
+#define WHY(...) snprintf(g_cuda.device_why, sizeof g_cuda.device_why, __VA_ARGS__)
+
+static void load_device(void) {
+    pthread_once(&g_cuda.nvrtc_once, load_nvrtc);
+    if (!g_cuda.nvrtc_ok) { WHY("%s", g_cuda.nvrtc_why); return; }
+    void *lib = open_any(CUDA_LIBS);
+    if (!lib) { WHY("the CUDA driver (libcuda.so.1) is not installed"); return; }
+    if (!resolve(lib, (void **)&cu, CU_NAMES, N_OF(CU_NAMES), g_cuda.device_why, sizeof g_cuda.device_why)) return;
+    void *blas = open_any(CUBLAS_LIBS);
+    if (!blas) { WHY("cuBLAS (libcublas.so) is not installed"); return; }
+    if (!resolve(blas, (void **)&cublas, CUBLAS_NAMES, N_OF(CUBLAS_NAMES), g_cuda.device_why, sizeof g_cuda.device_why))
+        return;
+    int count = 0, major = 0, minor = 0;
+    CUdevice dev;
+    CUresult r = cu.Init(0);
+    if (r == 0) r = cu.DeviceGetCount(&count);
+    if (r != 0 || count == 0) { WHY("no CUDA device (%s)", r ? cu_error(r) : "none found"); return; }
+    if ((r = cu.DeviceGet(&dev, 0)) || (r = cu.DeviceGetAttribute(&major, CU_ATTR_CC_MAJOR, dev)) ||
+        (r = cu.DeviceGetAttribute(&minor, CU_ATTR_CC_MINOR, dev)) || (r = cu.DeviceGetName(g_cuda.name, 127, dev)) ||
+        (r = cu.DevicePrimaryCtxRetain(&g_cuda.ctx, dev)) || (r = cu.CtxSetCurrent(g_cuda.ctx)) ||
+        (r = cu.StreamCreate(&g_cuda.stream, 0))) {
+        WHY("CUDA device setup failed: %s", cu_error(r));
+        return;
+    }
+    snprintf(g_cuda.arch, sizeof g_cuda.arch, "sm_%d%d", major, minor);
+    /* cuBLAS gets its own workspace, so nothing allocates during graph capture. */
+    CUdeviceptr ws;
+    const char *tf32 = getenv("TG_TF32");
+    if (cublas.Create(&g_cuda.blas) || cublas.SetStream(g_cuda.blas, g_cuda.stream) ||
+        cublas.SetMathMode(g_cuda.blas, tf32 && tf32[0] == '1' ? 3 : 0) || cu.MemAlloc(&ws, 32u << 20) ||
+        cublas.SetWorkspace(g_cuda.blas, (void *)ws, 32u << 20)) {
+        WHY("cuBLAS setup failed");
+        return;
+    }
+    g_cuda.device_ok = true;
+}
+
+static bool nvrtc_ready(tg_error *err) {
+    pthread_once(&g_cuda.nvrtc_once, load_nvrtc);
+    if (!g_cuda.nvrtc_ok) tg_seterr(err, "CUDA is not available: %s", g_cuda.nvrtc_why);
+    return g_cuda.nvrtc_ok;
+}
+
+static bool device_ready(tg_error *err) {
+    pthread_once(&g_cuda.device_once, load_device);
+    if (!g_cuda.device_ok) { tg_seterr(err, "CUDA is not available: %s", g_cuda.device_why); return false; }
+    cu.CtxSetCurrent(g_cuda.ctx);   /* the calling thread may be new */
+    return true;
+}
+
+
+/* ----- compiling kernels ----- */
+
+/* NVRTC-compile `source` for `arch`, through the disk cache; a malloc'd cubin or NULL. */
+static void *compile_cubin(const char *source, const char *arch, size_t *len, tg_error *err) {
+    if (!nvrtc_ready(err)) return NULL;
+    int major = 0, minor = 0;
+    nvrtc.Version(&major, &minor);
+    char dir[900], path[1000], ver[32];
+    tg_error ignore;
+    /* NVRTC compiles in memory: a cache that cannot be used only costs time. */
+    bool cached = cache_dir(dir, sizeof dir, &ignore);
+    snprintf(ver, sizeof ver, "%s nvrtc %d.%d", arch, major, minor);
+    uint64_t h = cache_hash(cache_hash(1469598103934665603ull, source, strlen(source)), ver, strlen(ver));
+    snprintf(path, sizeof path, "%s/%016llx.cubin", cached ? dir : "(no cache)", (unsigned long long)h);
+    void *cubin = cached ? cache_read(path, len) : NULL;
+    if (cubin) return cubin;
+
+    char src_path[1000], opt_arch[40];
+    snprintf(src_path, sizeof src_path, "%s/%016llx.cu", cached ? dir : "(no cache)", (unsigned long long)h);
+    if (cached) cache_write(src_path, source, strlen(source), &ignore);   /* for reading compile errors; optional */
+    snprintf(opt_arch, sizeof opt_arch, "-arch=%s", arch);
+    const char *opts[] = { opt_arch, "-std=c++17" };
+    nvrtcProgram prog;
+    if (nvrtc.CreateProgram(&prog, source, src_path, 0, NULL, NULL) != 0) { tg_seterr(err, "nvrtcCreateProgram failed"); return NULL; }
+    int rc = nvrtc.CompileProgram(prog, 2, opts);
+    if (rc != 0) {
+        size_t n = 0;
+        nvrtc.GetProgramLogSize(prog, &n);
+        char *log = tg_alloc(n + 1);
+        if (log) nvrtc.GetProgramLog(prog, log);
+        tg_seterr(err, "CUDA kernel compilation failed (NVRTC, %s; source %s): %.400s", arch, src_path, log ? log : "(no memory for the log)");
+        free(log);
+        nvrtc.DestroyProgram(&prog);
+        return NULL;
+    }
+    nvrtc.GetCUBINSize(prog, len);
+    cubin = tg_alloc(*len);
+    if (cubin) nvrtc.GetCUBIN(prog, cubin);
+    nvrtc.DestroyProgram(&prog);
+    if (!cubin) { tg_seterr(err, "out of memory for the compiled CUDA kernels (%zu bytes)", *len); return NULL; }
+    if (cached) cache_write(path, cubin, *len, &ignore);   /* a cache that cannot be written only costs time */
+    return cubin;
+}
+
+/* ----- buffers ----- */
+
+/* Every entry point makes the context current first: the calling thread may be new (an async
+ * worker, a caller's own thread). */
+static void current(void) { cu.CtxSetCurrent(g_cuda.ctx); }
+
+static void *cuda_alloc(size_t numel) {
+    current();
+    CUdeviceptr p = 0;
+    size_t bytes = (numel ? numel : 1) * 4;
+    if (cu.MemAlloc(&p, bytes) != 0) return NULL;
+    cu.MemsetD32(p, 0, bytes / 4);
+    return (void *)p;
+}
+
+static void cuda_free(void *buf) {
+    current();
+    cu.MemFree((CUdeviceptr)buf);
+}
+
+/* Host <-> device conversions go through a fixed buffer, chunk by chunk: no allocation, so
+ * nothing to fail (write and read cannot report an error). */
+#define XFER_CHUNK 4096
+
+static void cuda_write(void *buf, tg_dtype dt, const double *src, size_t n) {
+    current();
+    union { float f[XFER_CHUNK]; int32_t i[XFER_CHUNK]; } tmp;
+    for (size_t at = 0; at < n; at += XFER_CHUNK) {
+        size_t k = n - at < XFER_CHUNK ? n - at : XFER_CHUNK;
+        for (size_t i = 0; i < k; i++) {
+            if (dt == TG_INT32) tmp.i[i] = (int32_t)src[at + i];
+            else tmp.f[i] = (float)src[at + i];
+        }
+        cu.MemcpyHtoD((CUdeviceptr)buf + at * 4, &tmp, k * 4);
+    }
+}
+
+static void cuda_read(const void *buf, tg_dtype dt, double *dst, size_t n) {
+    current();
+    union { float f[XFER_CHUNK]; int32_t i[XFER_CHUNK]; } tmp;
+    cu.StreamSynchronize(g_cuda.stream);
+    for (size_t at = 0; at < n; at += XFER_CHUNK) {
+        size_t k = n - at < XFER_CHUNK ? n - at : XFER_CHUNK;
+        cu.MemcpyDtoH(&tmp, (CUdeviceptr)buf + at * 4, k * 4);
+        for (size_t i = 0; i < k; i++) dst[at + i] = dt == TG_INT32 ? tmp.i[i] : tmp.f[i];
+    }
+}
+
+static void cuda_upload(void *buf, tg_dtype dt, const void *src, size_t n) {
+    current();
+    cu.MemcpyHtoD((CUdeviceptr)buf, src, n * 4);
+}
+
+static void cuda_copy(void *dst, const void *src, size_t n) {
+    current();
+    cu.MemcpyDtoD((CUdeviceptr)dst, (CUdeviceptr)src, n * 4);
+}
+
+/* ----- executors ----- */
+
+typedef struct { const float *src; float *dst; long long n; } wb_entry;   /* = tgk_copy on the device */
+
+typedef struct {
+    const tg_graph *g;
+    tg_plan plan;
+    cuda_plan launches;
+    char *source;
+    CUmodule module;
+    CUfunction *fn;          /* per launch (CL_KERNEL) */
+    CUfunction writeback, wb_check;
+    CUdeviceptr arena, table, hyper_dev, wb_table, wb_flag;
+    void **bound;            /* host mirror of the device table of bound leaves */
+    bool table_dirty;
+    double *hyper_host;      /* pinned */
+    int n_hyper;             /* slots of hyper_host and hyper_dev */
+    float *loss_host;        /* pinned */
+    CUgraphExec run_graph, step_graph;
+    int n_wb;
+    double *profile;         /* TG_CUDA_PROFILE: seconds per op (OP_COUNT: memsets) */
+} cuda_exec;
+
+#define N_HYPER_SLOTS 8   /* at least: the optimizer's; patch sites may add more */
+
+static void print_profile(const cuda_exec *e) {
+    double total = 0;
+    for (int op = 0; op <= OP_COUNT; op++) total += e->profile[op];
+    fprintf(stderr, "tensorgrad cuda profile (%d nodes, %.3f s in launches):\n", e->g->n, total);
+    for (int op = 0; op <= OP_COUNT; op++)
+        if (e->profile[op] > 0.01 * total)
+            fprintf(stderr, "  %-20s %8.3f s  %5.1f%%\n", op == OP_COUNT ? "memset" : op_name((tg_op)op), e->profile[op],
+                    100 * e->profile[op] / total);
+}
+
+static void cuda_release(void *h) {
+    cuda_exec *e = h;
+    if (!e) return;
+    current();
+    if (e->profile) {
+        print_profile(e);
+        free(e->profile);
+    }
+    if (e->run_graph) cu.GraphExecDestroy(e->run_graph);
+    if (e->step_graph) cu.GraphExecDestroy(e->step_graph);
+    if (e->module) cu.ModuleUnload(e->module);
+    if (e->arena) cu.MemFree(e->arena);
+    if (e->table) cu.MemFree(e->table);
+    if (e->hyper_dev) cu.MemFree(e->hyper_dev);
+    if (e->wb_table) cu.MemFree(e->wb_table);
+    if (e->wb_flag) cu.MemFree(e->wb_flag);
+    if (e->hyper_host) cu.MemFreeHost(e->hyper_host);
+    if (e->loss_host) cu.MemFreeHost(e->loss_host);
+    cuda_plan_free(&e->launches);
+    plan_free(&e->plan);
+    free(e->fn);
+    free(e->bound);
+    free(e->source);
+    free(e);
+}
+
+/* Schedule, plan and generate; true with e->source set, false (err set) when memory runs out. */
+static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
+    e->g = g;
+    bool *mat = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
+    int *alias = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
+    bool ok = mat && alias;
+    if (ok) fuse_schedule(g, keep, n_keep, true, mat, alias);
+    ok = ok && plan_build(g, keep, n_keep, mat, alias, &e->plan);
+    free(alias);
+    if (ok) e->source = codegen_cuda(g, mat, &e->plan, &e->launches);
+    free(mat);
+    if (!e->source) tg_seterr(err, "out of memory generating the CUDA kernels of %d nodes (or a plan past 2^60 elements)", g->n);
+    return e->source != NULL;
+}
+
+#define TRY(call, what) do { CUresult r_ = (call); if (r_) { tg_seterr(err, "%s: %s", what, cu_error(r_)); goto fail; } } while (0)
+
+static void *cuda_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
+    if (!device_ready(err)) return NULL;
+    cuda_exec *e = tg_alloc(sizeof *e);
+    if (!e) { tg_seterr(err, "out of memory preparing the CUDA kernels"); return NULL; }
+    size_t len = 0;
+    void *cubin = generate(e, g, keep, n_keep, err) ? compile_cubin(e->source, g_cuda.arch, &len, err) : NULL;
+    if (!cubin) goto fail;
+    CUresult r = cu.ModuleLoadData(&e->module, cubin);
+    free(cubin);
+    if (r) { tg_seterr(err, "loading the compiled kernels: %s", cu_error(r)); goto fail; }
+    e->fn = tg_alloc(sizeof(CUfunction) * (size_t)(e->launches.n + 1));
+    e->bound = tg_alloc(sizeof(void *) * (size_t)(g->n + 1));
+    if (!e->fn || !e->bound) { tg_seterr(err, "out of memory preparing the CUDA kernels"); goto fail; }
+    for (int i = 0; i < e->launches.n; i++)
+        if (e->launches.launch[i].kind == CL_KERNEL)
+            TRY(cu.ModuleGetFunction(&e->fn[i], e->module, e->launches.launch[i].name), e->launches.launch[i].name);
+    TRY(cu.ModuleGetFunction(&e->writeback, e->module, "tg_writeback"), "tg_writeback");
+    TRY(cu.ModuleGetFunction(&e->wb_check, e->module, "tg_wb_check"), "tg_wb_check");
+    TRY(cu.MemAlloc(&e->wb_flag, sizeof(float)), "allocating the write-back flag");
+    TRY(cu.MemAlloc(&e->arena, (e->plan.arena ? e->plan.arena : 1) * 4), "allocating the arena");
+    TRY(cu.MemAlloc(&e->table, sizeof(void *) * (size_t)(g->n + 1)), "allocating the buffer table");
+    e->n_hyper = g->n_hyper > N_HYPER_SLOTS ? g->n_hyper : N_HYPER_SLOTS;
+    TRY(cu.MemAlloc(&e->hyper_dev, sizeof(double) * (size_t)e->n_hyper), "allocating hyper scalars");
+    TRY(cu.MemAllocHost((void **)&e->hyper_host, sizeof(double) * (size_t)e->n_hyper), "allocating pinned memory");
+    TRY(cu.MemAllocHost((void **)&e->loss_host, sizeof(float) * 2), "allocating pinned memory");
+    memset(e->hyper_host, 0, sizeof(double) * (size_t)e->n_hyper);
+    e->table_dirty = true;
+    const char *prof = getenv("TG_CUDA_PROFILE");
+    if (prof && prof[0] == '1' && !(e->profile = tg_alloc(sizeof(double) * (OP_COUNT + 1)))) {
+        tg_seterr(err, "out of memory for the CUDA profile");
+        goto fail;
+    }
+    return e;
+fail:
+    cuda_release(e);
+    return NULL;
+}
+
+static size_t cuda_planned_bytes(void *h) { return ((cuda_exec *)h)->plan.arena * sizeof(float); }
+
+static void cuda_bind(void *h, int node, void *buf) {
+    cuda_exec *e = h;
+    e->bound[node] = buf;
+    e->table_dirty = true;   /* kernels read the table at run time: no recapture needed */
+}
+
+static void *cuda_node_buf(void *h, int node) {
+    cuda_exec *e = h;
+    node = plan_home(&e->plan, node);
+    if (e->bound[node]) return e->bound[node];
+    return e->plan.offset[node] == PLAN_BOUND ? NULL : (void *)(e->arena + e->plan.offset[node] * 4);
+}
+
+static CUdeviceptr node_ptr(cuda_exec *e, int node) { return (CUdeviceptr)cuda_node_buf(e, node); }
+
+/* One cuBLAS product (possibly batched), row-major C = op(A) op(B) through the column-major
+ * identity C^T = op(B)^T op(A)^T. */
+static bool gemm(cuda_exec *e, const cuda_launch *l, tg_error *err) {
+    const float one = 1, zero = 0;
+    const float *A = (const float *)node_ptr(e, l->a), *B = (const float *)node_ptr(e, l->b);
+    float *C = (float *)node_ptr(e, l->node);
+    int m = (int)l->M, n = (int)l->N, k = (int)l->K, lda = l->ta ? m : k, ldb = l->tb ? k : n;
+    bool strided = true;   /* offsets in arithmetic progression: one strided-batched call */
+    for (int64_t b = 2; b < l->batch && strided; b++)
+        strided = l->aoff[b] - l->aoff[b - 1] == l->aoff[1] - l->aoff[0] && l->boff[b] - l->boff[b - 1] == l->boff[1] - l->boff[0];
+    int rc = 0;
+    if (l->batch == 1) {
+        rc = cublas.Sgemm(g_cuda.blas, l->tb, l->ta, n, m, k, &one, B, ldb, A, lda, &zero, C, n);
+    } else if (strided) {
+        rc = cublas.SgemmStridedBatched(g_cuda.blas, l->tb, l->ta, n, m, k, &one, B, ldb, l->boff[1] - l->boff[0], A, lda,
+                                        l->aoff[1] - l->aoff[0], &zero, C, n, (long long)m * n, (int)l->batch);
+    } else {
+        for (int64_t b = 0; b < l->batch && rc == 0; b++)
+            rc = cublas.Sgemm(g_cuda.blas, l->tb, l->ta, n, m, k, &one, B + l->boff[b], ldb, A + l->aoff[b], lda, &zero,
+                              C + b * m * n, n);
+    }
+    if (rc) tg_seterr(err, "cuBLAS sgemm failed (status %d) for node %d", rc, l->node);
+    return rc == 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Enqueue the whole launch list on the stream (captured by the caller; or, profiling, run
+ * launch by launch with the time of each added to its op's total). */
+static bool enqueue(cuda_exec *e, tg_error *err) {
+    TRY(cu.MemcpyHtoDAsync(e->hyper_dev, e->hyper_host, sizeof(double) * (size_t)e->n_hyper, g_cuda.stream), "hyper upload");
+    CUdeviceptr table = e->table, hyper = e->hyper_dev;
+    for (int i = 0; i < e->launches.n; i++) {
+        const cuda_launch *l = &e->launches.launch[i];
+        double t0 = e->profile ? (cu.StreamSynchronize(g_cuda.stream), now_s()) : 0;
+        if (l->kind == CL_MEMSET) {
+            TRY(cu.MemsetD32Async(node_ptr(e, l->node), 0, (size_t)l->n, g_cuda.stream), "memset");
+        } else if (l->kind == CL_GEMM) {
+            if (!gemm(e, l, err)) return false;
+        } else {
+            void *args[] = { &e->arena, &table, &hyper };
+            TRY(cu.LaunchKernel(e->fn[i], (unsigned)l->grid, (unsigned)l->grid_y, 1, (unsigned)l->block, 1, 1, 0,
+                                g_cuda.stream, args, NULL),
+                l->name);
+        }
+        if (e->profile) {
+            cu.StreamSynchronize(g_cuda.stream);
+            tg_op op = e->g->nodes[l->node].op;
+            e->profile[l->kind == CL_MEMSET ? OP_COUNT : op] += now_s() - t0;
+        }
+    }
+    return true;
+fail:
+    return false;
+}
+
+/* Capture the launch list (plus `tail`, for steps) into an instantiated graph. */
+static bool capture(cuda_exec *e, CUgraphExec *out, bool (*tail)(cuda_exec *, void *, tg_error *), void *ctx, tg_error *err) {
+    CUgraph graph = NULL;
+    TRY(cu.StreamBeginCapture(g_cuda.stream, CU_CAPTURE_THREAD_LOCAL), "beginning graph capture");
+    bool ok = enqueue(e, err) && (!tail || tail(e, ctx, err));
+    CUresult r = cu.StreamEndCapture(g_cuda.stream, &graph);
+    if (!ok) goto fail;
+    TRY(r, "ending graph capture");
+    r = cu.GraphInstantiate(out, graph, 0);
+    cu.GraphDestroy(graph);
+    TRY(r, "instantiating the CUDA graph");
+    return true;
+fail:
+    if (graph) cu.GraphDestroy(graph);
+    return false;
+}
+
+static bool sync_table(cuda_exec *e, tg_error *err) {
+    if (!e->table_dirty) return true;
+    TRY(cu.MemcpyHtoD(e->table, e->bound, sizeof(void *) * (size_t)e->g->n), "uploading the buffer table");
+    e->table_dirty = false;
+    return true;
+fail:
+    return false;
+}
+
+static bool launch_graph(cuda_exec *e, CUgraphExec graph, const double *hyper, tg_error *err) {
+    int n = e->g->n_hyper > 1 ? e->g->n_hyper : 1;   /* forward graphs may have only the seed */
+    memcpy(e->hyper_host, hyper, sizeof(double) * (size_t)n);
+    TRY(cu.GraphLaunch(graph, g_cuda.stream), "launching the CUDA graph");
+    TRY(cu.StreamSynchronize(g_cuda.stream), "running the CUDA graph");
+    return true;
+fail:
+    return false;
+}
+
+/* Profiling: the launch list run eagerly, launch by launch (see enqueue), then the tail. */
+static bool run_eager(cuda_exec *e, const double *hyper, bool (*tail)(cuda_exec *, void *, tg_error *), void *ctx,
+                      tg_error *err) {
+    memcpy(e->hyper_host, hyper, sizeof(double) * (size_t)(e->g->n_hyper > 1 ? e->g->n_hyper : 1));
+    if (!enqueue(e, err) || (tail && !tail(e, ctx, err))) return false;
+    return cu.StreamSynchronize(g_cuda.stream) == 0;
+}
+
+static bool cuda_run(void *h, const double *hyper, tg_error *err) {
+    cuda_exec *e = h;
+    current();
+    if (!sync_table(e, err)) return false;
+    if (e->profile) return run_eager(e, hyper, NULL, NULL, err);
+    if (!e->run_graph && !capture(e, &e->run_graph, NULL, NULL, err)) return false;
+    return launch_graph(e, e->run_graph, hyper, err);
+}
+
+typedef struct { int loss; } step_ctx;
+
+/* The end of a step's graph: write-backs guarded by the guard node (loss + 0 * every gradient),
+ * then the loss and the guard into pinned memory. */
+static bool step_tail(cuda_exec *e, void *ctx, tg_error *err) {
+    const step_ctx *c = ctx;
+    CUdeviceptr loss_ptr = node_ptr(e, c->loss), flag = e->wb_flag, table = e->wb_table;
+    TRY(cu.MemsetD32Async(flag, 0, 1, g_cuda.stream), "the write-back flag");
+    if (e->n_wb > 0) {
+        void *check[] = { &flag, &table }, *copy[] = { &loss_ptr, &flag, &table };
+        TRY(cu.LaunchKernel(e->wb_check, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, g_cuda.stream, check, NULL), "write-back check");
+        TRY(cu.LaunchKernel(e->writeback, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, g_cuda.stream, copy, NULL), "write-backs");
+    }
+    TRY(cu.MemcpyDtoHAsync(e->loss_host, loss_ptr, sizeof(float), g_cuda.stream), "reading the loss");
+    TRY(cu.MemcpyDtoHAsync(e->loss_host + 1, flag, sizeof(float), g_cuda.stream), "reading the write-back flag");
+    return true;
+fail:
+    return false;
+}
+
+static bool cuda_step(void *h, const double *hyper, int loss, int guard, const tg_assign *wb, int n_wb, void *const *dst,
+                      double *loss_out, double *guard_out, tg_error *err) {
+    cuda_exec *e = h;
+    current();
+    if (!sync_table(e, err)) return false;
+    if (!e->step_graph) {
+        wb_entry *t = tg_alloc(sizeof(wb_entry) * (size_t)(n_wb + 1));
+        if (!t) { tg_seterr(err, "out of memory for the write-back table"); return false; }
+        for (int k = 0; k < n_wb; k++)
+            t[k] = (wb_entry){ (const float *)node_ptr(e, wb[k].src), dst[k], (long long)e->g->nodes[wb[k].src].numel };
+        e->n_wb = n_wb;
+        CUresult r = cu.MemAlloc(&e->wb_table, sizeof(wb_entry) * (size_t)(n_wb + 1));
+        if (!r) r = cu.MemcpyHtoD(e->wb_table, t, sizeof(wb_entry) * (size_t)n_wb);
+        free(t);
+        if (r) { tg_seterr(err, "write-back table: %s", cu_error(r)); return false; }
+        step_ctx ctx = { loss };
+        if (e->profile) {
+            bool ok = run_eager(e, hyper, step_tail, &ctx, err);
+            *loss_out = e->loss_host[0];
+            *guard_out = (double)e->loss_host[0] + e->loss_host[1];   /* the flag: 0 or NaN */
+            cu.MemFree(e->wb_table);   /* rebuilt on the next step: profiling keeps no graph */
+            e->wb_table = 0;
+            return ok;
+        }
+        if (!capture(e, &e->step_graph, step_tail, &ctx, err)) return false;
+    }
+    if (!launch_graph(e, e->step_graph, hyper, err)) return false;
+    *loss_out = e->loss_host[0];
+    *guard_out = (double)e->loss_host[0] + e->loss_host[1];   /* the flag: 0 or NaN */
+    return true;
+}
+
+/* ----- the entry points: one thread at a time on the device -----
+ * Every handle enqueues on one stream, and the first run of a graph captures that stream into a
+ * CUDA graph: work that another thread enqueued meanwhile would land in the capture (or break
+ * it). So each entry point that touches the device holds one process-wide lock; the device runs
+ * one stream's work in order anyway. Recursive: a failed prepare releases what it made. */
+static pthread_mutex_t device_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+#define LOCKED(type, call) { pthread_mutex_lock(&device_mu); type r_ = call; pthread_mutex_unlock(&device_mu); return r_; }
+#define LOCKED_VOID(call) { pthread_mutex_lock(&device_mu); call; pthread_mutex_unlock(&device_mu); }
+
+static void *locked_alloc(size_t numel) LOCKED(void *, cuda_alloc(numel))
+static void locked_free(void *buf) LOCKED_VOID(cuda_free(buf))
+static void locked_write(void *buf, tg_dtype dt, const double *src, size_t n) LOCKED_VOID(cuda_write(buf, dt, src, n))
+static void locked_upload(void *buf, tg_dtype dt, const void *src, size_t n) LOCKED_VOID(cuda_upload(buf, dt, src, n))
+static void locked_read(const void *buf, tg_dtype dt, double *dst, size_t n) LOCKED_VOID(cuda_read(buf, dt, dst, n))
+static void locked_copy(void *dst, const void *src, size_t n) LOCKED_VOID(cuda_copy(dst, src, n))
+static void *locked_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err)
+    LOCKED(void *, cuda_prepare(g, keep, n_keep, err))
+static bool locked_run(void *h, const double *hyper, tg_error *err) LOCKED(bool, cuda_run(h, hyper, err))
+static void locked_release(void *h) LOCKED_VOID(cuda_release(h))
+static bool locked_step(void *h, const double *hyper, int loss, int guard, const tg_assign *wb, int n_wb, void *const *dst,
+                        double *loss_out, double *guard_out, tg_error *err)
+    LOCKED(bool, cuda_step(h, hyper, loss, guard, wb, n_wb, dst, loss_out, guard_out, err))
+static const char *cuda_source(void *exec) { return ((cuda_exec *)exec)->source; }
+
+const tg_backend backend_cuda = {
+    "cuda", locked_alloc, locked_free, locked_write, locked_upload, locked_read, locked_copy,
+    locked_prepare, cuda_planned_bytes, cuda_bind, locked_run, cuda_node_buf, locked_release, locked_step, cuda_source, true, device_ready,
+};
+
+/* ----- compile-only variant: host buffers, NVRTC for sm_90, nothing runs ----- */
+
+static void *host_alloc(size_t numel) { return calloc(numel ? numel : 1, 4); }
+static void host_write(void *buf, tg_dtype dt, const double *src, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (dt == TG_INT32) ((int32_t *)buf)[i] = (int32_t)src[i];
+        else ((float *)buf)[i] = (float)src[i];
+    }
+}
+static void host_read(const void *buf, tg_dtype dt, double *dst, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = dt == TG_INT32 ? ((const int32_t *)buf)[i] : ((const float *)buf)[i];
+}
+static void host_upload(void *buf, tg_dtype dt, const void *src, size_t n) { memcpy(buf, src, n * 4); }
+static void host_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n * 4); }
+
+static void *nvrtc_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
+    cuda_exec *e = tg_alloc(sizeof *e);
+    if (!e) { tg_seterr(err, "out of memory preparing the CUDA kernels"); return NULL; }
+    size_t len = 0;
+    void *cubin = generate(e, g, keep, n_keep, err) ? compile_cubin(e->source, "sm_90", &len, err) : NULL;
+    e->bound = tg_alloc(sizeof(void *) * (size_t)(g->n + 1));
+    if (!cubin || !e->bound) {
+        if (cubin && !e->bound) tg_seterr(err, "out of memory preparing the CUDA kernels");
+        free(cubin);
+        plan_free(&e->plan);
+        cuda_plan_free(&e->launches);
+        free(e->bound);
+        free(e->source);
+        free(e);
+        return NULL;
+    }
+    free(cubin);
+    return e;
+}
+
+static void nvrtc_release(void *h) {
+    cuda_exec *e = h;
+    plan_free(&e->plan);
+    cuda_plan_free(&e->launches);
+    free(e->bound);
+    free(e->source);
+    free(e);
+}
+
+static bool nvrtc_run(void *h, const double *hyper, tg_error *err) {
+    tg_seterr(err, "the cuda-nvrtc backend only compiles kernels; it runs nothing");
+    return false;
+}
+
+static void *nvrtc_node_buf(void *h, int node) { return ((cuda_exec *)h)->bound[node]; }
+
+const tg_backend backend_cuda_nvrtc = {
+    "cuda-nvrtc", host_alloc, free, host_write, host_upload, host_read, host_copy,
+    nvrtc_prepare, cuda_planned_bytes, cuda_bind, nvrtc_run, nvrtc_node_buf, nvrtc_release, NULL, cuda_source, true, nvrtc_ready,
+};
+

@@ -1,0 +1,218 @@
+/* Reverse-mode autograd: walks the forward nodes from the loss back to the leaves and appends,
+ * for each op, the nodes of its gradient rule. Gradients of broadcast operands are summed back
+ * to the operand's shape (op_unbroadcast). Each rule lives in rule() under its op's name. */
+#include "graph/graph.h"
+
+#include <stdlib.h>
+
+/* Does the gradient flow from a node to its k-th source? Indices, conditions and comparisons
+ * carry none. */
+static bool flows(const tg_node *n, int k) {
+    switch (n->op) {
+    case OP_SIGN: case OP_STEP: case OP_LESS: case OP_GREATER: case OP_EQUAL: case OP_ONE_HOT:
+    case OP_IDENTITY: case OP_ARGMAX:
+        return false;
+    /* Gradients of gradient ops (second order) are not supported. */
+    case OP_GELU_GRAD: case OP_MAXPOOL2D_BWD:
+        return false;
+    case OP_WHERE: return k != 0;
+    case OP_GATHER_ROWS: case OP_SCATTER_ROWS: case OP_TAKE_ALONG: case OP_SCATTER_ALONG: return k == 0;
+    default: return true;
+    }
+}
+
+typedef struct {
+    tg_graph *g;
+    int *acc;        /* per forward node: its gradient node so far, or -1 */
+    bool *reach;     /* per forward node: depends on some wrt node */
+} grad_ctx;
+
+static void accumulate(grad_ctx *c, tg_site s, int node, tg_tensor contrib) {
+    if (contrib.id < 0) return;
+    contrib = op_unbroadcast(s, contrib, c->g->nodes[node].shape);
+    if (contrib.id < 0) return;
+    if (c->acc[node] < 0) c->acc[node] = contrib.id;
+    else c->acc[node] = op_binary(s, OP_ADD, mk_tensor(c->g, c->acc[node]), contrib).id;
+}
+
+static tg_tensor num(tg_graph *g, tg_site s, double v) { return op_const(g, s, v, TG_FLOAT32); }
+#define MUL(a, b) op_binary(s, OP_MUL, a, b)
+#define DIV(a, b) op_binary(s, OP_DIV, a, b)
+#define SUB(a, b) op_binary(s, OP_SUB, a, b)
+#define ADD(a, b) op_binary(s, OP_ADD, a, b)
+/* The adjoint op of this node, with its parameters. */
+#define MIRROR(op, shape, nsrc, srcs) op_mirror(g, s, op, id, shape, nsrc, srcs)
+
+/* Gradient of A' @ B' (A' = A or A^T by ta, B' likewise by tb) with respect to A and B. */
+static void matmul_rule(grad_ctx *c, tg_site s, const tg_node *n, tg_tensor go) {
+    tg_graph *g = c->g;
+    tg_tensor a = mk_tensor(g, n->src[0]), b = mk_tensor(g, n->src[1]);
+    int ta = (int)n->iarg[0], tb = (int)n->iarg[1];
+    if (c->reach[a.id]) {
+        tg_tensor da = ta ? op_matmul_t(s, b, go, tb, 1) : op_matmul_t(s, go, b, 0, !tb);
+        accumulate(c, s, a.id, da);
+    }
+    if (c->reach[b.id]) {
+        /* A batched A against a 2-D B: fold the batch into the rows so dB is one product rather
+         * than a batch of products summed afterwards. */
+        tg_shape as = g->nodes[a.id].shape;
+        if (g->nodes[b.id].shape.ndim == 2 && as.ndim > 2 && !ta) {
+            a = op_reshape(s, a, TG_SHAPE(shape_numel(as) / as.d[as.ndim - 1], as.d[as.ndim - 1]));
+            go = op_reshape(s, go, TG_SHAPE(shape_numel(n->shape) / n->shape.d[n->shape.ndim - 1], n->shape.d[n->shape.ndim - 1]));
+        }
+        tg_tensor db = tb ? op_matmul_t(s, go, a, 1, ta) : op_matmul_t(s, a, go, !ta, 0);
+        accumulate(c, s, b.id, db);
+    }
+}
+
+/* Mask for min/max: 1 where a wins, 0.5 on ties (PyTorch splits the gradient), 0 where b wins. */
+static tg_tensor win_mask(tg_graph *g, tg_site s, tg_op cmp, tg_tensor a, tg_tensor b) {
+    tg_tensor half_ties = MUL(op_binary(s, OP_EQUAL, a, b), num(g, s, 0.5));
+    return ADD(op_binary(s, cmp, a, b), half_ties);
+}
+
+static void rule(grad_ctx *c, int id) {
+    tg_graph *g = c->g;
+    tg_node n = g->nodes[id];   /* a copy: appending nodes may move the array */
+    tg_site s = n.site;
+    tg_tensor go = mk_tensor(g, c->acc[id]), y = mk_tensor(g, id);
+    tg_tensor x = mk_tensor(g, n.src[0]), x1 = mk_tensor(g, n.nsrc > 1 ? n.src[1] : n.src[0]);
+    int src0 = n.src[0], src1 = n.src[1];
+    switch (n.op) {
+    case OP_NEG: accumulate(c, s, src0, op_unary(s, OP_NEG, go)); break;
+    case OP_ABS: accumulate(c, s, src0, MUL(go, op_unary(s, OP_SIGN, x))); break;
+    case OP_SQUARE: accumulate(c, s, src0, MUL(go, MUL(x, num(g, s, 2)))); break;
+    case OP_SQRT: accumulate(c, s, src0, DIV(MUL(go, num(g, s, 0.5)), y)); break;
+    case OP_RSQRT: accumulate(c, s, src0, MUL(go, DIV(MUL(y, num(g, s, -0.5)), x))); break;
+    case OP_EXP: accumulate(c, s, src0, MUL(go, y)); break;
+    case OP_LOG: accumulate(c, s, src0, DIV(go, x)); break;
+    case OP_RELU: accumulate(c, s, src0, MUL(go, op_unary(s, OP_STEP, x))); break;
+    case OP_TANH: accumulate(c, s, src0, MUL(go, SUB(num(g, s, 1), op_unary(s, OP_SQUARE, y)))); break;
+    case OP_SIGMOID: accumulate(c, s, src0, MUL(go, MUL(y, SUB(num(g, s, 1), y)))); break;
+    case OP_ADD:
+        if (c->reach[src0]) accumulate(c, s, src0, go);
+        if (c->reach[src1]) accumulate(c, s, src1, go);
+        break;
+    case OP_SUB:
+        if (c->reach[src0]) accumulate(c, s, src0, go);
+        if (c->reach[src1]) accumulate(c, s, src1, op_unary(s, OP_NEG, go));
+        break;
+    case OP_MUL:
+        if (c->reach[src0]) accumulate(c, s, src0, MUL(go, x1));
+        if (c->reach[src1]) accumulate(c, s, src1, MUL(go, x));
+        break;
+    case OP_DIV:
+        if (c->reach[src0]) accumulate(c, s, src0, DIV(go, x1));
+        if (c->reach[src1]) accumulate(c, s, src1, op_unary(s, OP_NEG, DIV(MUL(go, y), x1)));
+        break;
+    case OP_MIN: case OP_MAX: {
+        tg_tensor wa = win_mask(g, s, n.op == OP_MAX ? OP_GREATER : OP_LESS, x, x1);
+        if (c->reach[src0]) accumulate(c, s, src0, MUL(go, wa));
+        if (c->reach[src1]) accumulate(c, s, src1, MUL(go, SUB(num(g, s, 1), wa)));
+        break;
+    }
+    case OP_WHERE: {
+        tg_tensor cond = x, zero = num(g, s, 0);
+        int srca = n.src[1], srcb = n.src[2];
+        if (c->reach[srca]) accumulate(c, s, srca, tg_where_at(s, cond, go, zero));
+        if (c->reach[srcb]) accumulate(c, s, srcb, tg_where_at(s, cond, zero, go));
+        break;
+    }
+    case OP_SUM: accumulate(c, s, src0, op_expand(s, go, g->nodes[src0].shape)); break;
+    case OP_RESHAPE: accumulate(c, s, src0, op_reshape(s, go, g->nodes[src0].shape)); break;
+    case OP_PERMUTE: {
+        tg_shape inv = { n.shape.ndim, { 0 } };
+        for (int i = 0; i < n.shape.ndim; i++) inv.d[n.iarg[i]] = i;
+        accumulate(c, s, src0, tg_permute_at(s, go, inv));
+        break;
+    }
+    case OP_EXPAND: accumulate(c, s, src0, go); break;   /* accumulate unbroadcasts */
+    case OP_MATMUL: matmul_rule(c, s, &n, go); break;
+    case OP_GATHER_ROWS: accumulate(c, s, src0, op_scatter_rows(s, go, x1, g->nodes[src0].shape.d[0])); break;
+    case OP_SCATTER_ROWS: accumulate(c, s, src0, tg_embedding_at(s, go, x1)); break;
+    case OP_SOFTMAX: {
+        tg_tensor dot = op_sum_keep(s, MUL(go, y), n.axis);
+        accumulate(c, s, src0, MUL(y, SUB(go, dot)));
+        break;
+    }
+    case OP_LOG_SOFTMAX: {
+        tg_tensor total = op_sum_keep(s, go, n.axis);
+        accumulate(c, s, src0, SUB(go, MUL(op_unary(s, OP_EXP, y), total)));
+        break;
+    }
+    case OP_SIN: accumulate(c, s, src0, MUL(go, op_unary(s, OP_COS, x))); break;
+    case OP_COS: accumulate(c, s, src0, op_unary(s, OP_NEG, MUL(go, op_unary(s, OP_SIN, x)))); break;
+    case OP_GELU: accumulate(c, s, src0, MUL(go, MIRROR(OP_GELU_GRAD, g->nodes[src0].shape, 1, &src0))); break;
+    case OP_TAKE_ALONG: {
+        int srcs[2] = { go.id, src1 };
+        accumulate(c, s, src0, MIRROR(OP_SCATTER_ALONG, g->nodes[src0].shape, 2, srcs));
+        break;
+    }
+    case OP_SCATTER_ALONG: {
+        int srcs[2] = { go.id, src1 };
+        accumulate(c, s, src0, MIRROR(OP_TAKE_ALONG, g->nodes[src1].shape, 2, srcs));
+        break;
+    }
+    case OP_DROPOUT: accumulate(c, s, src0, MIRROR(OP_DROPOUT, n.shape, 1, &go.id)); break;  /* same mask */
+    case OP_SLICE: accumulate(c, s, src0, MIRROR(OP_PAD, g->nodes[src0].shape, 1, &go.id)); break;
+    case OP_PAD: accumulate(c, s, src0, MIRROR(OP_SLICE, g->nodes[src0].shape, 1, &go.id)); break;
+    case OP_SOFTMAX_CAUSAL: {
+        tg_tensor dot = op_sum_keep(s, MUL(go, y), n.shape.ndim - 1);
+        accumulate(c, s, src0, MUL(y, SUB(go, dot)));
+        break;
+    }
+    case OP_WHERE_CAUSAL: {
+        tg_tensor gx = MIRROR(OP_WHERE_CAUSAL, n.shape, 1, &go.id);
+        if (gx.id >= 0) g->nodes[gx.id].farg = 0;   /* masked entries pass no gradient */
+        accumulate(c, s, src0, gx);
+        break;
+    }
+    case OP_IM2COL: accumulate(c, s, src0, MIRROR(OP_COL2IM, g->nodes[src0].shape, 1, &go.id)); break;
+    case OP_COL2IM: accumulate(c, s, src0, MIRROR(OP_IM2COL, g->nodes[src0].shape, 1, &go.id)); break;
+    case OP_MAXPOOL2D: {
+        int srcs[2] = { src0, go.id };
+        accumulate(c, s, src0, MIRROR(OP_MAXPOOL2D_BWD, g->nodes[src0].shape, 2, srcs));
+        break;
+    }
+    default: break;   /* leaves and ops without a gradient */
+    }
+}
+
+bool grad_build(tg_graph *g, int loss, const int *wrt, int n_wrt, int *grad_out) {
+    if (!ir_ok(g)) return false;
+    const tg_node ln = g->nodes[loss];   /* a copy: appending nodes may move the array */
+    if (ln.numel != 1 || ln.dtype != TG_FLOAT32) {
+        char sh[96];
+        ir_fail(g, ln.site, "the loss must be an f32 scalar (one element), got %s%s", shape_str(ln.shape, sh),
+                ln.dtype == TG_INT32 ? " i32" : "");
+        return false;
+    }
+    int n0 = g->n;
+    grad_ctx c = { g, tg_alloc(sizeof(int) * (size_t)n0), tg_alloc(sizeof(bool) * (size_t)n0) };
+    if (!c.acc || !c.reach) {
+        free(c.acc);
+        free(c.reach);
+        ir_fail(g, ln.site, "out of memory deriving gradients");
+        return false;
+    }
+    tg_graph *outer = tg__trace();   /* the public ops used below append to the traced graph */
+    tg__set_trace(g);
+    for (int i = 0; i < n0; i++) c.acc[i] = -1;
+    for (int k = 0; k < n_wrt; k++) c.reach[wrt[k]] = true;
+    for (int i = 0; i < n0; i++) {
+        const tg_node *n = &g->nodes[i];
+        for (int k = 0; k < n->nsrc && !c.reach[i]; k++) c.reach[i] = flows(n, k) && c.reach[n->src[k]];
+        if (n->dtype != TG_FLOAT32) c.reach[i] = false;
+    }
+    if (c.reach[loss]) c.acc[loss] = op_expand(ln.site, num(g, ln.site, 1), ln.shape).id;
+    for (int i = loss; i >= 0 && ir_ok(g); i--)
+        if (c.reach[i] && c.acc[i] >= 0) rule(&c, i);
+    for (int k = 0; k < n_wrt && ir_ok(g); k++) {
+        const tg_node wn = g->nodes[wrt[k]];   /* a copy: num() appends, which may move the array */
+        grad_out[k] = c.acc[wrt[k]] >= 0 ? c.acc[wrt[k]] : op_expand(wn.site, num(g, wn.site, 0), wn.shape).id;
+    }
+    free(c.acc);
+    free(c.reach);
+    tg__set_trace(outer);
+    return ir_ok(g);
+}

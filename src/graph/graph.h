@@ -1,0 +1,240 @@
+/* The graph: ops and their contracts, nodes, the IR, shape rules, op builders, autograd, the
+ * model's parameter store and the optimizer, which appends its update to the same graph.
+ * Nothing here is public API. */
+#ifndef TG_GRAPH_H
+#define TG_GRAPH_H
+
+#include "tensorgrad.h"
+#include "util/util.h"
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+
+
+/* ---------------------------------------------------------------------------------------------
+ * Ops. Every node produces exactly one tensor; a node's id is its tensor's id. The comment on
+ * each op is the contract its kernels (every backend) implement.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum {
+    /* Leaves: values come from outside the node's kernel. */
+    OP_INPUT,    /* host data bound per call; name = input name; iarg[0] = input index */
+    OP_PARAM,    /* a model parameter, persistent; iarg[0] = param id */
+    OP_STATE,    /* optimizer state, persistent, zero at start/reset; iarg[0] = state slot */
+    OP_CONST,    /* every element = farg */
+    OP_HYPER,    /* every element = hyper[iarg[0]] (per-step scalars the host computes: lr, ...) */
+
+    /* Elementwise unary: out[i] = f(x[i]), same shape and dtype as src0. */
+    OP_NEG, OP_ABS, OP_SQUARE, OP_SQRT, OP_RSQRT, OP_EXP, OP_LOG, OP_RELU, OP_TANH, OP_SIGMOID,
+    OP_SIGN,     /* -1, 0, 1 */
+    OP_STEP,     /* x > 0 ? 1 : 0 */
+
+    /* Elementwise binary with NumPy broadcasting of src0 and src1 to the node's shape.
+     * LESS/GREATER/EQUAL give 1 or 0 (dtype f32). MIN/MAX are elementwise. */
+    OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MIN, OP_MAX, OP_LESS, OP_GREATER, OP_EQUAL,
+    OP_WHERE,    /* src0 != 0 ? src1 : src2, all three broadcast to the node's shape */
+
+    /* Reduction: sum over axis `axis` of src0; the node's shape is src0's with that dim = 1. */
+    OP_SUM,
+
+    /* Movement. RESHAPE: same elements in row-major order, new shape. PERMUTE: out axis i is
+     * src0 axis iarg[i]. EXPAND: src0 broadcast (NumPy rules) to the node's shape. */
+    OP_RESHAPE, OP_PERMUTE, OP_EXPAND,
+
+    /* Batched matrix product. A = src0, B = src1. iarg[0] = transpose A (its last two axes),
+     * iarg[1] = transpose B. After the transposes A is [..., M, K] and B is [..., K, N]; leading
+     * (batch) dims broadcast NumPy-style; B (or A) may have only two dims. Out [batch..., M, N].
+     * Products are accumulated in double in the reference. */
+    OP_MATMUL,
+
+    /* Indexing. ONE_HOT: i32 src0 [...] -> f32 [..., n], n = iarg[0]; out-of-range index -> a
+     * zero row. GATHER_ROWS: table src0 [V, D], i32 idx src1 [...] -> [..., D] (row idx of the
+     * table; out of range -> zeros). SCATTER_ROWS: the adjoint of GATHER_ROWS: src0 [..., D]
+     * values, src1 i32 idx [...]; out [V, D] (V = node shape[0]) zero-filled, then
+     * out[idx[i], :] += src0[i, :] for every in-range i. */
+    OP_ONE_HOT, OP_GATHER_ROWS, OP_SCATTER_ROWS,
+
+    /* Softmax and log-softmax of src0 along `axis`, stabilised by the max along the axis. */
+    OP_SOFTMAX, OP_LOG_SOFTMAX,
+
+    /* More elementwise unary. GELU: iarg[0] = 0 exact 0.5 x (1 + erf(x / sqrt 2)); iarg[0] = 1
+     * the tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). GELU_GRAD: d GELU / dx of
+     * the same form: exact Phi(x) + x phi(x); tanh 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi)
+     * (1 + 3 * 0.044715 x^2) with t the tanh above. IDENTITY: a copy (stop_gradient). */
+    OP_SIN, OP_COS, OP_GELU, OP_GELU_GRAD, OP_IDENTITY,
+
+    /* ARGMAX: index (i32) of the first maximum of src0 along `axis` (iarg[0] = 1: minimum);
+     * node shape = src0's with that dim = 1. */
+    OP_ARGMAX,
+
+    /* TAKE_ALONG: src0 x, src1 i32 idx of x's rank, equal to x's shape except along `axis`;
+     * node shape = idx shape; out[..i..] = x[..idx[..i..]..] along axis (out of range -> 0).
+     * SCATTER_ALONG: its adjoint: src0 values (idx shape), src1 idx; node shape = x's shape;
+     * zero-filled, then out[..idx[..i..]..] += values[..i..] for in-range indices. */
+    OP_TAKE_ALONG, OP_SCATTER_ALONG,
+
+    /* IOTA: 1-D [n], out[i] = i. RANDN: standard normals, element i = rng_normal(seed, iarg[0],
+     * i) with seed = hyper[HYPER_SEED]. DROPOUT: out[i] = rng_uniform(seed, iarg[0], i) >= farg
+     * ? src0[i] / (1 - farg) : 0 (so backward recomputes the same mask from the same salt). */
+    OP_IOTA, OP_RANDN, OP_DROPOUT,
+
+    /* SLICE: src0 narrowed along `axis` to the node's length, starting at iarg[0].
+     * PAD: its adjoint: node shape is larger along `axis`; zeros except out[..start + j..] =
+     * src0[..j..] with start = iarg[0]. */
+    OP_SLICE, OP_PAD,
+
+    /* Over the last two axes [.., R, C] (row r, column c): SOFTMAX_CAUSAL is the softmax along
+     * the last axis of the entries with c <= r, and 0 where c > r. WHERE_CAUSAL: c > r ? farg :
+     * src0. */
+    OP_SOFTMAX_CAUSAL, OP_WHERE_CAUSAL,
+
+    /* Images, NCHW. iarg for IM2COL/COL2IM: [0] kh, [1] kw, [2] stride, [3] padding.
+     * IM2COL: src0 x [N,C,H,W] -> [N, C*kh*kw, Ho*Wo], Ho = (H + 2p - kh) / s + 1 (Wo alike);
+     * row (c*kh + i)*kw + j, column oy*Wo + ox holds x[n, c, oy*s - p + i, ox*s - p + j], or 0
+     * where that falls in the padding. COL2IM: its adjoint; node shape [N,C,H,W]; zero-filled,
+     * then every column entry is added back to the pixel it was read from.
+     * MAXPOOL2D: iarg [0] k, [1] stride, [2] padding; src0 [N,C,H,W] -> [N,C,Ho,Wo], the max
+     * over each k x k window (padding never wins: it counts as -inf). MAXPOOL2D_BWD: src0 x,
+     * src1 upstream gradient [N,C,Ho,Wo]; node shape = x's; zero-filled, then each window's
+     * gradient is added at the position of the window's first maximum in row-major order. */
+    OP_IM2COL, OP_COL2IM, OP_MAXPOOL2D, OP_MAXPOOL2D_BWD,
+
+    OP_COUNT
+} tg_op;
+
+/* The hyper slot every graph reserves for its per-call random seed (RANDN, DROPOUT). */
+#define HYPER_SEED 0
+
+/* Counter-based random numbers shared by every backend: element i of a call with seed `seed`
+ * and per-op salt `salt` is a pure function of the three, so a backward pass recomputes a
+ * dropout mask rather than storing it. */
+static inline uint64_t rng_mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline uint64_t rng_bits(uint64_t seed, uint64_t salt, uint64_t i) {
+    return rng_mix(rng_mix(seed * 0x9E3779B97F4A7C15ull + salt) + i * 0xD1B54A32D192ED03ull);
+}
+/* Uniform in (0, 1), exactly representable as a float. */
+static inline double rng_uniform(uint64_t seed, uint64_t salt, uint64_t i) {
+    return ((double)(rng_bits(seed, salt, i) >> 40) + 0.5) * (1.0 / 16777216.0);
+}
+/* Standard normal by Box-Muller on the uniforms of indices 2i and 2i+1. */
+static inline double rng_normal(uint64_t seed, uint64_t salt, uint64_t i) {
+    double u1 = rng_uniform(seed, salt, 2 * i), u2 = rng_uniform(seed, salt, 2 * i + 1);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+typedef struct {
+    tg_op op;
+    tg_dtype dtype;
+    tg_shape shape;
+    int64_t numel;
+    int nsrc;
+    int src[3];
+    int axis;                       /* non-negative after the shape rule */
+    int64_t iarg[TG_MAX_DIMS];
+    double farg;
+    const char *name;               /* owned by the graph (inputs, params) or NULL */
+    tg_site site;
+} tg_node;
+
+/* A write-back: after the graph ran (and only if the step succeeded), the persistent leaf `dst`
+ * (PARAM or STATE) takes the value of node `src`. This is how the optimizer updates state. */
+typedef struct { int dst, src; } tg_assign;
+
+/* A named place in a forward (tg_capture, tg_patch): `node` holds the value there. A patch site
+ * of a patchable trace also has its replacement INPUT node and its two HYPER slots (replace,
+ * then batch mean; each 0 or 1 per call); -1 otherwise. */
+typedef struct { char *name; int node, input, hyper; } tg_named;
+
+struct tg_graph {
+    tg_node *nodes;
+    int n, cap;
+    int output;                     /* loss or forward output */
+    int guard;                      /* training graphs: finite only when the loss and every gradient
+                                     * are (see optim_build), or the loss where the backend checks
+                                     * the written values itself; write-backs wait on it. -1: none */
+    tg_model *model;
+    int *param_node;                /* per model param id: its PARAM node here, or -1 */
+    int n_params;
+    int *grad_of_param;             /* per model param id: node holding d loss / d param, or -1 */
+    int n_state;                    /* OP_STATE slots used */
+    int *state_shape_node;          /* per state slot: the PARAM node whose shape it has */
+    tg_assign *assigns;
+    int n_assigns, cap_assigns;
+    int n_hyper;                    /* HYPER slots used */
+    tg_named *captures, *patches;
+    int n_captures, n_patches;
+    bool patchable;                 /* set before tracing: patch sites select their values */
+    char error[TG_ERROR_LEN];       /* first trace error; empty if none */
+};
+
+/* ir.c */
+tg_graph *ir_new(tg_model *m);
+void ir_free(tg_graph *g);
+int ir_add(tg_graph *g, tg_site s, tg_op op, tg_dtype dt, tg_shape shape, int nsrc, const int *src);
+bool ir_ok(const tg_graph *g);
+void ir_fail(tg_graph *g, tg_site s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void ir_add_assign(tg_graph *g, int dst, int src);
+const char *op_name(tg_op op);
+int64_t shape_numel(tg_shape s);
+/* "[64,3]" into buf (at least 96 bytes), returns buf. */
+char *shape_str(tg_shape s, char *buf);
+void tg__set_trace(tg_graph *g);   /* the graph ops append to on this thread (NULL: none) */
+tg_graph *tg__trace(void);
+static inline tg_tensor mk_tensor(tg_graph *g, int id) { tg_tensor t = { g, id }; return t; }
+static inline const tg_node *node_of(tg_tensor t) { return &t.g->nodes[t.id]; }
+
+/* shape.c: shape rules. Each returns false after recording an error on g. */
+bool shape_broadcast(tg_graph *g, tg_site s, const char *op, tg_shape a, tg_shape b, tg_shape *out);
+bool shape_axis(tg_graph *g, tg_site s, const char *op, tg_shape x, int axis, int *out);
+bool shape_matmul(tg_graph *g, tg_site s, tg_shape a, tg_shape b, tg_shape *out);
+bool shape_reshape(tg_graph *g, tg_site s, tg_shape x, tg_shape want, tg_shape *out);
+bool shape_permute(tg_graph *g, tg_site s, tg_shape x, tg_shape order, tg_shape *out);
+bool shape_valid(tg_graph *g, tg_site s, const char *op, tg_shape x);
+
+/* ops.c: internal builders without the public macros' argument checks. */
+tg_tensor op_unary(tg_site s, tg_op op, tg_tensor x);
+tg_tensor op_binary(tg_site s, tg_op op, tg_tensor a, tg_tensor b);
+tg_tensor op_sum_keep(tg_site s, tg_tensor x, int axis);     /* axis already normalised */
+tg_tensor op_reshape(tg_site s, tg_tensor x, tg_shape shape);
+tg_tensor op_expand(tg_site s, tg_tensor x, tg_shape shape);
+tg_tensor op_matmul_t(tg_site s, tg_tensor a, tg_tensor b, int ta, int tb);
+tg_tensor op_const(tg_graph *g, tg_site s, double v, tg_dtype dt);
+tg_tensor op_hyper(tg_graph *g, int slot);
+tg_tensor op_state(tg_graph *g, int like_param_node);
+tg_tensor op_scatter_rows(tg_site s, tg_tensor vals, tg_tensor idx, int64_t rows);
+/* An f32 node of op `op` carrying the axis/iarg/farg of node `like` (gradient rules use it to
+ * emit adjoints: slice for pad, col2im for im2col, the same dropout mask). */
+tg_tensor op_mirror(tg_graph *g, tg_site s, tg_op op, int like, tg_shape shape, int nsrc, const int *src);
+/* Sum x down to `shape` over the axes NumPy broadcasting added or stretched (gradient of a
+ * broadcast). */
+tg_tensor op_unbroadcast(tg_site s, tg_tensor x, tg_shape shape);
+
+/* grad.c: appends the nodes of d(loss)/d(wrt[i]) for each i (loss must be a scalar node);
+ * grad_out[i] is the gradient node, or a zero constant expanded to the shape when wrt[i] does
+ * not affect the loss. Returns false (with g->error set) on failure. */
+bool grad_build(tg_graph *g, int loss, const int *wrt, int n_wrt, int *grad_out);
+
+/* model.c */
+typedef struct {
+    char *name;
+    tg_shape shape;
+    tg_init init;      /* literal data owned by the model */
+    int decay;         /* resolved */
+} tg_param_spec;
+const tg_param_spec *model_param(const tg_model *m, int id);
+int model_find(const tg_model *m, const char *name);
+/* Fill dst with the param's initial values, drawn from the model's seed: the same seed gives the
+ * same values, independent of other params (each param has its own stream keyed by its name). */
+void model_init_param(const tg_model *m, int id, double *dst);
+
+/* optim.c: append the optimizer update of every parameter that has a gradient, and, with guard,
+ * the step's guard (g->guard; else the loss). Hyper slots: see optim.c (lr and bias corrections
+ * the host computes per step). */
+bool optim_build(tg_graph *g, const tg_optimizer *opt, bool guard);
+/* Per-step host scalars for step t (1-based) at learning rate lr. */
+void optim_hyper(const tg_optimizer *opt, int64_t t, double lr, double *hyper);
+
+#endif

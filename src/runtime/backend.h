@@ -1,0 +1,53 @@
+/* The table through which the runtime drives a backend, and the registry of backends. */
+#ifndef TG_BACKEND_H
+#define TG_BACKEND_H
+
+#include "graph/graph.h"
+
+/* A backend: where buffers live and how a planned graph runs. The runtime talks only to this
+ * table, so the reference interpreter, the compiled CPU backend and CUDA plug in alike.
+ * Buffers hold `numel` elements of the backend's own type (doubles in the reference; float or
+ * int32 by the tensor's dtype in compiled backends); host transfers go through write/read
+ * (doubles) or upload (the caller's f32/i32 data). */
+typedef struct tg_backend {
+    const char *name;
+    void *(*alloc)(size_t numel);                                    /* zero-filled, NULL on failure */
+    void (*free)(void *buf);
+    void (*write)(void *buf, tg_dtype dt, const double *src, size_t n);
+    void (*upload)(void *buf, tg_dtype dt, const void *src, size_t n);
+    void (*read)(const void *buf, tg_dtype dt, double *dst, size_t n);
+    void (*copy)(void *dst, const void *src, size_t n);
+    /* A graph made ready to run (the backend may keep a pointer to it). `keep` lists the nodes
+     * whose values must stay readable after a run (outputs, gradients); the backend plans its
+     * own buffers, since its fusion decides which nodes get memory at all. */
+    void *(*prepare)(const tg_graph *g, const int *keep, int n_keep, tg_error *err);
+    size_t (*planned_bytes)(void *exec);                             /* intermediate memory */
+    void (*bind)(void *exec, int node, void *buf);                   /* INPUT/PARAM/STATE leaves */
+    bool (*run)(void *exec, const double *hyper, tg_error *err);
+    void *(*node_buf)(void *exec, int node);                         /* a node's values after run */
+    void (*release)(void *exec);
+    /* Optional: one whole training step kept on the device: run; then, only if the guard node
+     * is finite (with checks_writebacks: the loss, and every value to write back), every
+     * write-back dst[k] <- node wb[k].src; *loss_out and *guard_out get the loss and the guard
+     * (non-finite when the write-backs were skipped) either way. NULL: the runtime does run,
+     * read and copy itself. */
+    bool (*step)(void *exec, const double *hyper, int loss, int guard, const tg_assign *wb, int n_wb, void *const *dst,
+                 double *loss_out, double *guard_out, tg_error *err);
+    const char *(*source)(void *exec);                               /* generated kernels, or NULL */
+    /* Its step checks every value it writes back and fails the guard itself (one pass on the
+     * device instead of a reduction per gradient): no guard node in the graph. */
+    bool checks_writebacks;
+    /* Optional: whether it can run here (a device, a compiler), else false with the reason. */
+    bool (*available)(tg_error *err);
+} tg_backend;
+
+/* By name: "cpu" (the default; $TG_BACKEND overrides), "reference" (the interpreter, f32),
+ * "reference-f64" (double, for gradient checks), "cuda", and "cuda-nvrtc" (a compile-only
+ * variant: NVRTC for sm_90, runs nothing; tests use it on machines without a GPU). NULL with err
+ * set for an unknown or unavailable backend. */
+const tg_backend *backend_find(const char *name, tg_error *err);
+extern const tg_backend backend_reference, backend_reference_f64;   /* reference/ref_backend.c */
+extern const tg_backend backend_cpu;                                 /* cpu/cpu_backend.c */
+extern const tg_backend backend_cuda, backend_cuda_nvrtc;            /* cuda/cuda_backend.c */
+
+#endif

@@ -1,0 +1,363 @@
+/* Training handles: compiling a spec (trace, autograd, optimizer, backend), the parameter and
+ * optimizer-state store a handle shares with its forwards, the step, live changes (learning
+ * rate, schedule, reset, a new model) and destruction. */
+#include "runtime/runtime.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void copy_schedule(tg_train *t, const tg_schedule *s) {
+    int k = 0;
+    for (const tg_schedule *p = s; p && k < MAX_SCHEDULE_CHAIN; p = p->after) t->chain[k++] = *p;
+    for (int i = 0; i < k; i++) t->chain[i].after = i + 1 < k ? &t->chain[i + 1] : NULL;
+    t->opt.lr = t->chain[0];
+}
+
+/* Persistent buffers for parameters (from the model's init) and optimizer state (zeros). */
+static bool alloc_store(tg_train *t, tg_error *err) {
+    const tg_graph *g = t->c.g;
+    t->param = tg_alloc(sizeof(void *) * (size_t)(t->n_params + 1));
+    t->state = tg_alloc(sizeof(void *) * (size_t)(g->n_state + 1));
+    if (!t->param || !t->state) { tg_seterr(err, "out of memory for the parameter table"); return false; }
+    for (int i = 0; i < t->n_params; i++) {
+        t->param[i] = t->be->alloc((size_t)shape_numel(model_param(t->model, i)->shape));
+        if (!t->param[i]) { tg_seterr(err, "out of memory for parameter '%s'", model_param(t->model, i)->name); return false; }
+    }
+    for (int i = 0; i < g->n_state; i++) {
+        t->state[i] = t->be->alloc((size_t)g->nodes[g->state_shape_node[i]].numel);
+        if (!t->state[i]) { tg_seterr(err, "out of memory for optimizer state"); return false; }
+    }
+    return true;
+}
+
+static void free_store(tg_train *t) {
+    for (int i = 0; t->state && i < t->c.g->n_state; i++)
+        if (t->state[i]) t->be->free(t->state[i]);
+    free(t->state);
+    for (int i = 0; t->param && i < t->n_params; i++)
+        if (t->param[i]) t->be->free(t->param[i]);
+    free(t->param);
+    t->state = t->param = NULL;
+}
+
+/* The largest parameter's element count: the host buffer init and reset need. */
+static size_t max_param_numel(const tg_train *t) {
+    size_t max = 1;
+    for (int i = 0; i < t->n_params; i++) {
+        size_t n = (size_t)shape_numel(model_param(t->model, i)->shape);
+        if (n > max) max = n;
+    }
+    return max;
+}
+
+/* Parameters from the model's init; false (nothing changed) when memory runs out. */
+static bool init_params(tg_train *t) {
+    double *v = tg_alloc(sizeof(double) * max_param_numel(t));
+    if (!v) return false;
+    for (int i = 0; i < t->n_params; i++) {
+        size_t n = (size_t)shape_numel(model_param(t->model, i)->shape);
+        model_init_param(t->model, i, v);
+        t->be->write(t->param[i], TG_FLOAT32, v, n);
+    }
+    free(v);
+    return true;
+}
+
+/* Everything of a training handle but its lock, queue and forwards: trace, gradients, optimizer,
+ * compile, parameters initialized. NULL with err set on failure. */
+static tg_train *train_build(const tg_train_spec *spec, tg_error *err) {
+    const tg_backend *be = backend_find(spec->backend, err);
+    if (!be) return NULL;
+    tg_graph *g = rt_trace(spec->model, spec->loss, spec->ctx, spec->inputs, spec->n_inputs, false, err);
+    if (!g) return NULL;
+    int loss = g->output;
+    int *wrt = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
+    int *grads = tg_alloc(sizeof(int) * (size_t)(g->n_params + 2));
+    int n_wrt = 0;
+    for (int i = 0; wrt && i < g->n_params; i++)
+        if (g->param_node[i] >= 0) wrt[n_wrt++] = g->param_node[i];
+    if (!wrt || !grads) ir_fail(g, TG_HERE, "out of memory deriving gradients");
+    bool ok = ir_ok(g) && grad_build(g, loss, wrt, n_wrt, grads);
+    for (int i = 0, k = 0; ok && i < g->n_params; i++)
+        if (g->param_node[i] >= 0) g->grad_of_param[i] = grads[k++];
+    ok = ok && optim_build(g, &spec->optimizer, !be->checks_writebacks);
+    free(wrt);
+    if (!ok) {
+        tg_seterr(err, "%s", g->error);
+        free(grads);
+        ir_free(g);
+        return NULL;
+    }
+    tg_train *t = tg_alloc(sizeof *t);
+    if (!t) {
+        tg_seterr(err, "out of memory for the training handle");
+        free(grads);
+        ir_free(g);
+        return NULL;
+    }
+    t->model = spec->model;
+    t->be = be;
+    t->loss = loss;
+    t->loss_fn = spec->loss;
+    t->loss_ctx = spec->ctx;
+    t->opt = spec->optimizer;
+    t->n_params = g->n_params;
+    copy_schedule(t, &spec->optimizer.lr);
+    grads[n_wrt] = loss;
+    grads[n_wrt + 1] = g->guard;   /* read after every step: kept to the end */
+    int n_keep, *keep = rt_keep_list(g, grads, n_wrt + 2, &n_keep);
+    ok = keep && rt_compile_graph(&t->c, be, g, spec->n_inputs, keep, n_keep, err) && alloc_store(t, err);
+    if (!keep) {
+        tg_seterr(err, "out of memory compiling the graph");
+        t->c.g = g;   /* for compiled_free below */
+    }
+    free(keep);
+    free(grads);
+    if (ok && !init_params(t)) {
+        tg_seterr(err, "out of memory initialising the parameters");
+        ok = false;
+    }
+    if (!ok) {
+        free_store(t);
+        rt_compiled_free(&t->c);
+        free(t);
+        return NULL;
+    }
+    rt_bind_params(&t->c, t->param);
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i].op == OP_STATE) be->bind(t->c.exec, i, t->state[g->nodes[i].iarg[0]]);
+    return t;
+}
+
+static void destroy_unregistered(tg_train *t);
+
+tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
+    if (!spec) { tg_seterr(err, "tg_compile: no spec"); return NULL; }
+    tg_train *t = train_build(spec, err);
+    if (!t) return NULL;
+    pthread_mutexattr_t attr;   /* recursive: tg_eval_loss attaches and runs under the lock it holds */
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&t->mu, &attr);
+    pthread_mutexattr_destroy(&attr);
+    t->queue = async_new();   /* its worker thread starts at the first submit */
+    if (!t->queue || !rt_registry_add(t)) {
+        tg_seterr(err, "tg_compile: out of memory");
+        destroy_unregistered(t);
+        return NULL;
+    }
+    return t;
+}
+
+static void *leaf_storage(tg_train *t, const tg_node *n) {
+    return n->op == OP_PARAM ? t->param[n->iarg[0]] : t->state[n->iarg[0]];
+}
+
+/* The random seed of one call: a function of the model's seed, the kind of handle and the call
+ * number, kept below 2^53 so a double (the hyper slot) holds it exactly. */
+double rt_call_seed(const tg_model *m, uint64_t kind, int64_t call) {
+    uint64_t z = rng_mix(tg_model_seed(m) * 2 + kind) ^ rng_mix((uint64_t)call);
+    return (double)(z >> 11);
+}
+
+static int64_t sched_step(const tg_train *t) { return t->step + 1 - t->sched_base; }
+
+double tg_train_lr(const tg_train *t) {
+    tg_train *l = rt_lock_train(t);
+    if (!l) return 0;
+    double lr = tg_schedule_at(&l->opt.lr, sched_step(l));
+    rt_unlock(l);
+    return lr;
+}
+
+int64_t tg_train_step_count(const tg_train *t) {
+    tg_train *l = rt_lock_train(t);
+    if (!l) return 0;
+    int64_t step = l->step;
+    rt_unlock(l);
+    return step;
+}
+
+/* A step whose guard was not finite changed nothing; its message names the first parameter, in
+ * declaration order, whose gradient went non-finite (the gradients are kept nodes, still
+ * readable after the run). */
+static tg_result nonfinite_step(tg_train *t, double loss) {
+    const tg_graph *g = t->c.g;
+    const char *name = NULL, *what = NULL;
+    for (int i = 0; i < t->n_params && !name; i++) {
+        int node = g->grad_of_param[i];
+        if (node < 0) continue;
+        size_t n = (size_t)g->nodes[node].numel;
+        double *v = tg_alloc(sizeof(double) * n);
+        if (!v) break;   /* the step still fails; the message just names no parameter */
+        rt_read_node(&t->c, node, v);
+        for (size_t k = 0; k < n && !name; k++)
+            if (!isfinite(v[k])) {
+                name = model_param(t->model, i)->name;
+                what = isnan(v[k]) ? "NaN" : "infinite";
+            }
+        free(v);
+    }
+    long long step = (long long)t->step + 1;
+    if (!isfinite(loss) && name)
+        return rt_failed("loss is %s at step %lld (first non-finite gradient: '%s'); parameters were left unchanged",
+                      isnan(loss) ? "NaN" : "infinite", step, name);
+    if (!isfinite(loss))
+        return rt_failed("loss is %s at step %lld; parameters were left unchanged", isnan(loss) ? "NaN" : "infinite", step);
+    return rt_failed("gradient of '%s' is not finite (%s) at step %lld; parameters were left unchanged", name ? name : "?",
+                  what ? what : "NaN", step);
+}
+
+tg_result rt_step_locked(tg_train *t, const tg_data *inputs, int n_inputs) {
+    tg_result r;
+    memset(&r, 0, sizeof r);
+    if (!rt_bind_inputs(&t->c, inputs, n_inputs, r.error, sizeof r.error)) { r.status = TG_FAILED; return r; }
+    double lr = tg_schedule_at(&t->opt.lr, sched_step(t));   /* tg_set_lr / tg_set_schedule take any double */
+    if (!(lr >= 0 && isfinite(lr)))
+        return rt_failed("learning rate %g at step %lld is negative or not finite; nothing was changed", lr, (long long)t->step + 1);
+    optim_hyper(&t->opt, t->step + 1, lr, t->hyper);
+    t->hyper[HYPER_SEED] = rt_call_seed(t->model, 0, t->step + 1);
+    tg_error err;
+    double loss, guard;
+    const tg_graph *g = t->c.g;
+    if (t->be->step) {
+        if (!t->wb_dst) {   /* the write-back targets, in the graph's order */
+            t->wb_dst = tg_alloc(sizeof(void *) * (size_t)(g->n_assigns + 1));
+            if (!t->wb_dst) return rt_failed("tg_step: out of memory for the write-back table");
+            for (int k = 0; k < g->n_assigns; k++) t->wb_dst[k] = leaf_storage(t, &g->nodes[g->assigns[k].dst]);
+        }
+        if (!t->be->step(t->c.exec, t->hyper, t->loss, g->guard, g->assigns, g->n_assigns, t->wb_dst, &loss, &guard, &err))
+            return rt_failed("tg_step: %s", err.msg);
+    } else {
+        if (!t->be->run(t->c.exec, t->hyper, &err)) return rt_failed("tg_step: %s", err.msg);
+        rt_read_node(&t->c, t->loss, &loss);
+        rt_read_node(&t->c, g->guard, &guard);
+        for (int k = 0; k < g->n_assigns && isfinite(guard); k++) {
+            const tg_node *dst = &g->nodes[g->assigns[k].dst];
+            t->be->copy(leaf_storage(t, dst), t->be->node_buf(t->c.exec, g->assigns[k].src), (size_t)dst->numel);
+        }
+    }
+    if (!isfinite(guard)) return nonfinite_step(t, loss);
+    t->step++;
+    r.status = TG_OK;
+    r.loss = (float)loss;
+    r.step = t->step;
+    return r;
+}
+
+tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs) {
+    tg_train *l = rt_lock_train(t);
+    if (!l) return rt_failed("tg_step: %s training handle", rt_dead(t));
+    tg_result r = rt_step_locked(l, inputs, n_inputs);
+    rt_unlock(l);
+    return r;
+}
+
+/* ----- replacing the model ----- */
+
+tg_status tg_replace_model(tg_train *t, tg_model *m, const tg_optimizer *opt, tg_error *err) {
+    if (!rt_registry_has(t)) { tg_seterr(err, "tg_replace_model: %s training handle", rt_dead(t)); return TG_FAILED; }
+    /* Calls queued for the old model abort first: else the worker, draining the queue, could
+     * keep the lock from this call until they all ran. */
+    async_abort(t->queue, NULL, "the model was replaced");
+    tg_train *l = rt_lock_train(t);
+    if (!l) { tg_seterr(err, "tg_replace_model: %s training handle", rt_dead(t)); return TG_FAILED; }
+    tg_train_spec spec = { .model = m, .loss = l->loss_fn, .ctx = l->loss_ctx, .inputs = l->c.decls,
+                           .n_inputs = l->c.n_inputs, .optimizer = opt ? *opt : l->opt, .backend = l->be->name };
+    tg_error e;
+    tg_train *n = m ? train_build(&spec, &e) : NULL;
+    if (!n) {
+        tg_seterr(err, "tg_replace_model: %s", m ? e.msg : "no model given");
+        rt_unlock(l);
+        return TG_FAILED;
+    }
+    /* Calls queued since, or in flight, belong to the old model: they abort too. */
+    atomic_fetch_add(&l->generation, 1);
+    async_abort(l->queue, NULL, "the model was replaced");
+    free_store(l);
+    rt_compiled_free(&l->c);
+    free(l->wb_dst);
+    l->model = n->model;
+    l->n_params = n->n_params;
+    l->param = n->param;
+    l->state = n->state;
+    l->c = n->c;
+    l->loss = n->loss;
+    l->opt = n->opt;
+    copy_schedule(l, &n->opt.lr);
+    l->sched_base = l->step = 0;
+    l->wb_dst = NULL;
+    free(n);
+    rt_unlock(l);
+    return TG_OK;
+}
+
+static void destroy_unregistered(tg_train *t) {
+    async_free(t->queue, "the training handle was destroyed");
+    for (int i = 0; i < t->n_fwd; i++) rt_forward_free(t->fwd[i]);
+    free(t->fwd);
+    free_store(t);
+    free(t->wb_dst);
+    rt_compiled_free(&t->c);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+void tg_destroy(tg_train *t) {
+    if (!rt_registry_has(t)) return;
+    rt_registry_remove(t);
+    atomic_fetch_add(&t->generation, 1);
+    async_free(t->queue, "the training handle was destroyed");   /* outside the lock: its job in flight needs it */
+    t->queue = NULL;
+    pthread_mutex_lock(&t->mu);   /* a call another thread is making finishes first */
+    for (int i = 0; i < t->n_fwd; i++) rt_registry_remove(t->fwd[i]);
+    pthread_mutex_unlock(&t->mu);
+    destroy_unregistered(t);
+}
+
+static tg_status reset(tg_train *t, int params, int optimizer) {
+    /* All or nothing: the host buffers first (state slots have their parameters' shapes). */
+    double *zeros = optimizer ? tg_alloc(sizeof(double) * max_param_numel(t)) : NULL;
+    if ((optimizer && !zeros) || (params && !init_params(t))) {
+        free(zeros);
+        return TG_FAILED;
+    }
+    if (optimizer) {
+        const tg_graph *g = t->c.g;
+        for (int i = 0; i < g->n_state; i++)
+            t->be->write(t->state[i], TG_FLOAT32, zeros, (size_t)g->nodes[g->state_shape_node[i]].numel);
+        t->step = 0;
+        t->sched_base = 0;
+    }
+    free(zeros);
+    return TG_OK;
+}
+
+static void set_schedule(tg_train *t, const tg_schedule *s) {
+    if (!s) return;
+    copy_schedule(t, s);
+    t->sched_base = t->step;
+}
+
+tg_status tg_reset(tg_train *t, int params, int optimizer) {
+    tg_train *l = rt_lock_train(t);
+    if (!l) return TG_FAILED;
+    tg_status st = reset(l, params, optimizer);
+    rt_unlock(l);
+    return st;
+}
+
+void tg_set_schedule(tg_train *t, const tg_schedule *s) {
+    tg_train *l = rt_lock_train(t);
+    if (!l) return;
+    set_schedule(l, s);
+    rt_unlock(l);
+}
+
+void tg_set_lr(tg_train *t, double lr) {
+    tg_schedule s = tg_lr_constant(lr);
+    tg_set_schedule(t, &s);
+}
