@@ -6,7 +6,8 @@
  *   bench [--backend cpu|cuda|reference] [--steps-scale X] [--kernels DIR] [workload ...]
  *
  * --kernels DIR writes each workload's generated kernel source to DIR/<workload>.<backend>.txt
- * and times nothing (to compare the code generators' output across changes).
+ * and its graph's nodes (id, op, shape) beside it, and times nothing (to compare the code
+ * generators' output across changes).
  */
 #include "tensorgrad.h"
 
@@ -279,6 +280,16 @@ static int dump_kernels(tg_train *t, const char *dir, const char *name, const ch
         if (f) fclose(f);
         return 1;
     }
+    if (fclose(f) != 0) return 1;
+    snprintf(path, sizeof path, "%s/%s.%s.nodes.txt", dir, name, backend);   /* what k<id> computes */
+    const tg_graph *g = tg_train_graph(t);
+    if (!(f = fopen(path, "w"))) return 1;
+    for (int i = 0; i < tg_graph_n_nodes(g); i++) {
+        tg_node_info n = tg_graph_node(g, i);
+        fprintf(f, "%d %s", i, n.op);
+        for (int k = 0; k < n.shape.ndim; k++) fprintf(f, "%s%lld", k ? "x" : " ", (long long)n.shape.d[k]);
+        fprintf(f, "\n");
+    }
     return fclose(f) != 0;
 }
 
@@ -332,10 +343,12 @@ static int run(const char *name, const char *backend, double scale, const char *
     /* Everything the step keeps in (device) memory: the planned intermediates, the parameters
      * with Adam's two moments, and the inputs. */
     double state_mb = (tg_train_planned_bytes(t) + 4.0 * (3 * tg_train_param_total(t) + bt + by)) / 1048576.0;
+    char kernels[32] = "";
+    if (tg_train_launch_count(t) >= 0) snprintf(kernels, sizeof kernels, " kernels=%d", tg_train_launch_count(t));
     printf("%-16s %-4s %-8s params=%9lld ms/step median=%8.3f min=%8.3f loss=%.4f compile cold=%.2fs warm=%.3fs "
-           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f\n",
+           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f%s\n",
            name, backend, "tg", (long long)tg_train_param_total(t), sorted[2], sorted[0], r.loss, cold, warm,
-           tg_train_planned_bytes(t) / 1048576.0, state_mb, ru.ru_maxrss / 1024.0, cpu[2]);
+           tg_train_planned_bytes(t) / 1048576.0, state_mb, ru.ru_maxrss / 1024.0, cpu[2], kernels);
     fflush(stdout);
     tg_destroy(t);
     release(&w);

@@ -295,6 +295,17 @@ TG_API tg_tensor tg_where_causal_at(tg_site s, tg_tensor x, double fill);
 #define tg_softmax_causal(x) tg_softmax_causal_at(TG_HERE, x)
 #define tg_where_causal(x, fill) tg_where_causal_at(TG_HERE, x, fill)
 
+/* Scaled dot-product attention, fused: q [.., T, D], k [.., S, D], v [.., S, E] (the same leading
+ * dims, e.g. [B, heads, T, D] from tg_split_heads) -> [.., T, E], row r = softmax over c of
+ * (q_r . k_c * scale) weighting the rows v_c; causal keeps only c <= r (as softmax_causal).
+ * PyTorch: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale). Backends run
+ * it without ever storing the [T, S] scores (flash attention on CUDA; the gradient recomputes
+ * them from each row's saved log-sum-exp). The same computation written out, softmax(q @ kᵀ *
+ * scale) @ v with tg_softmax_causal or tg_softmax(.., -1), is recognised when it is traced and
+ * runs fused too (set TG_NO_FUSE=1 to keep it as written). */
+TG_API tg_tensor tg_attention_at(tg_site s, tg_tensor q, tg_tensor k, tg_tensor v, int causal, double scale);
+#define tg_attention(q, k, v, causal, scale) tg_attention_at(TG_HERE, q, k, v, causal, scale)
+
 /* stop_gradient: x, through which no gradient flows (x.detach()). dropout: inverted (kept values
  * scaled by 1/(1-p)); the mask is a hash of the step's seed, this call's place in the graph and
  * the element index, so backward recomputes it; p = 0 adds no node; 0 <= p < 1. No train/eval
@@ -588,7 +599,7 @@ typedef struct {
     tg_dtype dtype;
     tg_shape shape;
     int n_inputs;
-    int inputs[4];            /* node ids */
+    int inputs[6];            /* node ids */
     tg_site site;
 } tg_node_info;
 
@@ -605,6 +616,9 @@ TG_API size_t tg_train_planned_bytes(const tg_train *t);
  * forward, the variant of its last call), or NULL (the reference interpreter, or not compiled
  * yet). Valid until the handle's next call or change. */
 TG_API const char *tg_train_kernel_source(const tg_train *t);
+/* Device launches one training step makes on CUDA (kernels, cuBLAS products, memsets, the
+ * write-back pass), or -1 on backends that do not launch work (reference, cpu). */
+TG_API int tg_train_launch_count(const tg_train *t);
 TG_API const char *tg_forward_kernel_source(const tg_forward *f);
 /* Compiled variants a forward holds now (sizes of its open dimensions, plain or patchable). */
 TG_API int tg_forward_n_variants(const tg_forward *f);

@@ -1,23 +1,40 @@
 #!/usr/bin/env bash
 # Everything CUDA in one call on a machine with an NVIDIA GPU: the op-by-op backend suite (every
-# op, forward and gradients, CUDA against the reference interpreter), the model and session
-# tests on CUDA, the digits demo with --backend cuda, then the benchmark beside the PyTorch peer.
-#   tests/run_gpu.sh [quick]      (binaries from `make`; logs under $OUT or /tmp/tg_gpu)
-# Where the machine lacks OpenBLAS, put its shared libraries in .devlibs/ (see bench/RESULTS.md).
+# op, forward and gradients, CUDA against the reference interpreter, fused attention included),
+# the model, session and fault tests on CUDA, the digits demo with --backend cuda, then the
+# benchmark and the PyTorch peer in the same run.
+#   tests/run_gpu.sh [tests|bench|peer|all]   (default all; binaries from `make`; logs under $OUT)
+#     tests  the CUDA suite and the demo
+#     bench  ours: the five workloads, then a per-op profile of the GPT workloads
+#     peer   PyTorch's f32 modes (graph and cgraph included), --sdpa for the GPT workloads
+# The GPU machines lack OpenBLAS: where .devlibs/devlibs.tar.xz holds its shared libraries (from
+# a Debian machine: libopenblas.so.0, libgfortran.so.5, libquadmath.so.0), they are used.
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/tg_gpu}
-mkdir -p "$out"
-export LD_LIBRARY_PATH="$PWD/.devlibs:${LD_LIBRARY_PATH:-}"
-export TG_CACHE_DIR=/tmp/tg_gpu_cache OMP_WAIT_POLICY=PASSIVE
+what=${1:-all}
+mkdir -p "$out" .devlibs/lib
+[ -f .devlibs/devlibs.tar.xz ] && tar xJf .devlibs/devlibs.tar.xz -C .devlibs/lib
+export LD_LIBRARY_PATH="$PWD/.devlibs/lib:${LD_LIBRARY_PATH:-}"
+export TG_CACHE_DIR=/tmp/tg_gpu_cache OMP_WAIT_POLICY=PASSIVE NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
-run() { echo "== $*"; "$@" 2>&1 | tee -a "$out/log.txt" | tail -n 25; }
-run build/tests/test_backend
-run build/tests/test_models
-TG_SESSION_BACKENDS=cuda run build/tests/test_session
-run build/tests/test_faults   # non-finite gradients on CUDA too: the guarded write-back
-run build/examples/digits --backend cuda
-[ "${1:-}" = quick ] && exit 0
-run build/bench/bench --backend cuda sin_mlp mnist_mlp cifar_cnn char_gpt_small char_gpt
-echo "== PyTorch peer"
-PYTHONUNBUFFERED=1 python3 bench/peers/torch_workloads.py cuda 2>&1 | grep -v Warning | tee -a "$out/log.txt"
+run() { echo "== $*"; "$@" 2>&1 | tee -a "$out/log.txt" | grep -E "FAIL|passed|accuracy|cuda" | tail -n 25; }
+if [ "$what" = tests ] || [ "$what" = all ]; then
+    run build/tests/test_backend
+    run build/tests/test_models
+    TG_SESSION_BACKENDS=cuda run build/tests/test_session
+    run build/tests/test_faults   # non-finite gradients on CUDA too: the guarded write-back
+    run build/examples/digits --backend cuda
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+    echo "== tensorgrad (empty kernel cache: cold compiles)"
+    rm -rf "$TG_CACHE_DIR"
+    build/bench/bench --backend cuda sin_mlp mnist_mlp cifar_cnn char_gpt_small char_gpt 2>&1 | tee -a "$out/log.txt"
+    TG_CUDA_PROFILE=1 build/bench/bench --backend cuda --steps-scale 0.2 char_gpt_small char_gpt 2>&1 | tee "$out/profile.txt" | grep -v "^char_gpt"
+fi
+if [ "$what" = peer ] || [ "$what" = all ]; then
+    echo "== PyTorch peer (f32)"
+    export PYTHONUNBUFFERED=1
+    python3 bench/peers/torch_workloads.py cuda --modes graph,cgraph sin_mlp mnist_mlp cifar_cnn 2>&1 | grep -v Warning | tee -a "$out/log.txt"
+    python3 bench/peers/torch_workloads.py cuda --modes graph,cgraph --sdpa char_gpt_small char_gpt 2>&1 | grep -v Warning | tee -a "$out/log.txt"
+fi

@@ -20,16 +20,19 @@ typedef struct {
  * `materialized` (NULL: every node) marks the nodes that get memory; the others are computed
  * inside the kernels that read them, so a buffer they read stays live until those kernels ran.
  * Nodes not materialized get PLAN_BOUND too. `alias` (NULL: none) names, per node, the node
- * whose buffer it shares; that buffer then stays live as long as either is read. */
+ * whose buffer it shares; that buffer then stays live as long as either is read. `live_until`
+ * (NULL: none): per node, a later node until whose kernel what it reads stays live (a generator
+ * that runs several nodes in one kernel must not find their inputs overwritten by its outputs). */
 bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, const int *alias,
-                tg_plan *out);
+                const int *live_until, tg_plan *out);
 /* The node whose buffer holds node id's values (itself unless it is an alias). */
 static inline int plan_home(const tg_plan *p, int id) { return p->alias && p->alias[id] >= 0 ? p->alias[id] : id; }
 void plan_free(tg_plan *p);
 
 /* fuse.c: the scheduler of compiled backends. materialized[i] says whether node i gets memory
- * (computed by a kernel of its own) or is computed inside the kernels that read it. fuse =
- * false materializes every node (the unfused schedule, for tests). */
+ * (computed by a kernel of its own) or is computed inside the kernels that read it; a node no
+ * kept value or write-back depends on gets neither (it never runs). fuse = false materializes
+ * every other node (the unfused schedule, for tests). */
 bool fuse_pointwise(tg_op op);
 /* alias[i] >= 0: node i (a reshape or identity of a buffer already in memory) shares the buffer
  * of node alias[i] and gets no kernel; -1 otherwise. */

@@ -426,6 +426,78 @@ cg_gemm cg_gemm_of(const tg_graph *g, int id) {
     return m;
 }
 
+/* ----- what generators ask of expressions ----- */
+
+/* Does `node` read source k at its own flat index (so an element depends only on the same
+ * element of that source)? */
+bool cg_same_index(const tg_graph *g, int node, int k) {
+    const tg_node *n = &g->nodes[node], *s = &g->nodes[n->src[k]];
+    switch (n->op) {
+    case OP_NEG: case OP_ABS: case OP_SQUARE: case OP_SQRT: case OP_RSQRT: case OP_EXP: case OP_LOG:
+    case OP_RELU: case OP_TANH: case OP_SIGMOID: case OP_SIGN: case OP_STEP: case OP_SIN: case OP_COS:
+    case OP_GELU: case OP_GELU_GRAD: case OP_IDENTITY: case OP_RESHAPE: case OP_DROPOUT:
+        return true;
+    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MIN: case OP_MAX: case OP_LESS: case OP_GREATER:
+    case OP_EQUAL: case OP_WHERE: case OP_EXPAND: {
+        if (s->shape.ndim != n->shape.ndim) return false;
+        for (int i = 0; i < n->shape.ndim; i++)
+            if (s->shape.d[i] != n->shape.d[i]) return false;
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
+/* Does the kernel of `root` read `target` from memory (directly or through inlined nodes)? */
+bool cg_expr_reads(const cg *c, int root, int node, int target) {
+    if (node == target && node != root) return true;
+    const tg_node *n = N(c, node);
+    if (node != root && (c->mat[node] || cg_is_bound(n->op))) return false;
+    for (int k = 0; k < n->nsrc; k++)
+        if (cg_expr_reads(c, root, n->src[k], target)) return true;
+    return false;
+}
+
+/* [R, L] when node id is a materialized sum over the last axis of its (inlined or materialized)
+ * source, with the kept axes in front. */
+bool cg_row_sum(const cg *c, int id, int64_t *R, int64_t *L) {
+    const tg_node *n = N(c, id);
+    if (n->op != OP_SUM || !c->mat[id] || plan_home(c->plan, id) != id) return false;
+    const tg_node *s = N(c, n->src[0]);
+    if (!c->mat[n->src[0]] && (s->op == OP_SUM || s->op == OP_MATMUL)) return false;   /* absorbed producers */
+    for (int k = n->axis + 1; k < s->shape.ndim; k++)
+        if (s->shape.d[k] != 1) return false;
+    *L = s->shape.d[n->axis];
+    *R = s->numel / *L;
+    return *L >= 2 && s->numel < ((int64_t)1 << 31);
+}
+
+/* Does `node` (evaluated in `state`: 0 element (r, j) of an [R, L] value, 1 row r of an [R] value,
+ * -1 elsewhere) read `target` (an [R, L] or [R] member of the row kernel) only within row r? */
+bool cg_row_local(const cg *c, int root, int node, int target, int state, int64_t R, int64_t L) {
+    if (node == target) return N(c, node)->numel == R * L ? state == 0 : state == 1;
+    const tg_node *n = N(c, node);
+    if (node != root && (c->mat[node] || cg_is_bound(n->op))) return true;
+    for (int k = 0; k < n->nsrc; k++) {
+        const tg_node *sk = N(c, n->src[k]);
+        int st = -1;
+        if (state >= 0 && cg_same_index(c->g, node, k)) {
+            st = state;
+        } else if (state == 0 && n->shape.d[n->shape.ndim - 1] == L && sk->shape.ndim == n->shape.ndim &&
+                   sk->shape.d[sk->shape.ndim - 1] == 1 && n->op != OP_PERMUTE) {
+            bool rows = true;   /* a broadcast along the last axis only: the source's flat index is r */
+            for (int d = 0; d + 1 < n->shape.ndim; d++) rows &= sk->shape.d[d] == n->shape.d[d];
+            if (rows && (n->op == OP_EXPAND || n->op == OP_ADD || n->op == OP_SUB || n->op == OP_MUL || n->op == OP_DIV ||
+                         n->op == OP_MIN || n->op == OP_MAX || n->op == OP_LESS || n->op == OP_GREATER ||
+                         n->op == OP_EQUAL || n->op == OP_WHERE))
+                st = 1;
+        }
+        if (!cg_row_local(c, root, n->src[k], target, st, R, L)) return false;
+    }
+    return true;
+}
+
 /* ----- the engine's entry points ----- */
 
 void cg_pointer(cg *c, strbuf *decl, int id, bool out, const char *restrict_kw) {
@@ -444,6 +516,7 @@ bool cg_init(cg *c, const tg_graph *g, const bool *materialized, const tg_plan *
     c->mat = materialized;
     c->plan = plan;
     c->out = out;
+    c->unsupported = -1;
     c->used = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
     c->cap_memo = 64;
     c->memo = tg_alloc(sizeof(memo_t) * (size_t)c->cap_memo);
@@ -507,4 +580,26 @@ static const char *const HELPERS[] = {
 void cg_prelude(strbuf *out, const char *qualifier) {
     for (size_t i = 0; i < sizeof HELPERS / sizeof HELPERS[0]; i++) sb_printf(out, "%s %s", qualifier, HELPERS[i]);
     sb_printf(out, "\n");
+}
+
+void cg_attention_args(const tg_graph *g, int id, int64_t *a) {
+    const tg_node *n = &g->nodes[id];
+    tg_shape q = g->nodes[n->src[0]].shape, k = g->nodes[n->src[1]].shape;
+    tg_shape v = n->op == OP_ATTENTION_LSE ? k : g->nodes[n->src[2]].shape;
+    a[0] = shape_numel(q) / (q.d[q.ndim - 2] * q.d[q.ndim - 1]);
+    a[1] = q.d[q.ndim - 2];
+    a[2] = k.d[k.ndim - 2];
+    a[3] = q.d[q.ndim - 1];
+    a[4] = v.d[v.ndim - 1];
+    a[5] = n->iarg[0];
+    memcpy(&a[6], &n->farg, sizeof(double));
+}
+
+bool cg_attention_joins(const tg_graph *g, int prev, int next) {
+    const tg_node *p = &g->nodes[prev], *n = &g->nodes[next];
+    if (p->op == OP_ATTENTION) return n->op == OP_ATTENTION_LSE && next == prev + 1;
+    if (p->op != OP_ATTENTION_BWD || n->op != OP_ATTENTION_BWD || next != prev + 1) return false;
+    for (int k = 0; k < 6; k++)
+        if (p->src[k] != n->src[k]) return false;
+    return true;
 }

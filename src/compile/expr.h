@@ -33,6 +33,7 @@ typedef struct {
     int n_memo, cap_memo;
     bool *used;          /* per node: read from memory by the current kernel */
     int parallel_min;    /* CPU: elements below which a kernel runs on one thread */
+    int unsupported;     /* a node the generator has no kernel for (the source is void), or -1 */
 } cg;
 
 
@@ -73,6 +74,23 @@ typedef struct { int ta, tb; int64_t M, N, K, batch, *aoff, *boff; } cg_gemm;
 cg_gemm cg_gemm_of(const tg_graph *g, int id);
 /* A shape as [outer, len, inner] around `axis`. */
 void cg_axis_split(tg_shape s, int axis, int64_t *outer, int64_t *len, int64_t *inner);
+/* Does `node` read source k at its own flat index (an element depends only on the same element
+ * of that source)? */
+bool cg_same_index(const tg_graph *g, int node, int k);
+/* Does the kernel of `root` read `target` from memory (directly or through inlined nodes)? */
+bool cg_expr_reads(const cg *c, int root, int node, int target);
+/* Row kernels: a sum along the last axis of an [R, L] source, and the kernels after it that work
+ * row by row. cg_row_sum: [R, L] when node id is a materialized sum over the last axis of its
+ * source (kept axes in front). cg_row_local: does `node` (evaluated in `state`: 0 element (r, j)
+ * of an [R, L] value, 1 row r of an [R] value, -1 elsewhere) read `target` (an [R, L] or [R]
+ * member of the row kernel) only within row r? */
+bool cg_row_sum(const cg *c, int id, int64_t *R, int64_t *L);
+bool cg_row_local(const cg *c, int root, int node, int target, int state, int64_t R, int64_t L);
+/* An attention node's constants: {batch, T, S, D, E, causal, the bits of its double scale}. */
+void cg_attention_args(const tg_graph *g, int id, int64_t *a);
+/* Does node next join node prev's attention kernel? ATTENTION_LSE right after its ATTENTION, or
+ * the ATTENTION_BWD of another operand right after one of the same forward. */
+bool cg_attention_joins(const tg_graph *g, int prev, int next);
 bool cg_is_bound(tg_op op);                    /* INPUT, PARAM, STATE */
 const char *cg_flit(double v, char *buf);      /* a float literal, inf and NaN included */
 /* The helpers generated expressions call (random numbers, GELU), each function declared with

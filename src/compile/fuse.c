@@ -54,19 +54,26 @@ void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bo
     int *uses = tg_alloc(sizeof(int) * (size_t)(n + 1));
     bool *memory_read = tg_alloc(sizeof(bool) * (size_t)(n + 1));
     bool *kept = tg_alloc(sizeof(bool) * (size_t)(n + 1));
-    if (!uses || !memory_read || !kept) fuse = false;   /* no memory to analyse: the unfused schedule, as valid */
+    bool *needed = tg_alloc(sizeof(bool) * (size_t)(n + 1));
+    if (!uses || !memory_read || !kept || !needed) {   /* no memory to analyse: the unfused schedule, as valid */
+        fuse = false;
+        free(needed);
+        needed = NULL;
+    }
+    for (int k = 0; needed && k < n_keep; k++)
+        if (keep[k] >= 0) kept[keep[k]] = needed[keep[k]] = true;
+    for (int k = 0; needed && k < g->n_assigns; k++) kept[g->assigns[k].src] = needed[g->assigns[k].src] = true;
+    for (int i = n - 1; needed && i >= 0; i--)   /* what the kept values depend on; the rest never runs */
+        for (int k = 0; needed[i] && k < g->nodes[i].nsrc; k++) needed[g->nodes[i].src[k]] = true;
     for (int i = 0; fuse && i < n; i++)
-        for (int k = 0; k < g->nodes[i].nsrc; k++) {
+        for (int k = 0; needed[i] && k < g->nodes[i].nsrc; k++) {
             int s = g->nodes[i].src[k];
             uses[s]++;
             if (!reads_inline(g->nodes[i].op)) memory_read[s] = true;
         }
-    for (int k = 0; fuse && k < n_keep; k++)
-        if (keep[k] >= 0) kept[keep[k]] = true;
-    for (int k = 0; fuse && k < g->n_assigns; k++) kept[g->assigns[k].src] = true;
     for (int i = 0; i < n; i++) {
         tg_op op = g->nodes[i].op;
-        if (op == OP_INPUT || op == OP_PARAM || op == OP_STATE) { materialized[i] = false; continue; }
+        if (op == OP_INPUT || op == OP_PARAM || op == OP_STATE || (needed && !needed[i])) { materialized[i] = false; continue; }
         bool inline_ok = fuse && fuse_pointwise(op) && !kept[i] && !memory_read[i] && (uses[i] <= 1 || trivial(op));
         materialized[i] = !inline_ok;
     }
@@ -76,4 +83,5 @@ void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bo
     free(uses);
     free(memory_read);
     free(kept);
+    free(needed);
 }

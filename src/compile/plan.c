@@ -22,7 +22,7 @@ static size_t first_fit(const live_buf *live, int n, size_t size) {
 }
 
 bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, const int *alias,
-                tg_plan *out) {
+                const int *live_until, tg_plan *out) {
     int n = g->n;
     int *last = tg_alloc(sizeof(int) * (size_t)(n + 1));
     live_buf *live = tg_alloc(sizeof(live_buf) * (size_t)(n + 1));
@@ -45,6 +45,7 @@ bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *mate
     for (int k = 0; k < g->n_assigns; k++) last[g->assigns[k].src] = n;
     for (int i = n - 1; i >= 0; i--) {
         int reader = (!materialized || materialized[i]) ? i : last[i];
+        if (live_until && live_until[i] > reader) reader = live_until[i];
         for (int k = 0; k < g->nodes[i].nsrc; k++)
             if (last[g->nodes[i].src[k]] < reader) last[g->nodes[i].src[k]] = reader;
         if (out->alias[i] >= 0 && last[out->alias[i]] < last[i]) last[out->alias[i]] = last[i];   /* shared buffer */

@@ -5,14 +5,15 @@
 #include "compile/compile.h"
 
 /* cpu_codegen.c: the C source of a scheduled, planned graph (entry point tg_entry); the caller
- * frees it. Pointwise kernels of fewer than parallel_min elements run on one thread. */
-char *codegen_c(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min);
+ * frees it. Pointwise kernels of fewer than parallel_min elements run on one thread. NULL when
+ * memory runs out, or with *unsupported set to a node that has no CPU kernel (else -1). */
+char *codegen_c(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min, int *unsupported);
 /* The CPU backend's refinements of fuse.c's schedule (products absorb their bias add and sums,
  * optimizer updates write parameters in place: inplace[i] is the leaf node i's kernel writes,
  * or -1), and the C source of the refined schedule. */
 void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *materialized, int *alias, int *inplace);
 char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min,
-                        const int *inplace);
+                        const int *inplace, int *unsupported);
 
 /* cpu_kernels.c: the library kernels generated C calls, indexed by its TGK_* ids; threads. */
 extern void *const cpu_kernels[];
@@ -22,5 +23,12 @@ void cpu_set_threads(int n);
 void cpu_blas_single_threaded(void);
 /* On: the CPU library kernels take their portable paths even where AVX-512 ones exist (tests). */
 void cpu_kernels_portable(bool on);
+/* n floats of this thread's scratch, kept for the thread's life; NULL when out of memory, which
+ * is recorded so that the step fails (cpu_kernels_failed). */
+float *cpu_scratch(size_t n);
+
+/* cpu_attention.c: library kernels (TGK_ATTENTION, TGK_ATTENTION_BWD). */
+void cpu_attention(const int64_t *a, void *const *p);
+void cpu_attention_bwd(const int64_t *a, void *const *p);
 
 #endif

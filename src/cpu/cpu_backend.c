@@ -245,10 +245,16 @@ static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_erro
         for (int i = 0; i < g->n; i++) e->inplace[i] = -1;
         fuse_schedule(g, keep, n_keep, fuse, e->mat, alias);
         if (fuse) codegen_c_refine(g, keep, n_keep, e->mat, alias, e->inplace);
-        ok = plan_build(g, keep, n_keep, e->mat, alias, &e->plan);
+        ok = plan_build(g, keep, n_keep, e->mat, alias, NULL, &e->plan);
     }
     free(alias);
-    if (ok) e->source = codegen_c_inplace(g, e->mat, &e->plan, PARALLEL_MIN, e->inplace);
+    int unsupported = -1;
+    if (ok) e->source = codegen_c_inplace(g, e->mat, &e->plan, PARALLEL_MIN, e->inplace, &unsupported);
+    if (unsupported >= 0) {
+        tg_seterr(err, "the CPU backend has no kernel for op '%s' (node %d)", op_name(g->nodes[unsupported].op), unsupported);
+        cpu_release(e);
+        return NULL;
+    }
     if (!ok || !e->source) {
         tg_seterr(err, "out of memory generating the CPU kernels of %d nodes (or a plan past 2^60 elements)", g->n);
         cpu_release(e);
@@ -300,5 +306,5 @@ static const char *cpu_source(void *h) { return ((cpu_exec *)h)->source; }
 
 const tg_backend backend_cpu = {
     "cpu", cpu_alloc, cpu_free, cpu_write, cpu_upload, cpu_read, cpu_copy,
-    cpu_prepare, cpu_planned_bytes, cpu_bind, cpu_run, cpu_node_buf, cpu_release, NULL, cpu_source, false, cpu_available,
+    cpu_prepare, cpu_planned_bytes, cpu_bind, cpu_run, cpu_node_buf, cpu_release, NULL, cpu_source, false, cpu_available, NULL,
 };

@@ -71,26 +71,6 @@ static int home_of(const tg_graph *g, const bool *mat, const int *alias, int id)
  *    (loss + 0 * every gradient) is not finite, so a failed step still leaves parameters and
  *    optimizer state unchanged. */
 
-/* Does `node` read source k at its own flat index (so an element depends only on the same
- * element of that source)? */
-static bool same_index(const tg_graph *g, int node, int k) {
-    const tg_node *n = &g->nodes[node], *s = &g->nodes[n->src[k]];
-    switch (n->op) {
-    case OP_NEG: case OP_ABS: case OP_SQUARE: case OP_SQRT: case OP_RSQRT: case OP_EXP: case OP_LOG:
-    case OP_RELU: case OP_TANH: case OP_SIGMOID: case OP_SIGN: case OP_STEP: case OP_SIN: case OP_COS:
-    case OP_GELU: case OP_GELU_GRAD: case OP_IDENTITY: case OP_RESHAPE: case OP_DROPOUT:
-        return true;
-    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MIN: case OP_MAX: case OP_LESS: case OP_GREATER:
-    case OP_EQUAL: case OP_WHERE: case OP_EXPAND: {
-        if (s->shape.ndim != n->shape.ndim) return false;
-        for (int i = 0; i < n->shape.ndim; i++)
-            if (s->shape.d[i] != n->shape.d[i]) return false;
-        return true;
-    }
-    default:
-        return false;
-    }
-}
 
 /* Are all reads of `target` in the expression of `node` (inlined below `root`) at root's flat
  * index? `same`: node is evaluated at root's flat index. */
@@ -99,7 +79,7 @@ static bool reads_same_index(const tg_graph *g, const bool *mat, int root, int n
     const tg_node *n = &g->nodes[node];
     if (node != root && (mat[node] || cg_is_bound(n->op))) return true;
     for (int k = 0; k < n->nsrc; k++)
-        if (!reads_same_index(g, mat, root, n->src[k], target, same && same_index(g, node, k))) return false;
+        if (!reads_same_index(g, mat, root, n->src[k], target, same && cg_same_index(g, node, k))) return false;
     return true;
 }
 
@@ -445,15 +425,6 @@ static int bias_product(const cg *c, int id) {
     return -1;
 }
 
-/* Does the kernel of `root` read `target` from memory (directly or through inlined nodes)? */
-static bool expr_reads(const cg *c, int root, int node, int target) {
-    if (node == target && node != root) return true;
-    const tg_node *n = N(c, node);
-    if (node != root && (c->mat[node] || cg_is_bound(n->op))) return false;
-    for (int k = 0; k < n->nsrc; k++)
-        if (expr_reads(c, root, n->src[k], target)) return true;
-    return false;
-}
 
 /* Can the roots so far run as one loop? In-place roots only with in-place roots, no root read
  * from memory (a later root reads an earlier one only at its own element, from the memo), no
@@ -476,7 +447,7 @@ static bool group_ok(gen *G) {
             if (i == w) return false;
             if (inplace_of(G, w) == i) {
                 for (int j = 0; j < G->n_roots; j++)
-                    if (j != k && expr_reads(c, G->roots[j], G->roots[j], i)) return false;
+                    if (j != k && cg_expr_reads(c, G->roots[j], G->roots[j], i)) return false;
             } else if (overlap(G, i, w)) {
                 return false;
             }
@@ -633,54 +604,17 @@ static void sum_kernel(gen *G, int id) {
 
 enum { ROW_ELEMS, ROW_VALUES, ROW_SUM };
 
-/* [R, L] when node id is a materialized sum over the last axis of its (inlined or materialized)
- * source, with the kept axes in front. */
-static bool row_sum(const cg *c, int id, int64_t *R, int64_t *L) {
-    const tg_node *n = N(c, id);
-    if (n->op != OP_SUM || !c->mat[id] || plan_home(c->plan, id) != id) return false;
-    const tg_node *s = N(c, n->src[0]);
-    if (!c->mat[n->src[0]] && (s->op == OP_SUM || s->op == OP_MATMUL)) return false;   /* absorbed producers */
-    for (int k = n->axis + 1; k < s->shape.ndim; k++)
-        if (s->shape.d[k] != 1) return false;
-    *L = s->shape.d[n->axis];
-    *R = s->numel / *L;
-    return *L >= 2 && s->numel < ((int64_t)1 << 31);
-}
 
 /* The row role of kernel id in an [R, L] row kernel, or -1. */
 static int row_role(gen *G, int id, int64_t R, int64_t L) {
     const cg *c = &G->c;
     const tg_node *n = N(c, id);
     int64_t r, l;
-    if (row_sum(c, id, &r, &l)) return r == R && l == L ? ROW_SUM : -1;
+    if (cg_row_sum(c, id, &r, &l)) return r == R && l == L ? ROW_SUM : -1;
     if (!fuse_pointwise(n->op) || inplace_of(G, id) >= 0 || bias_product(c, id) >= 0 || has_pad(c, id, id, 0)) return -1;
     return n->numel == R * L ? ROW_ELEMS : n->numel == R ? ROW_VALUES : -1;
 }
 
-/* Does `node` (evaluated in `state`: 0 element (r, j) of an [R, L] value, 1 row r of an [R] value,
- * -1 elsewhere) read `target` (an [R, L] or [R] member of the row kernel) only within row r? */
-static bool row_local(const cg *c, int root, int node, int target, int state, int64_t R, int64_t L) {
-    if (node == target) return N(c, node)->numel == R * L ? state == 0 : state == 1;
-    const tg_node *n = N(c, node);
-    if (node != root && (c->mat[node] || cg_is_bound(n->op))) return true;
-    for (int k = 0; k < n->nsrc; k++) {
-        const tg_node *sk = N(c, n->src[k]);
-        int st = -1;
-        if (state >= 0 && same_index(c->g, node, k)) {
-            st = state;
-        } else if (state == 0 && n->shape.d[n->shape.ndim - 1] == L && sk->shape.ndim == n->shape.ndim &&
-                   sk->shape.d[sk->shape.ndim - 1] == 1 && n->op != OP_PERMUTE) {
-            bool rows = true;   /* a broadcast along the last axis only: the source's flat index is r */
-            for (int d = 0; d + 1 < n->shape.ndim; d++) rows &= sk->shape.d[d] == n->shape.d[d];
-            if (rows && (n->op == OP_EXPAND || n->op == OP_ADD || n->op == OP_SUB || n->op == OP_MUL || n->op == OP_DIV ||
-                         n->op == OP_MIN || n->op == OP_MAX || n->op == OP_LESS || n->op == OP_GREATER ||
-                         n->op == OP_EQUAL || n->op == OP_WHERE))
-                st = 1;
-        }
-        if (!row_local(c, root, n->src[k], target, st, R, L)) return false;
-    }
-    return true;
-}
 
 /* In the body of member m (elements of row r), reads of the row values of earlier members are
  * at row r (row_local checked it): say so, since the compiler cannot see it through the
@@ -704,7 +638,7 @@ static void at_row(cg *c, const int *members, const int *roles, int m) {
 static int row_kernel(gen *G, const int *order, int n_order) {
     cg *c = &G->c;
     int64_t R, L;
-    if (!row_sum(c, order[0], &R, &L)) return 0;
+    if (!cg_row_sum(c, order[0], &R, &L)) return 0;
     int members[64], roles[64], nm = 0;
     for (int q = 0; q < n_order && nm < 64; q++) {
         int id = order[q], role = row_role(G, id, R, L);
@@ -712,7 +646,7 @@ static int row_kernel(gen *G, const int *order, int n_order) {
         bool ok = true;
         for (int e = 0; e < nm && ok; e++) {
             int start = role == ROW_SUM ? N(c, id)->src[0] : id;
-            ok = row_local(c, id, start, members[e], role == ROW_VALUES ? 1 : 0, R, L);
+            ok = cg_row_local(c, id, start, members[e], role == ROW_VALUES ? 1 : 0, R, L);
         }
         if (!ok) break;
         members[nm] = id;
@@ -765,7 +699,7 @@ static int row_kernel(gen *G, const int *order, int n_order) {
                      N(c, members[m])->numel == N(c, members[k])->numel;
                 for (int later = m + 1; later < nm && ok; later++) {
                     int start = roles[later] == ROW_SUM ? N(c, members[later])->src[0] : members[later];
-                    ok = !expr_reads(c, members[later], start, members[k]) && start != members[k];
+                    ok = !cg_expr_reads(c, members[later], start, members[k]) && start != members[k];
                 }
                 if (ok && G->same[m] < 0) G->same[m] = G->same[k] >= 0 ? G->same[k] : members[k];
             }
@@ -788,21 +722,55 @@ static int row_kernel(gen *G, const int *order, int n_order) {
 
 /* A call of library kernel `fn` with constant arguments and buffer pointers; `id` is the kernel's
  * output (its buffer listed in bufs too). */
-static void library_call(gen *G, int id, const char *fn, const int64_t *args, int nargs, const int *bufs, int nbufs) {
+/* A call of library kernel fn with constant args and the buffers of nodes bufs (-1: NULL); it
+ * writes the nodes outs[0..n_out). */
+static void library_call_n(gen *G, const int *outs, int n_out, const char *fn, const int64_t *args, int nargs,
+                           const int *bufs, int nbufs) {
     cg *c = &G->c;
-    begin(G, id);
+    begin(G, outs[0]);
+    for (int r = 1; r < n_out; r++) G->roots[G->n_roots++] = outs[r];
     strbuf head = { 0 };
     sb_printf(&head, "    static const int64_t a[] = {");
     for (int i = 0; i < nargs; i++) sb_printf(&head, "%s%lld", i ? ", " : " ", (long long)args[i]);
     sb_printf(&head, " };\n    void *const p[] = {");
     for (int i = 0; i < nbufs; i++) {
-        int b = bufs[i] == id ? id : view_base(c, bufs[i]);
-        if (b != id) c->used[b] = true;
-        sb_printf(&head, "%s(void *)P%d", i ? ", " : " ", b);
+        bool out = false;
+        for (int r = 0; r < n_out; r++) out |= bufs[i] == outs[r];
+        int b = bufs[i] < 0 || out ? bufs[i] : view_base(c, bufs[i]);
+        if (b >= 0 && !out) c->used[b] = true;
+        if (b < 0) sb_printf(&head, "%s(void *)0", i ? ", " : " ");
+        else sb_printf(&head, "%s(void *)P%d", i ? ", " : " ", b);
     }
     sb_printf(&head, " };\n    ((tgk_fn)R[%s])(a, p);\n", fn);
     end_kernel(G, false, head.s, "");
     free(head.s);
+}
+
+static void library_call(gen *G, int id, const char *fn, const int64_t *args, int nargs, const int *bufs, int nbufs) {
+    library_call_n(G, &id, 1, fn, args, nargs, bufs, nbufs);
+}
+
+/* Attention nodes of one kernel call: ATTENTION with its LSE node when that follows it in the
+ * schedule, or the consecutive ATTENTION_BWD nodes of one forward. Returns how many of next[]
+ * it took. */
+static int attention_call(gen *G, int id, const int *next, int n_next) {
+    cg *c = &G->c;
+    const tg_node *n = N(c, id);
+    int64_t a[7];
+    cg_attention_args(c->g, id, a);
+    int outs[3] = { id }, n_out = 1;
+    for (int k = 0; k < n_next && n_out < 3 && cg_attention_joins(c->g, outs[n_out - 1], next[k]); k++) outs[n_out++] = next[k];
+    if (n->op == OP_ATTENTION_BWD) {
+        int bufs[9] = { n->src[0], n->src[1], n->src[2], n->src[3], n->src[4], n->src[5], -1, -1, -1 };
+        for (int r = 0; r < n_out; r++) bufs[6 + N(c, outs[r])->iarg[1]] = outs[r];
+        library_call_n(G, outs, n_out, "TGK_ATTENTION_BWD", a, 7, bufs, 9);
+    } else {
+        bool fwd = n->op == OP_ATTENTION;
+        int lse = fwd ? (n_out > 1 ? outs[1] : -1) : id;
+        int bufs[5] = { n->src[0], n->src[1], fwd ? n->src[2] : n->src[1], fwd ? id : -1, lse };
+        library_call_n(G, outs, n_out, "TGK_ATTENTION", a, 7, bufs, 5);
+    }
+    return n_out - 1;
 }
 
 /* An im2col node's geometry as k_matmul takes it: C H W kh kw stride pad of its image. */
@@ -937,6 +905,7 @@ static void special_kernel(gen *G, int id) {
         return;
     }
     default:
+        c->unsupported = id;
         return;
     }
 }
@@ -955,10 +924,10 @@ static const char PRELUDE[] =
     "#pragma omp declare simd notinbranch\nfloat cosf(float);\n"
     "typedef void (*tgk_fn)(const int64_t *a, void *const *p);\n"
     "enum { TGK_MATMUL, TGK_SOFTMAX, TGK_SOFTMAX_CAUSAL, TGK_ARGMAX, TGK_SCATTER_ROWS, TGK_SCATTER_ALONG,\n"
-    "       TGK_COL2IM, TGK_MAXPOOL, TGK_MAXPOOL_BWD, TGK_FAILED };\n";
+    "       TGK_COL2IM, TGK_MAXPOOL, TGK_MAXPOOL_BWD, TGK_FAILED, TGK_ATTENTION, TGK_ATTENTION_BWD };\n";
 
 char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min,
-                        const int *inplace) {
+                        const int *inplace, int *unsupported) {
     strbuf out = { 0 };
     gen G;
     memset(&G, 0, sizeof G);
@@ -989,6 +958,8 @@ char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_pl
         } else if (fuse_pointwise(n->op)) joined = pointwise_kernel(&G, i, order + q + 1, n_order - q - 1);
         else if (n->op == OP_SUM && (joined = row_kernel(&G, order + q, n_order - q)) > 0) joined--;
         else if (n->op == OP_SUM) sum_kernel(&G, i);
+        else if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_LSE || n->op == OP_ATTENTION_BWD)
+            joined = attention_call(&G, i, order + q + 1, n_order - q - 1);
         else special_kernel(&G, i);
         bool writes_leaf = false;
         for (int r = 0; r < G.n_roots; r++) writes_leaf |= inplace_of(&G, G.roots[r]) >= 0;
@@ -1014,14 +985,15 @@ char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_pl
     free(G.names);
     free(G.slots.s);
     free(G.call.s);
+    *unsupported = c->unsupported;
     cg_release(c);
-    if (alloc_failures() != failures) {   /* the generator went on with placeholders: not a program */
+    if (alloc_failures() != failures || *unsupported >= 0) {   /* placeholders or holes: not a program */
         free(out.s);
         return NULL;
     }
     return out.s;
 }
 
-char *codegen_c(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min) {
-    return codegen_c_inplace(g, materialized, plan, parallel_min, NULL);
+char *codegen_c(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min, int *unsupported) {
+    return codegen_c_inplace(g, materialized, plan, parallel_min, NULL, unsupported);
 }

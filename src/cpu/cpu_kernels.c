@@ -62,7 +62,7 @@ static thread_buffers *buffers(void) {
 static atomic_int scratch_failed;
 
 /* n floats of this thread's scratch (NULL when out of memory, which is then recorded). */
-static float *scratch(size_t n) {
+float *cpu_scratch(size_t n) {
     thread_buffers *b = buffers();
     if (b && b->scratch_len < n) {
         free(b->scratch);
@@ -502,7 +502,7 @@ static void k_matmul(const int64_t *a, void *const *p) {
         im2col_view g = im2col_of(NULL, geo_c);
         #pragma omp parallel num_threads(threads) if (threads > 1)
         {
-            float *cols = scratch((size_t)(M * N));
+            float *cols = cpu_scratch((size_t)(M * N));
             #pragma omp for schedule(static)
             for (int64_t b = 0; b < batch; b++) {
                 if (!cols) continue;
@@ -878,6 +878,7 @@ bool cpu_kernels_failed(void) { return atomic_exchange(&scratch_failed, 0) != 0;
 void *const cpu_kernels[] = {
     (void *)k_matmul, (void *)k_softmax, (void *)k_softmax_causal, (void *)k_argmax, (void *)k_scatter_rows,
     (void *)k_scatter_along, (void *)k_col2im, (void *)k_maxpool, (void *)k_maxpool_bwd, (void *)k_failed,
+    (void *)cpu_attention, (void *)cpu_attention_bwd,
 };
 
 void cpu_set_threads(int n) { omp_set_num_threads(n); }

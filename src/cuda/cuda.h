@@ -14,12 +14,24 @@ typedef struct {
     char name[24];                   /* CL_KERNEL */
     int64_t grid, grid_y;
     int block;
+    int shared;                      /* CL_KERNEL: bytes of dynamic shared memory */
     int ta, tb, a, b;                /* CL_GEMM: operands' nodes */
     int64_t M, N, K, batch, *aoff, *boff;
     int64_t n;                       /* CL_MEMSET: elements */
 } cuda_launch;
 typedef struct { const tg_graph *g; cuda_launch *launch; int n, cap; } cuda_plan;
-char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches);
+/* cuda_attention.c: the device source of flash attention, instantiated by generated kernels. */
+extern const char CUDA_ATTENTION_SOURCE[];
+/* The CUDA generator's refinement of fuse_schedule: a sum that only another sum reads, over an
+ * adjacent axis, gets no kernel of its own (the reader sums over both axes at once, as the
+ * gradient of a broadcast bias does over batch and time). */
+void cuda_refine(const tg_graph *g, const int *keep, int n_keep, bool *materialized);
+/* Consecutive pointwise nodes and sums, which the generator may put into one kernel: per node,
+ * the last node of its run (plan_build's live_until), -1 outside runs. */
+void cuda_kernel_runs(const tg_graph *g, const bool *materialized, const int *alias, int *live_until);
+/* NULL when memory runs out, or with *unsupported set to a node without a CUDA kernel (else -1). */
+char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches,
+                   int *unsupported);
 void cuda_plan_free(cuda_plan *p);
 
 

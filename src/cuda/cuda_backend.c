@@ -39,6 +39,7 @@ typedef void *cublasHandle_t;
 #define CU_ATTR_CC_MAJOR 75
 #define CU_ATTR_CC_MINOR 76
 #define CU_CAPTURE_THREAD_LOCAL 1
+#define CU_FUNC_MAX_DYNAMIC_SHARED 8
 
 static struct {
     CUresult (*Init)(unsigned);
@@ -62,6 +63,7 @@ static struct {
     CUresult (*ModuleLoadData)(CUmodule *, const void *);
     CUresult (*ModuleUnload)(CUmodule);
     CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*FuncSetAttribute)(CUfunction, int, int);
     CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                              void **, void **);
     CUresult (*StreamCreate)(CUstream *, unsigned);
@@ -122,8 +124,8 @@ static const char *const CU_NAMES[] = {
     "cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetAttribute", "cuDeviceGetName", "cuDevicePrimaryCtxRetain",
     "cuCtxSetCurrent", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocHost_v2", "cuMemFreeHost", "cuMemcpyHtoD_v2",
     "cuMemcpyDtoH_v2", "cuMemcpyDtoD_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemsetD32_v2",
-    "cuMemsetD32Async", "cuModuleLoadData", "cuModuleUnload", "cuModuleGetFunction", "cuLaunchKernel", "cuStreamCreate",
-    "cuStreamSynchronize", "cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
+    "cuMemsetD32Async", "cuModuleLoadData", "cuModuleUnload", "cuModuleGetFunction", "cuFuncSetAttribute",
+    "cuLaunchKernel", "cuStreamCreate", "cuStreamSynchronize", "cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
     "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy", "cuGetErrorString",
 };
 static const char *const NVRTC_NAMES[] = {
@@ -386,14 +388,23 @@ static void cuda_release(void *h) {
 static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
     e->g = g;
     bool *mat = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
-    int *alias = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
-    bool ok = mat && alias;
-    if (ok) fuse_schedule(g, keep, n_keep, true, mat, alias);
-    ok = ok && plan_build(g, keep, n_keep, mat, alias, &e->plan);
+    int *alias = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), *runs = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
+    bool ok = mat && alias && runs;
+    if (ok) {
+        fuse_schedule(g, keep, n_keep, true, mat, alias);
+        cuda_refine(g, keep, n_keep, mat);
+        cuda_kernel_runs(g, mat, alias, runs);
+    }
+    ok = ok && plan_build(g, keep, n_keep, mat, alias, runs, &e->plan);
     free(alias);
-    if (ok) e->source = codegen_cuda(g, mat, &e->plan, &e->launches);
+    free(runs);
+    int unsupported = -1;
+    if (ok) e->source = codegen_cuda(g, mat, &e->plan, &e->launches, &unsupported);
     free(mat);
-    if (!e->source) tg_seterr(err, "out of memory generating the CUDA kernels of %d nodes (or a plan past 2^60 elements)", g->n);
+    if (unsupported >= 0)
+        tg_seterr(err, "the CUDA backend has no kernel for op '%s' (node %d)", op_name(g->nodes[unsupported].op), unsupported);
+    else if (!e->source)
+        tg_seterr(err, "out of memory generating the CUDA kernels of %d nodes (or a plan past 2^60 elements)", g->n);
     return e->source != NULL;
 }
 
@@ -412,9 +423,13 @@ static void *cuda_prepare(const tg_graph *g, const int *keep, int n_keep, tg_err
     e->fn = tg_alloc(sizeof(CUfunction) * (size_t)(e->launches.n + 1));
     e->bound = tg_alloc(sizeof(void *) * (size_t)(g->n + 1));
     if (!e->fn || !e->bound) { tg_seterr(err, "out of memory preparing the CUDA kernels"); goto fail; }
-    for (int i = 0; i < e->launches.n; i++)
-        if (e->launches.launch[i].kind == CL_KERNEL)
-            TRY(cu.ModuleGetFunction(&e->fn[i], e->module, e->launches.launch[i].name), e->launches.launch[i].name);
+    for (int i = 0; i < e->launches.n; i++) {
+        const cuda_launch *l = &e->launches.launch[i];
+        if (l->kind != CL_KERNEL) continue;
+        TRY(cu.ModuleGetFunction(&e->fn[i], e->module, l->name), l->name);
+        if (l->shared > 48 * 1024)   /* past the default limit only on request */
+            TRY(cu.FuncSetAttribute(e->fn[i], CU_FUNC_MAX_DYNAMIC_SHARED, l->shared), "the kernel's shared memory (attention: head dimension too large?)");
+    }
     TRY(cu.ModuleGetFunction(&e->writeback, e->module, "tg_writeback"), "tg_writeback");
     TRY(cu.ModuleGetFunction(&e->wb_check, e->module, "tg_wb_check"), "tg_wb_check");
     TRY(cu.MemAlloc(&e->wb_flag, sizeof(float)), "allocating the write-back flag");
@@ -499,7 +514,7 @@ static bool enqueue(cuda_exec *e, tg_error *err) {
             if (!gemm(e, l, err)) return false;
         } else {
             void *args[] = { &e->arena, &table, &hyper };
-            TRY(cu.LaunchKernel(e->fn[i], (unsigned)l->grid, (unsigned)l->grid_y, 1, (unsigned)l->block, 1, 1, 0,
+            TRY(cu.LaunchKernel(e->fn[i], (unsigned)l->grid, (unsigned)l->grid_y, 1, (unsigned)l->block, 1, 1, (unsigned)l->shared,
                                 g_cuda.stream, args, NULL),
                 l->name);
         }
@@ -642,10 +657,12 @@ static bool locked_step(void *h, const double *hyper, int loss, int guard, const
                         double *loss_out, double *guard_out, tg_error *err)
     LOCKED(bool, cuda_step(h, hyper, loss, guard, wb, n_wb, dst, loss_out, guard_out, err))
 static const char *cuda_source(void *exec) { return ((cuda_exec *)exec)->source; }
+/* The launch list, the hyper-scalar upload, and the write-back check and copy of a step. */
+static int cuda_launches(void *exec) { return ((cuda_exec *)exec)->launches.n + 3; }
 
 const tg_backend backend_cuda = {
     "cuda", locked_alloc, locked_free, locked_write, locked_upload, locked_read, locked_copy,
-    locked_prepare, cuda_planned_bytes, cuda_bind, locked_run, cuda_node_buf, locked_release, locked_step, cuda_source, true, device_ready,
+    locked_prepare, cuda_planned_bytes, cuda_bind, locked_run, cuda_node_buf, locked_release, locked_step, cuda_source, true, device_ready, cuda_launches,
 };
 
 /* ----- compile-only variant: host buffers, NVRTC for sm_90, nothing runs ----- */
@@ -701,6 +718,6 @@ static void *nvrtc_node_buf(void *h, int node) { return ((cuda_exec *)h)->bound[
 
 const tg_backend backend_cuda_nvrtc = {
     "cuda-nvrtc", host_alloc, free, host_write, host_upload, host_read, host_copy,
-    nvrtc_prepare, cuda_planned_bytes, cuda_bind, nvrtc_run, nvrtc_node_buf, nvrtc_release, NULL, cuda_source, true, nvrtc_ready,
+    nvrtc_prepare, cuda_planned_bytes, cuda_bind, nvrtc_run, nvrtc_node_buf, nvrtc_release, NULL, cuda_source, true, nvrtc_ready, cuda_launches,
 };
 

@@ -82,54 +82,129 @@ static bool arena_overlap(const cg *c, int a, int b) {
 
 /* Can the roots so far share one kernel, a thread per element index i? Each thread then touches
  * index i of every output only, so it is race-free when no two outputs share memory and nothing
- * read from memory shares memory with an output (a later root reads an earlier one from its
- * register: the memo). */
-typedef struct { const cg *c; const int *roots; int n_roots; } group;
+ * read from memory shares memory with an output (a later root of a segment reads an earlier one
+ * from its register: the memo). Checked incrementally: the newest root against everything, the
+ * buffers its expression newly reads against every root. */
+typedef struct { const cg *c; const int *roots; int n_roots; bool *seen; } group;
 
 static bool group_ok(void *ctx) {
     const group *gr = ctx;
     const cg *c = gr->c;
-    const int *roots = gr->roots;
-    int n_roots = gr->n_roots;
-    for (int r = 0; r < n_roots; r++) {
-        for (int q = 0; q < r; q++)
-            if (arena_overlap(c, roots[r], roots[q])) return false;
-        for (int u = 0; u < c->g->n; u++)
-            if (c->used[u] && arena_overlap(c, u, roots[r])) return false;
+    int r = gr->roots[gr->n_roots - 1];
+    for (int q = 0; q < gr->n_roots - 1; q++)
+        if (arena_overlap(c, r, gr->roots[q])) return false;
+    for (int u = 0; u < c->g->n; u++) {
+        if (!c->used[u]) continue;
+        if (arena_overlap(c, u, r)) return false;
+        for (int q = 0; !gr->seen[u] && q < gr->n_roots - 1; q++)
+            if (arena_overlap(c, u, gr->roots[q])) return false;
     }
     return true;
 }
 
-#define MAX_ROOTS 16
+/* Adds root r to the kernel if it is race-free there. */
+static bool join(cg *c, group *gr, int *roots, int r) {
+    roots[gr->n_roots++] = r;
+    if (!cg_try_root(c, r, group_ok, gr)) {
+        gr->n_roots--;
+        return false;
+    }
+    memcpy(gr->seen, c->used, sizeof(bool) * (size_t)c->g->n);
+    return true;
+}
 
-/* One kernel for the pointwise node order[0] and as many of the nodes after it in order[] as
- * can join it: pointwise, of its size, race-free together (group_ok). An optimizer update (a
- * parameter's m, v and new value) then runs as one kernel instead of three. Returns how many of
- * order[] it took. */
-static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
-    int id = order[0], roots[MAX_ROOTS] = { id };
-    group gr = { c, roots, 1 };
-    const tg_node *n = N(c, id);
-    cg_begin(c, id);
-    cg_root_line(c, id);
-    for (int q = 1; q < n_order && gr.n_roots < MAX_ROOTS; q++) {
-        int r = order[q];
-        if (!fuse_pointwise(N(c, r)->op) || N(c, r)->numel != n->numel) break;
-        roots[gr.n_roots++] = r;
-        if (!cg_try_root(c, r, group_ok, &gr)) {
-            gr.n_roots--;
-            break;
+#define MAX_ROOTS 512
+
+void cuda_refine(const tg_graph *g, const int *keep, int n_keep, bool *materialized) {
+    int *uses = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
+    if (!uses) return;   /* the plainer schedule is as valid */
+    for (int i = 0; i < g->n; i++)
+        for (int k = 0; k < g->nodes[i].nsrc; k++) uses[g->nodes[i].src[k]]++;
+    for (int k = 0; k < n_keep; k++)
+        if (keep[k] >= 0) uses[keep[k]] += 2;
+    for (int k = 0; k < g->n_assigns; k++) uses[g->assigns[k].src] += 2;
+    for (int i = 0; i < g->n; i++) {
+        const tg_node *n = &g->nodes[i];
+        if (n->op != OP_SUM || !materialized[i]) continue;
+        int lo = n->axis, hi = n->axis, x = n->src[0], count = 1;
+        for (; g->nodes[x].op == OP_SUM && !materialized[x]; x = g->nodes[x].src[0], count++) {
+            lo = g->nodes[x].axis < lo ? g->nodes[x].axis : lo;
+            hi = g->nodes[x].axis > hi ? g->nodes[x].axis : hi;
+        }
+        const tg_node *s = &g->nodes[x];
+        bool apart = s->axis != lo - 1 && s->axis != hi + 1;   /* the axes must stay one block */
+        if (s->op == OP_SUM && materialized[x] && uses[x] == 1 && !apart && s->axis != n->axis) materialized[x] = false;
+    }
+    free(uses);
+}
+
+void cuda_kernel_runs(const tg_graph *g, const bool *materialized, const int *alias, int *live_until) {
+    int start = -1, count = 0;
+    for (int i = 0; i < g->n; i++) live_until[i] = -1;
+    for (int i = 0; i <= g->n; i++) {
+        tg_op op = i < g->n ? g->nodes[i].op : OP_COUNT;
+        bool point = i < g->n && materialized[i] && alias[i] < 0 && (fuse_pointwise(op) || op == OP_SUM);
+        bool other = i < g->n && materialized[i] && alias[i] < 0 && !point;
+        if (point && start >= 0 && count < MAX_ROOTS) {   /* the run goes on */
+            count++;
+            continue;
+        }
+        if ((point || other || i == g->n) && start >= 0) {   /* the run [start, i) ends */
+            int end = start;
+            for (int j = start; j < i; j++)
+                if (materialized[j] && alias[j] < 0) end = j;
+            for (int j = start; j < i; j++) live_until[j] = end;
+            start = -1;
+        }
+        if (point) {
+            start = i;
+            count = 1;
         }
     }
-    int n_roots = gr.n_roots;
-    c->root = id;
-    char head[200];
-    snprintf(head, sizeof head,
-             "    const int64_t i = (int64_t)blockIdx.x * %d + threadIdx.x;\n    if (i >= %lldll) return;\n    {\n",
-             BLOCK, (long long)n->numel);
-    end_kernel_roots(c, roots, n_roots, NULL, 0, head, "    }\n");
-    kernel_launch(p, id, n->numel, BLOCK);
-    return n_roots;
+}
+
+/* One kernel for the pointwise node order[0] and as many of the pointwise nodes after it in
+ * order[] as can join it race-free (group_ok). Nodes of one size form a segment (a thread per
+ * element, later roots reading earlier ones from registers); segments of other sizes follow in
+ * the same kernel, each over its own range of thread indices. A whole optimizer update, every
+ * parameter's m, v and new value, is then one launch. Returns how many of order[] it took. */
+static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
+    int roots[MAX_ROOTS];
+    group gr = { c, roots, 0, tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1)) };
+    if (!gr.seen) return 1;   /* out of memory: the source is discarded (alloc_failures) */
+    strbuf code = { 0 };
+    int q = 0;
+    int64_t total = 0;
+    cg_begin(c, order[0]);
+    while (q < n_order && fuse_pointwise(N(c, order[q])->op) && gr.n_roots < MAX_ROOTS) {
+        int64_t numel = N(c, order[q])->numel;
+        c->n_memo = 0;   /* a segment's temporaries live in its own block */
+        c->body.len = 0;
+        if (c->body.s) c->body.s[0] = 0;
+        if (gr.n_roots == 0) {   /* the first root: nothing to race with */
+            roots[gr.n_roots++] = order[q];
+            cg_root_line(c, order[q]);
+            memcpy(gr.seen, c->used, sizeof(bool) * (size_t)c->g->n);
+        } else if (!join(c, &gr, roots, order[q])) {
+            break;
+        }
+        for (q++; q < n_order && gr.n_roots < MAX_ROOTS; q++)
+            if (!fuse_pointwise(N(c, order[q])->op) || N(c, order[q])->numel != numel || !join(c, &gr, roots, order[q])) break;
+        sb_printf(&code, "    %sif (g < %lldll) {\n        const int64_t i = g - %lldll;\n%s    }\n", total ? "else " : "",
+                  (long long)(total + numel), (long long)total, sb_str(&c->body));
+        total += numel;
+    }
+    char head[160];
+    snprintf(head, sizeof head, "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n", BLOCK);
+    c->body.len = 0;   /* the kernel's body: its segments */
+    if (c->body.s) c->body.s[0] = 0;
+    sb_printf(&c->body, "%s", sb_str(&code));
+    free(code.s);
+    c->root = roots[0];
+    end_kernel_roots(c, roots, gr.n_roots, NULL, 0, head, "");
+    kernel_launch(p, roots[0], total, BLOCK);
+    free(gr.seen);
+    return q;
 }
 
 /* Sum over one axis: [outer, len, inner] -> [outer, 1, inner], reading coalesced:
@@ -140,15 +215,20 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
  *    gives too few threads, the axis is cut into chunks (grid y) summed into the zeroed output
  *    with atomics (so the order of the additions varies from run to run, by rounding only). */
 static void sum_kernel(cg *c, cuda_plan *p, int id) {
-    const tg_node *n = N(c, id), *s = N(c, n->src[0]);
-    int64_t outer = 1, len = s->shape.d[n->axis], inner = 1;
-    for (int k = 0; k < n->axis; k++) outer *= s->shape.d[k];
-    for (int k = n->axis + 1; k < s->shape.ndim; k++) inner *= s->shape.d[k];
+    const tg_node *n = N(c, id);
+    int lo = n->axis, hi = n->axis, x = n->src[0];
+    for (; N(c, x)->op == OP_SUM && !c->mat[x]; x = N(c, x)->src[0]) {   /* sums absorbed (cuda_refine) */
+        lo = N(c, x)->axis < lo ? N(c, x)->axis : lo;
+        hi = N(c, x)->axis > hi ? N(c, x)->axis : hi;
+    }
+    const tg_node *s = N(c, x);
+    int64_t outer = 1, len = 1, inner = 1;
+    for (int k = 0; k < s->shape.ndim; k++) *(k < lo ? &outer : k <= hi ? &len : &inner) *= s->shape.d[k];
     int64_t outs = outer * inner;
     cg_begin(c, id);
     char flat[NAME];
     cg_def(c, flat, "f", "int64_t", "(o * %lld + k) * %lld + j", (long long)len, (long long)inner);
-    cg_line(c, "acc += %s;", cg_value(c, n->src[0], flat));
+    cg_line(c, "acc += %s;", cg_value(c, x, flat));
     char head[700], tail[400];
     if (inner == 1 && len >= 32) {
         int64_t chunks = 1;   /* warps enough for about 64k threads, each lane summing >= 32 */
@@ -194,6 +274,94 @@ static void sum_kernel(cg *c, cuda_plan *p, int id) {
     p->launch[p->n - 1].grid_y = chunks;
 }
 
+/* ----- row kernels -----
+ * A sum along the last axis of an [R, L] source, then the kernels after it that work row by row
+ * (elementwise over [R, L], or over the R row values), as one kernel with a warp per row: layer
+ * norm (mean, centre, variance, scale), softmax and cross-entropy and their backward passes each
+ * become one launch instead of several. Lane l takes elements j = l, l + 32, ... of every
+ * [R, L] member, so the elements a lane reads back (cg_row_local: only at its own (r, j)) are
+ * its own; a row value (a sum, or an [R] member) is written by lane 0 and read by every lane
+ * after a __syncwarp, which orders the warp's memory accesses. */
+
+enum { ROW_ELEMS, ROW_VALUES, ROW_SUM };
+
+static int row_role(const cg *c, int id, int64_t R, int64_t L) {
+    const tg_node *n = N(c, id);
+    int64_t r, l;
+    if (cg_row_sum(c, id, &r, &l)) return r == R && l == L ? ROW_SUM : -1;
+    if (!fuse_pointwise(n->op) || plan_home(c->plan, id) != id) return -1;
+    return n->numel == R * L ? ROW_ELEMS : n->numel == R ? ROW_VALUES : -1;
+}
+
+#define MAX_ROW_MEMBERS 32
+
+/* The row kernel starting at the sum order[0]; returns how many of order[] it took (0: none). */
+static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
+    int64_t R, L;
+    if (!cg_row_sum(c, order[0], &R, &L)) return 0;
+    int members[MAX_ROW_MEMBERS], roles[MAX_ROW_MEMBERS], nm = 0;
+    for (int q = 0; q < n_order && nm < MAX_ROW_MEMBERS; q++) {
+        int id = order[q], role = row_role(c, id, R, L);
+        if (role < 0) break;
+        bool ok = true;
+        for (int e = 0; e < nm && ok; e++)
+            ok = cg_row_local(c, id, role == ROW_SUM ? N(c, id)->src[0] : id, members[e], role == ROW_VALUES ? 1 : 0, R, L);
+        if (!ok) break;
+        members[nm] = id;
+        roles[nm++] = role;
+    }
+    for (; nm >= 2; nm--) {   /* as many members as run race-free: no buffer read is written too */
+        cg_begin(c, members[0]);
+        strbuf text = { 0 };
+        for (int m = 0; m < nm; m++) {
+            int id = members[m];
+            c->root = id;
+            c->n_memo = 0;
+            c->body.len = 0;
+            if (c->body.s) c->body.s[0] = 0;
+            if (roles[m] == ROW_SUM) {
+                cg_line(c, "const int64_t xf = r * %lldll + j;", (long long)L);
+                cg_line(c, "acc += (double)%s;", cg_value(c, N(c, id)->src[0], "xf"));
+                sb_printf(&text, "    {\n    double acc = 0;\n    for (int64_t j = lane; j < %lldll; j += 32) {\n%s    }\n"
+                                 "    for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);\n"
+                                 "    if (lane == 0) P%d[r] = (%s)acc;\n    __syncwarp();\n    }\n",
+                          (long long)L, sb_str(&c->body), id, cg_ctype(N(c, id)));
+            } else if (roles[m] == ROW_ELEMS) {
+                cg_line(c, "const int64_t i = r * %lldll + j;", (long long)L);
+                cg_line(c, "P%d[i] = %s;", id, cg_root_value(c, "i"));
+                sb_printf(&text, "    for (int64_t j = lane; j < %lldll; j += 32) {\n%s    }\n", (long long)L, sb_str(&c->body));
+            } else {
+                cg_line(c, "const %s v = %s;", cg_ctype(N(c, id)), cg_root_value(c, "r"));
+                sb_printf(&text, "    {\n%s    if (lane == 0) P%d[r] = v;\n    __syncwarp();\n    }\n", sb_str(&c->body), id);
+            }
+        }
+        bool ok = true;
+        for (int i = 0; i < c->g->n && ok; i++)
+            for (int m = 0; m < nm && ok; m++) {
+                bool member = false;
+                for (int e = 0; e < nm; e++) member |= members[e] == i;
+                if ((c->used[i] && !member) || (member && i != members[m])) ok = !arena_overlap(c, i, members[m]);
+            }
+        if (!ok) {
+            free(text.s);
+            continue;
+        }
+        c->body.len = 0;
+        if (c->body.s) c->body.s[0] = 0;
+        sb_printf(&c->body, "%s", sb_str(&text));
+        free(text.s);
+        c->root = members[0];
+        char head[200];
+        snprintf(head, sizeof head,
+                 "    const int64_t r = ((int64_t)blockIdx.x * %d + threadIdx.x) / 32;\n    const int lane = threadIdx.x & 31;\n"
+                 "    if (r >= %lldll) return;\n", BLOCK, (long long)R);
+        end_kernel_roots(c, members, nm, NULL, 0, head, "");
+        kernel_launch(p, members[0], R * 32, BLOCK);
+        return nm;
+    }
+    return 0;
+}
+
 /* A kernel that calls one prelude device function with constant arguments. */
 static void call_kernel(cg *c, cuda_plan *p, int id, const int *srcs, int nsrc, int64_t threads, int block,
                         const char *fmt, ...) __attribute__((format(printf, 8, 9)));
@@ -227,6 +395,52 @@ static void matmul_launch(cg *c, cuda_plan *p, int id) {
     l->boff = m.boff;
     l->a = n->src[0];
     l->b = n->src[1];
+}
+
+/* Attention nodes of one kernel (cg_attention_joins: ATTENTION with its LSE, or the gradients
+ * of one forward), a block of 256 threads per 64-row tile of one batch element (device code in
+ * cuda_attention.c). Returns how many of next[] it took. */
+static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_next) {
+    const tg_node *n = N(c, id);
+    int64_t a[7];
+    double scale;
+    cg_attention_args(c->g, id, a);
+    memcpy(&scale, &a[6], sizeof scale);
+    const long long B = a[0], T = a[1], S = a[2], D = a[3], E = a[4];
+    int outs[3] = { id }, n_out = 1;
+    for (int k = 0; k < n_next && n_out < 3 && cg_attention_joins(c->g, outs[n_out - 1], next[k]); k++) outs[n_out++] = next[k];
+    char call[400], f[40];
+    cg_begin(c, id);
+    int64_t tiles;
+    int shared;
+    if (n->op == OP_ATTENTION_BWD) {
+        char ptr[3][16] = { "(float *)0", "(float *)0", "(float *)0" };
+        for (int r = 0; r < n_out; r++) {
+            snprintf(ptr[N(c, outs[r])->iarg[1]], 16, "P%d", outs[r]);
+            if (N(c, outs[r])->iarg[1] == 0) memset_launch(p, outs[r]);   /* dq is added up with atomics */
+        }
+        snprintf(call, sizeof call, "tgk_attention_bwd<%lld, %lld, %lld, %lld, %s>(P%d, P%d, P%d, P%d, P%d, P%d, %s, %s, %s, %s)",
+                 T, S, D, E, a[5] ? "true" : "false", n->src[0], n->src[1], n->src[2], n->src[3], n->src[4], n->src[5],
+                 ptr[0], ptr[1], ptr[2], cg_flit(scale, f));
+        tiles = (S + 63) / 64;
+        shared = (int)(4 * (64 * (D + 1) * 2 + 64 * (E + 1) * 2 + 64 * 65 + 128));
+    } else {
+        bool fwd = n->op == OP_ATTENTION;   /* else ATTENTION_LSE alone: no output rows */
+        char out[16] = "(float *)0", lse[16] = "(float *)0";
+        if (fwd) snprintf(out, sizeof out, "P%d", id);
+        if (!fwd || n_out > 1) snprintf(lse, sizeof lse, "P%d", fwd ? outs[1] : id);
+        snprintf(call, sizeof call, "tgk_attention<%lld, %lld, %lld, %lld, %s, %s>(P%d, P%d, P%d, %s, %s, %s)", T, S, D, E,
+                 a[5] ? "true" : "false", fwd ? "true" : "false", n->src[0], n->src[1], fwd ? n->src[2] : n->src[1], out,
+                 lse, cg_flit(scale * 1.4426950408889634, f));
+        tiles = (T + 63) / 64;
+        shared = (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
+    }
+    char head[600];
+    snprintf(head, sizeof head, "    %s;\n", call);
+    end_kernel_roots(c, outs, n_out, n->src, n->nsrc, head, "");
+    kernel_launch(p, id, tiles * B * 256, 256);
+    p->launch[p->n - 1].shared = shared;
+    return n_out - 1;
 }
 
 static void special_kernel(cg *c, cuda_plan *p, int id) {
@@ -290,6 +504,7 @@ static void special_kernel(cg *c, cuda_plan *p, int id) {
         return;
     }
     default:
+        c->unsupported = id;
         return;
     }
 }
@@ -409,7 +624,8 @@ static const char HEADER[] =
     "typedef long long int64_t;\ntypedef unsigned long long uint64_t;\ntypedef int int32_t;\n"
     "#define INFINITY __int_as_float(0x7f800000)\n#define NAN __int_as_float(0x7fffffff)\n\n";
 
-char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches) {
+char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches,
+                   int *unsupported) {
     strbuf out = { 0 };
     cg c;
     long failures = alloc_failures();   /* any allocation failing from here on voids the source */
@@ -422,19 +638,29 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     sb_printf(&out, "/* generated by tensorgrad: %d nodes */\n%s", g->n, HEADER);
     cg_prelude(&out, "static __device__ inline");
     sb_printf(&out, "%s", DEVICE_KERNELS);
+    for (int i = 0; i < g->n; i++)   /* only graphs with attention pay for compiling it */
+        if (materialized[i] && (g->nodes[i].op == OP_ATTENTION || g->nodes[i].op == OP_ATTENTION_LSE ||
+                                g->nodes[i].op == OP_ATTENTION_BWD)) {
+            sb_printf(&out, "%s", CUDA_ATTENTION_SOURCE);
+            break;
+        }
     int *order = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
     for (int i = 0; order && i < g->n; i++)
         if (materialized[i] && plan->alias[i] < 0) order[n_order++] = i;   /* aliases share a buffer: no kernel */
     for (int q = 0; q < n_order; q++) {
-        int i = order[q];
+        int i = order[q], taken;
         tg_op op = g->nodes[i].op;
         if (fuse_pointwise(op)) q += pointwise_kernel(&c, launches, order + q, n_order - q) - 1;
+        else if (op == OP_SUM && (taken = row_kernel(&c, launches, order + q, n_order - q)) > 0) q += taken - 1;
         else if (op == OP_SUM) sum_kernel(&c, launches, i);
+        else if (op == OP_ATTENTION || op == OP_ATTENTION_LSE || op == OP_ATTENTION_BWD)
+            q += attention_kernel(&c, launches, i, order + q + 1, n_order - q - 1);
         else special_kernel(&c, launches, i);
     }
     free(order);
+    *unsupported = c.unsupported;
     cg_release(&c);
-    if (alloc_failures() != failures) {   /* the generator went on with placeholders */
+    if (alloc_failures() != failures || *unsupported >= 0) {   /* placeholders or holes: not a program */
         free(out.s);
         cuda_plan_free(launches);
         return NULL;

@@ -13,8 +13,9 @@ static bool flows(const tg_node *n, int k) {
     case OP_IDENTITY: case OP_ARGMAX:
         return false;
     /* Gradients of gradient ops (second order) are not supported. */
-    case OP_GELU_GRAD: case OP_MAXPOOL2D_BWD:
+    case OP_GELU_GRAD: case OP_MAXPOOL2D_BWD: case OP_ATTENTION_BWD:
         return false;
+    case OP_ATTENTION_LSE: return false;   /* read only by ATTENTION's own gradient */
     case OP_WHERE: return k != 0;
     case OP_GATHER_ROWS: case OP_SCATTER_ROWS: case OP_TAKE_ALONG: case OP_SCATTER_ALONG: return k == 0;
     default: return true;
@@ -63,6 +64,29 @@ static void matmul_rule(grad_ctx *c, tg_site s, const tg_node *n, tg_tensor go) 
         tg_tensor db = tb ? op_matmul_t(s, go, a, 1, ta) : op_matmul_t(s, a, go, !ta, 0);
         accumulate(c, s, b.id, db);
     }
+}
+
+/* Gradients of attention with respect to q, k and v, as consecutive ATTENTION_BWD nodes (the
+ * ones needed, in that order) reading the forward's output and its row log-sum-exp, the
+ * ATTENTION_LSE node tg_attention put right after it. */
+static void attention_rule(grad_ctx *c, tg_site s, int id, tg_tensor go) {
+    tg_graph *g = c->g;
+    const tg_node n = g->nodes[id];   /* a copy: appending nodes may move the array */
+    int srcs[6] = { n.src[0], n.src[1], n.src[2], id, go.id, id + 1 };
+    if (id + 1 >= g->n || g->nodes[id + 1].op != OP_ATTENTION_LSE) {
+        ir_fail(g, s, "internal: attention node %d has no row statistics after it", id);
+        return;
+    }
+    int grads[3] = { -1, -1, -1 };
+    for (int w = 0; w < 3; w++) {
+        if (!c->reach[n.src[w]]) continue;
+        tg_tensor d = MIRROR(OP_ATTENTION_BWD, g->nodes[n.src[w]].shape, 6, srcs);
+        if (d.id < 0) return;
+        g->nodes[d.id].iarg[1] = w;
+        grads[w] = d.id;
+    }
+    for (int w = 0; w < 3; w++)   /* after all three: accumulating appends nodes between them */
+        if (grads[w] >= 0) accumulate(c, s, n.src[w], mk_tensor(g, grads[w]));
 }
 
 /* Mask for min/max: 1 where a wins, 0.5 on ties (PyTorch splits the gradient), 0 where b wins. */
@@ -174,6 +198,7 @@ static void rule(grad_ctx *c, int id) {
         accumulate(c, s, src0, MIRROR(OP_MAXPOOL2D_BWD, g->nodes[src0].shape, 2, srcs));
         break;
     }
+    case OP_ATTENTION: attention_rule(c, s, id, go); break;
     default: break;   /* leaves and ops without a gradient */
     }
 }

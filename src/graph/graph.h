@@ -98,6 +98,17 @@ typedef enum {
      * gradient is added at the position of the window's first maximum in row-major order. */
     OP_IM2COL, OP_COL2IM, OP_MAXPOOL2D, OP_MAXPOOL2D_BWD,
 
+    /* Scaled dot-product attention over the last two axes; leading (batch) dims equal in q, k, v.
+     * ATTENTION: src q [.., T, D], k [.., S, D], v [.., S, E] -> [.., T, E]: row r is
+     * softmax_c(q_r . k_c * farg) weighted over v_c, the c with c > r excluded when iarg[0]
+     * (causal; then T == S). ATTENTION_LSE: src q, k (same iarg, farg) -> [.., T]: each row's
+     * log-sum-exp of the same scaled, masked scores; tg_attention appends it right after its
+     * ATTENTION node (backends may compute both in one pass; the gradient reads it, a forward
+     * never does, and schedules drop it there). ATTENTION_BWD: src q, k, v, out, d_out, lse;
+     * iarg[1] = 0, 1, 2: the gradient with respect to q, k or v (shape of that operand). The
+     * gradient rule appends the ones it needs consecutively, in that order. */
+    OP_ATTENTION, OP_ATTENTION_LSE, OP_ATTENTION_BWD,
+
     OP_COUNT
 } tg_op;
 
@@ -125,13 +136,16 @@ static inline double rng_normal(uint64_t seed, uint64_t salt, uint64_t i) {
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
+/* The most sources a node has (ATTENTION_BWD). */
+#define TG_MAX_SRC 6
+
 typedef struct {
     tg_op op;
     tg_dtype dtype;
     tg_shape shape;
     int64_t numel;
     int nsrc;
-    int src[3];
+    int src[TG_MAX_SRC];
     int axis;                       /* non-negative after the shape rule */
     int64_t iarg[TG_MAX_DIMS];
     double farg;
@@ -192,6 +206,8 @@ bool shape_axis(tg_graph *g, tg_site s, const char *op, tg_shape x, int axis, in
 bool shape_matmul(tg_graph *g, tg_site s, tg_shape a, tg_shape b, tg_shape *out);
 bool shape_reshape(tg_graph *g, tg_site s, tg_shape x, tg_shape want, tg_shape *out);
 bool shape_permute(tg_graph *g, tg_site s, tg_shape x, tg_shape order, tg_shape *out);
+/* q [.., T, D], k [.., S, D], v [.., S, E] with equal leading dims -> [.., T, E]. */
+bool shape_attention(tg_graph *g, tg_site s, tg_shape q, tg_shape k, tg_shape v, tg_shape *out);
 bool shape_valid(tg_graph *g, tg_site s, const char *op, tg_shape x);
 
 /* ops.c: internal builders without the public macros' argument checks. */
@@ -205,6 +221,8 @@ tg_tensor op_const(tg_graph *g, tg_site s, double v, tg_dtype dt);
 tg_tensor op_hyper(tg_graph *g, int slot);
 tg_tensor op_state(tg_graph *g, int like_param_node);
 tg_tensor op_scatter_rows(tg_site s, tg_tensor vals, tg_tensor idx, int64_t rows);
+/* Attention (checked operands): the ATTENTION node, with its ATTENTION_LSE node after it. */
+tg_tensor op_attention(tg_site s, tg_tensor q, tg_tensor k, tg_tensor v, bool causal, double scale);
 /* An f32 node of op `op` carrying the axis/iarg/farg of node `like` (gradient rules use it to
  * emit adjoints: slice for pad, col2im for im2col, the same dropout mask). */
 tg_tensor op_mirror(tg_graph *g, tg_site s, tg_op op, int like, tg_shape shape, int nsrc, const int *src);

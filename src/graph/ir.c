@@ -22,9 +22,10 @@ static const char *const OP_NAMES[OP_COUNT] = {
     [OP_RANDN] = "randn", [OP_DROPOUT] = "dropout", [OP_SLICE] = "narrow", [OP_PAD] = "pad",
     [OP_SOFTMAX_CAUSAL] = "softmax_causal", [OP_WHERE_CAUSAL] = "where_causal", [OP_IM2COL] = "im2col",
     [OP_COL2IM] = "col2im", [OP_MAXPOOL2D] = "max_pool2d", [OP_MAXPOOL2D_BWD] = "max_pool2d_backward",
+    [OP_ATTENTION] = "attention", [OP_ATTENTION_LSE] = "attention_lse", [OP_ATTENTION_BWD] = "attention_backward",
 };
 
-const char *op_name(tg_op op) { return (op >= 0 && op < OP_COUNT) ? OP_NAMES[op] : "?"; }
+const char *op_name(tg_op op) { return (op >= 0 && op < OP_COUNT && OP_NAMES[op]) ? OP_NAMES[op] : "?"; }
 
 int64_t tg_numel(tg_shape s) { return shape_numel(s); }
 
@@ -163,7 +164,7 @@ tg_node_info tg_graph_node(const tg_graph *g, int id) {
     info.dtype = n->dtype;
     info.shape = n->shape;
     info.n_inputs = n->nsrc;
-    for (int i = 0; i < n->nsrc; i++) info.inputs[i] = n->src[i];
+    for (int i = 0; i < n->nsrc && i < TG_MAX_SRC; i++) info.inputs[i] = n->src[i];
     info.site = n->site;
     return info;
 }

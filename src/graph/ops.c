@@ -339,9 +339,78 @@ tg_tensor op_matmul_t(tg_site s, tg_tensor a, tg_tensor b, int ta, int tb) {
     return t;
 }
 
+/* ----- attention ----- */
+
+tg_tensor op_attention(tg_site s, tg_tensor q, tg_tensor k, tg_tensor v, bool causal, double scale) {
+    if (!live(q) || !live(k) || !live(v)) return bad(q.g);
+    tg_shape out;
+    if (!shape_attention(q.g, s, node_of(q)->shape, node_of(k)->shape, node_of(v)->shape, &out)) return bad(q.g);
+    int src[3] = { q.id, k.id, v.id };
+    tg_tensor t = emit(q.g, s, OP_ATTENTION, TG_FLOAT32, out, 3, src);
+    if (t.id < 0) return t;
+    q.g->nodes[t.id].iarg[0] = causal;
+    q.g->nodes[t.id].farg = scale;
+    tg_shape rows = out;
+    rows.ndim--;
+    return op_mirror(q.g, s, OP_ATTENTION_LSE, t.id, rows, 2, src).id >= 0 ? t : bad(q.g);
+}
+
+tg_tensor tg_attention_at(tg_site s, tg_tensor q, tg_tensor k, tg_tensor v, int causal, double scale) {
+    const char *name = "tg_attention";
+    if (!same_graph(s, name, q, k) || !same_graph(s, name, q, v) || !need_f32(s, name, q) || !need_f32(s, name, k) ||
+        !need_f32(s, name, v))
+        return bad(q.g ? q.g : k.g);
+    if (!isfinite(scale)) { ir_fail(q.g, s, "tg_attention: scale %g is not finite", scale); return bad(q.g); }
+    return op_attention(s, q, k, v, causal != 0, scale);
+}
+
+/* Is node p a PERMUTE that swaps the last two axes of its source and keeps the others? */
+static bool swaps_last_two(const tg_node *p) {
+    int nd = p->shape.ndim;
+    if (p->op != OP_PERMUTE || nd < 2 || p->iarg[nd - 2] != nd - 1 || p->iarg[nd - 1] != nd - 2) return false;
+    for (int i = 0; i < nd - 2; i++)
+        if (p->iarg[i] != i) return false;
+    return true;
+}
+
+/* Attention written out, softmax(q @ kᵀ * c) @ v, with softmax_causal or a softmax over the last
+ * axis and c a plain number (multiplied on either side, divided, or absent): true with its
+ * operands when node a (the softmax) and v complete one. Operands whose shapes attention does
+ * not take (broadcast batch dimensions) are left as written. */
+static bool attention_pattern(const tg_graph *g, int a, int v, int *q, int *k, bool *causal, double *scale) {
+    const tg_node *sm = &g->nodes[a];
+    bool last_axis = sm->op == OP_SOFTMAX && sm->axis == sm->shape.ndim - 1;
+    if (sm->op != OP_SOFTMAX_CAUSAL && !last_axis) return false;
+    *causal = sm->op == OP_SOFTMAX_CAUSAL;
+    *scale = 1;
+    const tg_node *x = &g->nodes[sm->src[0]];
+    if (x->op == OP_MUL || x->op == OP_DIV) {
+        int kc = g->nodes[x->src[1]].op == OP_CONST ? 1 : x->op == OP_MUL && g->nodes[x->src[0]].op == OP_CONST ? 0 : -1;
+        const tg_node *c = kc >= 0 ? &g->nodes[x->src[kc]] : NULL;
+        if (!c || c->shape.ndim != 0 || (x->op == OP_DIV && c->farg == 0)) return false;
+        *scale = x->op == OP_DIV ? 1.0 / c->farg : c->farg;
+        x = &g->nodes[x->src[1 - kc]];
+    }
+    if (x->op != OP_MATMUL || x->iarg[0] != 0) return false;
+    const tg_node *kt = &g->nodes[x->src[1]];
+    *q = x->src[0];
+    if (x->iarg[1]) *k = x->src[1];
+    else if (swaps_last_two(kt)) *k = kt->src[0];
+    else return false;
+    const tg_shape qs = g->nodes[*q].shape, ks = g->nodes[*k].shape, vs = g->nodes[v].shape;
+    bool same_lead = qs.ndim >= 2 && ks.ndim == qs.ndim && vs.ndim == qs.ndim;
+    for (int i = 0; same_lead && i < qs.ndim - 2; i++) same_lead = qs.d[i] == ks.d[i] && qs.d[i] == vs.d[i];
+    return same_lead && isfinite(*scale) && !getenv("TG_NO_FUSE");
+}
+
 tg_tensor tg_matmul_at(tg_site s, tg_tensor a, tg_tensor b) {
     if (!same_graph(s, "tg_matmul", a, b) || !need_f32(s, "tg_matmul", a) || !need_f32(s, "tg_matmul", b))
         return bad(a.g ? a.g : b.g);
+    int q, k;
+    bool causal;
+    double scale;
+    if (attention_pattern(a.g, a.id, b.id, &q, &k, &causal, &scale))
+        return op_attention(s, mk_tensor(a.g, q), mk_tensor(a.g, k), b, causal, scale);
     return op_matmul_t(s, a, b, 0, 0);
 }
 

@@ -69,6 +69,23 @@ bool shape_matmul(tg_graph *g, tg_site s, tg_shape a, tg_shape b, tg_shape *out)
     return true;
 }
 
+bool shape_attention(tg_graph *g, tg_site s, tg_shape q, tg_shape k, tg_shape v, tg_shape *out) {
+    char sq[96], sk[96], sv[96];
+    bool ok = q.ndim >= 2 && k.ndim == q.ndim && v.ndim == q.ndim;
+    for (int i = 0; ok && i < q.ndim - 2; i++) ok = q.d[i] == k.d[i] && q.d[i] == v.d[i];
+    const char *why = !ok ? "q, k and v need the same rank (at least 2) and the same leading dimensions"
+                      : q.d[q.ndim - 1] != k.d[k.ndim - 1] ? "q and k need the same last dimension"
+                      : k.d[k.ndim - 2] != v.d[v.ndim - 2] ? "k and v need the same number of rows"
+                                                           : NULL;
+    if (why) {
+        ir_fail(g, s, "tg_attention: q %s, k %s, v %s: %s", shape_str(q, sq), shape_str(k, sk), shape_str(v, sv), why);
+        return false;
+    }
+    *out = q;
+    out->d[q.ndim - 1] = v.d[v.ndim - 1];
+    return true;
+}
+
 bool shape_reshape(tg_graph *g, tg_site s, tg_shape x, tg_shape want, tg_shape *out) {
     char sx[96], sw[96];
     int infer = -1;

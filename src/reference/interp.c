@@ -687,6 +687,108 @@ static void maxpool2d(const tg_node *n, const tg_node *x, bool bwd, double *rest
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Attention (OP_ATTENTION, _LSE, _BWD): q [.., T, D], k [.., S, D], v [.., S, E], batch by batch
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct { int64_t batch, T, S, D, E; bool causal; double scale; } attn_dims;
+
+static attn_dims attn_dims_of(const tg_graph *g, const tg_node *n)
+{
+    tg_shape q = g->nodes[n->src[0]].shape, v = g->nodes[n->src[2 < n->nsrc ? 2 : 1]].shape;
+    attn_dims a = { 1, q.d[q.ndim - 2], g->nodes[n->src[1]].shape.d[q.ndim - 2], q.d[q.ndim - 1], v.d[v.ndim - 1],
+                    n->iarg[0] != 0, n->farg };
+    for (int i = 0; i < q.ndim - 2; i++)
+        a.batch *= q.d[i];
+    return a;
+}
+
+/* The columns query row r attends to: all S, or c <= r when causal. */
+static int64_t attn_kept(const attn_dims *a, int64_t r) { return a->causal ? (r + 1 < a->S ? r + 1 : a->S) : a->S; }
+
+/* The scaled score of query row r against key row c. */
+static double attn_score(const attn_dims *a, const double *q, const double *k, int64_t r, int64_t c)
+{
+    double dot = 0;
+    for (int64_t d = 0; d < a->D; d++)
+        dot += q[r * a->D + d] * k[c * a->D + d];
+    return dot * a->scale;
+}
+
+/* Row r's log-sum-exp over its kept columns, in one pass (running max, rescaled sum): no scratch,
+ * so the interpreter allocates nothing it could fail to get. */
+static double attn_lse(const attn_dims *a, const double *q, const double *k, int64_t r)
+{
+    double mx = -INFINITY, sum = 0;
+    for (int64_t c = 0; c < attn_kept(a, r); c++) {
+        double x = attn_score(a, q, k, r, c);
+        if (x > mx) {
+            sum = sum * exp(mx - x) + 1;
+            mx = x;
+        } else {
+            sum += exp(x - mx);
+        }
+    }
+    return mx + log(sum);
+}
+
+/* ATTENTION (lse NULL) or ATTENTION_LSE (out NULL). */
+static void attention(const attn_dims *a, const double *q, const double *k, const double *v, double *out, double *lse)
+{
+    for (int64_t b = 0; b < a->batch; b++) {
+        const double *qb = q + b * a->T * a->D, *kb = k + b * a->S * a->D, *vb = v ? v + b * a->S * a->E : NULL;
+        for (int64_t r = 0; r < a->T; r++) {
+            double l = attn_lse(a, qb, kb, r);
+            if (lse)
+                lse[b * a->T + r] = l;
+            if (!out)
+                continue;
+            double *o = out + (b * a->T + r) * a->E;
+            memset(o, 0, sizeof(double) * (size_t)a->E);
+            for (int64_t c = 0; c < attn_kept(a, r); c++) {
+                double p = exp(attn_score(a, qb, kb, r, c) - l);
+                for (int64_t e = 0; e < a->E; e++)
+                    o[e] += p * vb[c * a->E + e];
+            }
+        }
+    }
+}
+
+/* ATTENTION_BWD: with p_c = exp(s_c - lse_r) and delta_r = d_out_r . out_r (= sum_c p_c dp_c):
+ * dp_c = d_out_r . v_c, ds_c = p_c (dp_c - delta_r); dq_r = scale sum_c ds_c k_c, dk_c +=
+ * scale ds_c q_r, dv_c += p_c d_out_r. `which` picks the one written. */
+static void attention_backward(const attn_dims *a, int which, double *const *in, double *grad)
+{
+    const double *q = in[0], *k = in[1], *v = in[2], *o = in[3], *dout = in[4], *lse = in[5];
+    int64_t rows = which == 0 ? a->T : a->S, cols = which == 2 ? a->E : a->D;
+    memset(grad, 0, sizeof(double) * (size_t)(a->batch * rows * cols));
+    for (int64_t b = 0; b < a->batch; b++) {
+        const double *qb = q + b * a->T * a->D, *kb = k + b * a->S * a->D, *vb = v + b * a->S * a->E;
+        const double *ob = o + b * a->T * a->E, *gb = dout + b * a->T * a->E;
+        double *db = grad + b * rows * cols;
+        for (int64_t r = 0; r < a->T; r++) {
+            double delta = 0;
+            for (int64_t e = 0; e < a->E; e++)
+                delta += gb[r * a->E + e] * ob[r * a->E + e];
+            for (int64_t c = 0; c < attn_kept(a, r); c++) {
+                double p = exp(attn_score(a, qb, kb, r, c) - lse[b * a->T + r]), dp = 0;
+                for (int64_t e = 0; e < a->E; e++)
+                    dp += gb[r * a->E + e] * vb[c * a->E + e];
+                double ds = p * (dp - delta) * a->scale;
+                if (which == 0)
+                    for (int64_t d = 0; d < a->D; d++)
+                        db[r * a->D + d] += ds * kb[c * a->D + d];
+                else if (which == 1)
+                    for (int64_t d = 0; d < a->D; d++)
+                        db[c * a->D + d] += ds * qb[r * a->D + d];
+                else
+                    for (int64_t e = 0; e < a->E; e++)
+                        db[c * a->E + e] += p * gb[r * a->E + e];
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Dispatch and the executor
  * ------------------------------------------------------------------------------------------- */
 
@@ -783,6 +885,20 @@ void ref_eval_node(const tg_graph *g, int id, double *const *bufs, const double 
     case OP_MAXPOOL2D: case OP_MAXPOOL2D_BWD:
         maxpool2d(n, s0, n->op == OP_MAXPOOL2D_BWD, out, in0, in1);
         break;
+    case OP_ATTENTION: case OP_ATTENTION_LSE: {
+        attn_dims a = attn_dims_of(g, n);
+        bool lse = n->op == OP_ATTENTION_LSE;
+        attention(&a, in0, in1, lse ? NULL : bufs[n->src[2]], lse ? NULL : out, lse ? out : NULL);
+        break;
+    }
+    case OP_ATTENTION_BWD: {
+        attn_dims a = attn_dims_of(g, n);
+        double *srcs[6];
+        for (int k = 0; k < 6; k++)
+            srcs[k] = bufs[n->src[k]];
+        attention_backward(&a, (int)n->iarg[1], srcs, out);
+        break;
+    }
     case OP_COUNT:
         abort();
     }

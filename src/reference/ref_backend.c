@@ -25,7 +25,7 @@ typedef struct { ref_exec *exec; size_t arena; } ref_handle;
 
 static void *prepare(const tg_graph *g, const int *keep, int n_keep, bool round_f32, tg_error *err) {
     tg_plan plan;
-    if (!plan_build(g, keep, n_keep, NULL, NULL, &plan)) {
+    if (!plan_build(g, keep, n_keep, NULL, NULL, NULL, &plan)) {
         tg_seterr(err, "cannot plan the buffers of %d nodes: out of memory, or past 2^60 elements", g->n);
         return NULL;
     }
@@ -53,6 +53,6 @@ static void ref_release(void *h) {
 }
 
 #define REFERENCE_TABLE(NAME, PREPARE) { NAME, ref_alloc, ref_free, ref_write, ref_upload, ref_read, ref_copy, \
-                                         PREPARE, ref_planned_bytes, ref_bind, ref_run, ref_node_buf, ref_release, NULL, NULL, false, NULL }
+                                         PREPARE, ref_planned_bytes, ref_bind, ref_run, ref_node_buf, ref_release, NULL, NULL, false, NULL, NULL }
 const tg_backend backend_reference = REFERENCE_TABLE("reference", ref_prepare_f32);
 const tg_backend backend_reference_f64 = REFERENCE_TABLE("reference-f64", ref_prepare_f64);

@@ -39,6 +39,8 @@ typedef struct tg_backend {
     bool checks_writebacks;
     /* Optional: whether it can run here (a device, a compiler), else false with the reason. */
     bool (*available)(tg_error *err);
+    /* Optional: device launches per step (tg_train_launch_count). */
+    int (*launches)(void *exec);
 } tg_backend;
 
 /* By name: "cpu" (the default; $TG_BACKEND overrides), "reference" (the interpreter, f32),

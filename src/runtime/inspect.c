@@ -39,6 +39,13 @@ const char *tg_train_kernel_source(const tg_train *t) {
     return src;
 }
 
+int tg_train_launch_count(const tg_train *t) {
+    tg_train *l = rt_lock_train(t);
+    int n = l && l->be->launches ? l->be->launches(l->c.exec) : -1;
+    if (l) rt_unlock(l);
+    return n;
+}
+
 const char *tg_forward_kernel_source(const tg_forward *f) {
     tg_train *l = rt_lock_forward(f);
     const char *src = l && f->last ? source_of(&f->last->c) : NULL;
