@@ -3,7 +3,8 @@
  * format (ms/step median and min over 5 repeats after warm-up), plus compile times and peak
  * resident memory.
  *
- *   bench [--backend cpu|cuda|reference] [--steps-scale X] [--kernels DIR] [workload ...]
+ *   bench [--backend cpu|cuda|reference] [--precision f32|tf32|bf16] [--steps-scale X] [--kernels DIR]
+ *         [workload ...]
  *
  * --kernels DIR writes each workload's generated kernel source to DIR/<workload>.<backend>.txt
  * and its graph's nodes (id, op, shape) beside it, and times nothing (to compare the code
@@ -254,11 +255,14 @@ static void release(workload *w) {
     tg_model_free(w->m);
 }
 
+static tg_precision precision = TG_PRECISION_F32;
+
 static tg_train *compile(workload *w, const char *backend, double *seconds) {
     tg_error err;
     double t0 = now();
     tg_train *t = tg_compile(&(tg_train_spec){ .model = w->m, .loss = w->loss, .ctx = w->model, .inputs = w->in,
-                                               .n_inputs = 2, .optimizer = tg_adam(w->lr), .backend = backend }, &err);
+                                               .n_inputs = 2, .optimizer = tg_adam(w->lr), .backend = backend,
+                                               .precision = precision }, &err);
     *seconds = now() - t0;
     if (!t) fprintf(stderr, "%s: compile failed: %s\n", w->name, err.msg);
     return t;
@@ -346,9 +350,10 @@ static int run(const char *name, const char *backend, double scale, const char *
     char kernels[32] = "";
     if (tg_train_launch_count(t) >= 0) snprintf(kernels, sizeof kernels, " kernels=%d", tg_train_launch_count(t));
     printf("%-16s %-4s %-8s params=%9lld ms/step median=%8.3f min=%8.3f loss=%.4f compile cold=%.2fs warm=%.3fs "
-           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f%s\n",
+           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f%s precision=%s\n",
            name, backend, "tg", (long long)tg_train_param_total(t), sorted[2], sorted[0], r.loss, cold, warm,
-           tg_train_planned_bytes(t) / 1048576.0, state_mb, ru.ru_maxrss / 1024.0, cpu[2], kernels);
+           tg_train_planned_bytes(t) / 1048576.0, state_mb, ru.ru_maxrss / 1024.0, cpu[2], kernels,
+           tg_precision_name(tg_train_precision(t)));
     fflush(stdout);
     tg_destroy(t);
     release(&w);
@@ -365,6 +370,10 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
         else if (strcmp(argv[i], "--steps-scale") == 0 && i + 1 < argc) scale = atof(argv[++i]);
         else if (strcmp(argv[i], "--kernels") == 0 && i + 1 < argc) kernels_dir = argv[++i];
+        else if (strcmp(argv[i], "--precision") == 0 && i + 1 < argc) {
+            const char *p = argv[++i];
+            precision = !strcmp(p, "tf32") ? TG_PRECISION_TF32 : !strcmp(p, "bf16") ? TG_PRECISION_BF16 : TG_PRECISION_F32;
+        }
         else if (n < 8) names[n++] = argv[i];
     }
     if (n == 0) {

@@ -6,6 +6,7 @@
  *          --eval-every N (500)  --sample-every N (1000; 0: only at the end)  --sample-len N (300)
  *          --prompt STR ("\n")  --temperature T (0.8; 0: always the likeliest byte)
  *          --save CKPT (a safetensors checkpoint at every evaluation)  --resume CKPT
+ *          --precision f32|tf32|bf16 (f32; see tg_precision)
  *
  * The vocabulary is the distinct bytes of FILE; the first 90% is for training, the last 10% is
  * held out. Each step trains on BATCH random windows of BLOCK bytes, each predicting the byte
@@ -219,12 +220,13 @@ typedef struct {
     const char *file, *backend, *plot, *prompt, *save, *resume;
     int steps, eval_every, sample_every, sample_len;
     double lr, temperature;
+    tg_precision precision;
 } options;
 
 static void print_usage(FILE *out, const char *prog) {
     fprintf(out, "usage: %s FILE [--steps N] [--lr X] [--backend NAME] [--plot PREFIX] [--eval-every N]\n"
                  "       [--sample-every N] [--sample-len N] [--prompt STR] [--temperature T]\n"
-                 "       [--save CKPT] [--resume CKPT]\n", prog);
+                 "       [--save CKPT] [--resume CKPT] [--precision f32|tf32|bf16]\n", prog);
 }
 
 /* Returns 0 to run, 1 after printing --help, -1 after printing the usage for a bad argument. */
@@ -253,6 +255,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--plot")) o->plot = v;
         else if (!strcmp(a, "--save")) o->save = v;
         else if (!strcmp(a, "--resume")) o->resume = v;
+        else if (!strcmp(a, "--precision")) { if (!(o->precision = parse_precision(v))) goto usage; }
         else goto usage;
         if (end && *end) goto usage;
     }
@@ -301,7 +304,7 @@ int main(int argc, char **argv) {
     adamw.clip_norm = 1.0;
     t = tg_compile(&(tg_train_spec){ .model = m, .loss = loss_fn, .ctx = &g,
         .inputs = (tg_input_decl[]){ TG_I32("idx", BATCH, BLOCK), TG_I32("targets", BATCH, BLOCK) }, .n_inputs = 2,
-        .optimizer = adamw, .backend = opt.backend }, &err);
+        .optimizer = adamw, .backend = opt.backend, .precision = opt.precision }, &err);
     if (!t) { fprintf(stderr, "chargpt: tg_compile: %s\n", err.msg); goto out; }
     tg_forward *f = tg_attach(t, &(tg_forward_spec){ .forward = logits_fn, .ctx = &g,
         .inputs = (tg_input_decl[]){ TG_I32("idx", 1, BLOCK) }, .n_inputs = 1 }, &err);
@@ -317,8 +320,9 @@ int main(int argc, char **argv) {
 
     printf("chargpt: %s: %ld bytes, vocab %d, %ld train / %ld held-out\n", opt.file, c.n, c.vocab, c.n_train, c.n - c.n_train);
     printf("model: d %d, %d layers, %d heads, context %d (%ld parameters); batch %d, adamw lr %g, "
-           "warmup %d, cosine to %g, %d steps, backend %s\n", N_EMBD, N_LAYER, N_HEAD, BLOCK, (long)tg_train_param_total(t), BATCH,
-           opt.lr, warmup, opt.lr / 10, opt.steps, opt.backend ? opt.backend : "default");
+           "warmup %d, cosine to %g, %d steps, backend %s, %s\n", N_EMBD, N_LAYER, N_HEAD, BLOCK, (long)tg_train_param_total(t),
+           BATCH, opt.lr, warmup, opt.lr / 10, opt.steps, opt.backend ? opt.backend : "default",
+           tg_precision_name(tg_train_precision(t)));
 
     /* The held-out windows: drawn once, so every evaluation measures the same text. */
     static int32_t x[BATCH * BLOCK], y[BATCH * BLOCK], hx[EVAL_BATCHES][BATCH * BLOCK], hy[EVAL_BATCHES][BATCH * BLOCK];

@@ -4,6 +4,7 @@
  *
  * Options: --epochs N (30)  --lr X (1e-3)  --data PATH (data/digits.csv.gz)
  *          --backend NAME (library default)  --min-acc X (exit 1 if test accuracy < X)
+ *          --precision f32|tf32|bf16 (f32; see tg_precision)
  *          --cnn (a small convolutional net instead of the MLP)  --save CKPT (safetensors)
  *          --plot PREFIX (the loss per epoch as PREFIX.csv and PREFIX.svg)
  *
@@ -223,11 +224,11 @@ static void print_confusion(int confusion[N_CLASSES][N_CLASSES]) {
  * main
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct { int epochs, cnn; double lr, min_acc; const char *data, *backend, *save, *plot; } options;
+typedef struct { int epochs, cnn; double lr, min_acc; const char *data, *backend, *save, *plot; tg_precision precision; } options;
 
 static void print_usage(FILE *out, const char *prog) {
     fprintf(out, "usage: %s [--epochs N] [--lr X] [--data PATH] [--backend NAME] [--min-acc X] [--cnn]\n"
-                 "       [--save CKPT] [--plot PREFIX]\n", prog);
+                 "       [--save CKPT] [--plot PREFIX] [--precision f32|tf32|bf16]\n", prog);
 }
 
 /* Returns 0 to run, 1 after printing --help, -1 after printing the usage for a bad argument. */
@@ -246,6 +247,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--backend")) o->backend = v;
         else if (!strcmp(a, "--save")) o->save = v;
         else if (!strcmp(a, "--plot")) o->plot = v;
+        else if (!strcmp(a, "--precision")) { if (!(o->precision = parse_precision(v))) goto usage; }
         else goto usage;
         if (end && *end) goto usage;
     }
@@ -278,15 +280,15 @@ int main(int argc, char **argv) {
 
     t = tg_compile(&(tg_train_spec){ .model = m, .loss = loss_fn, .ctx = &model,
         .inputs = (tg_input_decl[]){ TG_F32("x", BATCH, N_PIXELS), TG_I32("y", BATCH) }, .n_inputs = 2,
-        .optimizer = tg_adam(opt.lr), .backend = opt.backend }, &err);
+        .optimizer = tg_adam(opt.lr), .backend = opt.backend, .precision = opt.precision }, &err);
     if (!t) { fprintf(stderr, "digits: tg_compile: %s\n", err.msg); goto out; }
     tg_forward *f = tg_attach(t, &(tg_forward_spec){ .forward = logits_fn, .ctx = &model,
         .inputs = (tg_input_decl[]){ TG_F32("x", test.n, N_PIXELS) }, .n_inputs = 1 }, &err);
     if (!f) { fprintf(stderr, "digits: tg_attach: %s\n", err.msg); goto out; }
 
-    printf("digits: %d train / %d test rows, %s (%ld parameters), adam lr %g, batch %d, backend %s\n", train.n, test.n,
+    printf("digits: %d train / %d test rows, %s (%ld parameters), adam lr %g, batch %d, backend %s, %s\n", train.n, test.n,
            opt.cnn ? "CNN conv3x3(16)-pool-conv3x3(32)-pool-linear" : "MLP 64-128-10", (long)tg_train_param_total(t), opt.lr, BATCH,
-           opt.backend ? opt.backend : "default");
+           opt.backend ? opt.backend : "default", tg_precision_name(tg_train_precision(t)));
 
     uint64_t rng = 42;
     for (int i = 0; i < train.n; i++) order[i] = i;

@@ -452,6 +452,20 @@ static inline tg_data tg_i32(const char *name, const int32_t *p, size_t n) { tg_
 
 typedef tg_tensor (*tg_forward_fn)(const void *ctx, const tg_tensor *inputs);
 
+/* The arithmetic of matrix products (convolutions are products too) and attention:
+ *   F32   exact f32 (the default; TF32 off).
+ *   TF32  products on TF32 tensor cores (inputs rounded to a 10-bit mantissa, f32 sums);
+ *         attention and everything else f32.
+ *   BF16  mixed precision as torch.autocast(dtype=torch.bfloat16) does it: the operands of
+ *         products and attention are rounded to bfloat16, sums stay f32; parameters, gradients,
+ *         optimizer state, softmax, norms, reductions and the loss stay f32. bf16 keeps f32's
+ *         exponent range, so no loss scaling is needed (unlike fp16).
+ * The reference interpreter rounds at the same points, so each precision has an exact oracle.
+ * A backend without the hardware runs what it can, never silently: the "cpu" backend runs f32
+ * for every setting (tg_train_precision says what runs). Checkpoints are always f32 and move
+ * freely between precisions. */
+typedef enum { TG_PRECISION_DEFAULT = 0, TG_PRECISION_F32, TG_PRECISION_TF32, TG_PRECISION_BF16 } tg_precision;
+
 typedef struct {
     tg_model *model;
     tg_forward_fn loss;          /* must return a scalar (one element) */
@@ -460,6 +474,7 @@ typedef struct {
     int n_inputs;
     tg_optimizer optimizer;
     const char *backend;         /* "cpu" (default, or $TG_BACKEND), "cuda", "reference" */
+    tg_precision precision;      /* DEFAULT: f32 */
 } tg_train_spec;
 
 /* A forward's inputs may leave dimensions open: TG_F32("x", TG_ANY, 784). The graph is then
@@ -473,6 +488,7 @@ typedef struct {
     const tg_input_decl *inputs;
     int n_inputs;
     int max_variants;            /* compiled sizes kept for open dimensions; 0 = 8 */
+    tg_precision precision;      /* DEFAULT: the training handle's */
 } tg_forward_spec;
 
 typedef struct tg_train tg_train;
@@ -619,6 +635,10 @@ TG_API const char *tg_train_kernel_source(const tg_train *t);
 /* Device launches one training step makes on CUDA (kernels, cuBLAS products, memsets, the
  * write-back pass), or -1 on backends that do not launch work (reference, cpu). */
 TG_API int tg_train_launch_count(const tg_train *t);
+/* The precision the handle's step runs (see tg_precision): what was asked, or what the backend
+ * runs instead (f32 on "cpu"); TG_PRECISION_DEFAULT for a dead handle. */
+TG_API tg_precision tg_train_precision(const tg_train *t);
+TG_API const char *tg_precision_name(tg_precision p);   /* "f32", "tf32", "bf16" */
 TG_API const char *tg_forward_kernel_source(const tg_forward *f);
 /* Compiled variants a forward holds now (sizes of its open dimensions, plain or patchable). */
 TG_API int tg_forward_n_variants(const tg_forward *f);

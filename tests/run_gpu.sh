@@ -4,9 +4,10 @@
 # the model, session and fault tests on CUDA, the digits demo with --backend cuda, then the
 # benchmark and the PyTorch peer in the same run.
 #   tests/run_gpu.sh [tests|bench|peer|all]   (default all; binaries from `make`; logs under $OUT)
-#     tests  the CUDA suite and the demo
-#     bench  ours: the five workloads, then a per-op profile of the GPT workloads
-#     peer   PyTorch's f32 modes (graph and cgraph included), --sdpa for the GPT workloads
+#     tests  the CUDA suite at every precision, the training-quality runs (digits CNN and chargpt
+#            in f32 and bf16; chargpt reads .devlibs/fortunes.txt.xz where present) and the demo
+#     bench  ours: the five workloads at f32, tf32 and bf16, then a per-op profile of the GPT ones
+#     peer   PyTorch at each precision, every mode; --sdpa too for the GPT workloads
 # The GPU machines lack OpenBLAS: where .devlibs/devlibs.tar.xz holds its shared libraries (from
 # a Debian machine: libopenblas.so.0, libgfortran.so.5, libquadmath.so.0), they are used.
 set -u
@@ -24,17 +25,25 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     run build/tests/test_models
     TG_SESSION_BACKENDS=cuda run build/tests/test_session
     run build/tests/test_faults   # non-finite gradients on CUDA too: the guarded write-back
+    [ -f .devlibs/fortunes.txt.xz ] && xz -dc .devlibs/fortunes.txt.xz > /tmp/fortunes.txt && export TG_TEST_CORPUS=/tmp/fortunes.txt
+    run build/tests/test_precision
     run build/examples/digits --backend cuda
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     echo "== tensorgrad (empty kernel cache: cold compiles)"
     rm -rf "$TG_CACHE_DIR"
-    build/bench/bench --backend cuda sin_mlp mnist_mlp cifar_cnn char_gpt_small char_gpt 2>&1 | tee -a "$out/log.txt"
+    for p in f32 tf32 bf16; do
+        build/bench/bench --backend cuda --precision $p sin_mlp mnist_mlp cifar_cnn char_gpt_small char_gpt 2>&1 | tee -a "$out/log.txt"
+    done
     TG_CUDA_PROFILE=1 build/bench/bench --backend cuda --steps-scale 0.2 char_gpt_small char_gpt 2>&1 | tee "$out/profile.txt" | grep -v "^char_gpt"
+    TG_CUDA_PROFILE=1 build/bench/bench --backend cuda --precision bf16 --steps-scale 0.2 char_gpt 2>&1 | tee -a "$out/profile.txt" | grep -v "^char_gpt"
 fi
 if [ "$what" = peer ] || [ "$what" = all ]; then
-    echo "== PyTorch peer (f32)"
     export PYTHONUNBUFFERED=1
-    python3 bench/peers/torch_workloads.py cuda --modes graph,cgraph sin_mlp mnist_mlp cifar_cnn 2>&1 | grep -v Warning | tee -a "$out/log.txt"
-    python3 bench/peers/torch_workloads.py cuda --modes graph,cgraph --sdpa char_gpt_small char_gpt 2>&1 | grep -v Warning | tee -a "$out/log.txt"
+    for p in ${PEER_PRECISIONS:-f32 tf32 bf16}; do
+        echo "== PyTorch peer ($p)"
+        python3 bench/peers/torch_workloads.py cuda --precision $p ${PEER_MODES:+--modes $PEER_MODES} 2>&1 | grep -v Warning | tee -a "$out/log.txt"
+        python3 bench/peers/torch_workloads.py cuda --precision $p --sdpa ${PEER_MODES:+--modes $PEER_MODES} char_gpt_small char_gpt 2>&1 | grep -v Warning | tee -a "$out/log.txt"
+    done
+    for p in f32 tf32 bf16; do python3 bench/peers/compare.py "$out/log.txt" --precision $p; done | tee "$out/ratios.txt"
 fi

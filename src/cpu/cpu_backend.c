@@ -304,7 +304,9 @@ static void *cpu_node_buf(void *h, int node) {
 
 static const char *cpu_source(void *h) { return ((cpu_exec *)h)->source; }
 
+/* No precision hook: every setting runs f32 here (tg_train_precision says so). */
 const tg_backend backend_cpu = {
-    "cpu", cpu_alloc, cpu_free, cpu_write, cpu_upload, cpu_read, cpu_copy,
-    cpu_prepare, cpu_planned_bytes, cpu_bind, cpu_run, cpu_node_buf, cpu_release, NULL, cpu_source, false, cpu_available, NULL,
+    .name = "cpu", .alloc = cpu_alloc, .free = cpu_free, .write = cpu_write, .upload = cpu_upload, .read = cpu_read,
+    .copy = cpu_copy, .prepare = cpu_prepare, .planned_bytes = cpu_planned_bytes, .bind = cpu_bind, .run = cpu_run,
+    .node_buf = cpu_node_buf, .release = cpu_release, .source = cpu_source, .available = cpu_available,
 };

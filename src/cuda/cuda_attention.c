@@ -14,7 +14,10 @@
  * the [T, S] scores never exist. The row's log-sum-exp, m + log2 l back in natural log, is the
  * ATTENTION_LSE output. Backward (FlashAttention-2): a block keeps its key tile's k, v and the
  * accumulators of dk, dv in registers and walks the query tiles that see it, recomputing
- * p = exp(score - lse); dq is added to (zeroed) memory with atomics, one tile at a time. */
+ * p = exp(score - lse); dq is added to (zeroed) memory with atomics, one tile at a time.
+ *
+ * bf16 precision (BF): q, k, v and the incoming gradient are rounded to bf16 as they are loaded,
+ * as the reference rounds them; scores, softmax and every sum stay f32. */
 #include "cuda/cuda.h"
 
 const char CUDA_ATTENTION_SOURCE[] =
@@ -25,15 +28,20 @@ const char CUDA_ATTENTION_SOURCE[] =
     "static __device__ float tga_sum16(float x) {\n"
     "    for (int o = 8; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);\n"
     "    return x;\n}\n"
+    /* bf16 precision: an operand rounded to bf16, nearest even (as precision_round) */
+    "static __device__ float tga_bf16(float x) {\n"
+    "    const unsigned u = __float_as_uint(x);\n"
+    "    return (u & 0x7f800000u) == 0x7f800000u ? x : __uint_as_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);\n}\n"
     /* rows [r0, r0 + 64) of src [n, W] into dst with row stride P, zeros past n */
-    "template <int W, int P>\n"
+    "template <int W, int P, bool BF>\n"
     "static __device__ void tga_load(float *dst, const float *__restrict__ src, int r0, int n) {\n"
     "    for (int x = threadIdx.x; x < TGA_T * W; x += blockDim.x) {\n"
     "        const int r = x / W, c = x % W;\n"
-    "        dst[r * P + c] = r0 + r < n ? src[(long long)(r0 + r) * W + c] : 0.0f;\n"
+    "        const float v = r0 + r < n ? src[(long long)(r0 + r) * W + c] : 0.0f;\n"
+    "        dst[r * P + c] = BF ? tga_bf16(v) : v;\n"
     "    }\n}\n"
     /* forward: one block per (query tile, batch element); q [T, D], k [S, D], v [S, E] */
-    "template <int T, int S, int D, int E, bool CAUSAL, bool OUT>\n"
+    "template <int T, int S, int D, int E, bool CAUSAL, bool OUT, bool BF>\n"
     "static __device__ void tgk_attention(const float *__restrict__ q, const float *__restrict__ k,\n"
     "                                     const float *__restrict__ v, float *__restrict__ o,\n"
     "                                     float *__restrict__ lse, float scale_log2) {\n"
@@ -44,7 +52,7 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    const int r0 = (int)(blockIdx.x % TILES) * TGA_T;\n"
     "    const long long b = blockIdx.x / TILES;\n"
     "    q += b * T * D; k += b * S * D; v += b * S * E;\n"
-    "    tga_load<D, D + 1>(Qs, q, r0, T);\n"
+    "    tga_load<D, D + 1, BF>(Qs, q, r0, T);\n"
     "    float m[4], l[4], acc[4][EJ];\n"
     "#pragma unroll\n"
     "    for (int i = 0; i < 4; i++) {\n"
@@ -55,8 +63,8 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    const int c_end = CAUSAL ? (S < r0 + TGA_T ? S : r0 + TGA_T) : S;\n"
     "    for (int c0 = 0; c0 < c_end; c0 += TGA_T) {\n"
     "        __syncthreads();\n"
-    "        tga_load<D, D + 1>(Ks, k, c0, S);\n"
-    "        tga_load<E, E>(Vs, v, c0, S);\n"
+    "        tga_load<D, D + 1, BF>(Ks, k, c0, S);\n"
+    "        tga_load<E, E, BF>(Vs, v, c0, S);\n"
     "        __syncthreads();\n"
     "        float s[4][4] = {};\n"
     "#pragma unroll 4\n"
@@ -122,7 +130,7 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    }\n"
     "}\n"
     /* backward: one block per (key tile, batch element); d_out [T, E], lse [T]; dq zeroed before */
-    "template <int T, int S, int D, int E, bool CAUSAL>\n"
+    "template <int T, int S, int D, int E, bool CAUSAL, bool BF>\n"
     "static __device__ void tgk_attention_bwd(const float *__restrict__ q, const float *__restrict__ k,\n"
     "        const float *__restrict__ v, const float *__restrict__ o, const float *__restrict__ dout,\n"
     "        const float *__restrict__ lse, float *dq, float *__restrict__ dk, float *__restrict__ dv,\n"
@@ -136,18 +144,19 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    const int c0 = (int)(blockIdx.x % TILES) * TGA_T;\n"
     "    const long long b = blockIdx.x / TILES;\n"
     "    q += b * T * D; k += b * S * D; v += b * S * E; o += b * T * E; dout += b * T * E; lse += b * T;\n"
-    "    tga_load<D, D + 1>(Ks, k, c0, S);\n"
-    "    tga_load<E, E + 1>(Vs, v, c0, S);\n"
+    "    tga_load<D, D + 1, BF>(Ks, k, c0, S);\n"
+    "    tga_load<E, E + 1, BF>(Vs, v, c0, S);\n"
     "    float dka[4][DJ] = {}, dva[4][EJ] = {};\n"
     "    for (int r0 = CAUSAL ? c0 : 0; r0 < T; r0 += TGA_T) {\n"
     "        __syncthreads();\n"
-    "        tga_load<D, D + 1>(Qs, q, r0, T);\n"
-    "        tga_load<E, E + 1>(Gs, dout, r0, T);\n"
+    "        tga_load<D, D + 1, BF>(Qs, q, r0, T);\n"
+    "        tga_load<E, E + 1, BF>(Gs, dout, r0, T);\n"
+    "        __syncthreads();\n"
     "        {   /* lse in log2 units, and delta_r = d_out_r . out_r: four threads a row */\n"
     "            const int r = threadIdx.x >> 2, part = threadIdx.x & 3;\n"
     "            float dsum = 0.0f;\n"
     "            if (r0 + r < T)\n"
-    "                for (int e = part; e < E; e += 4) dsum += dout[(long long)(r0 + r) * E + e] * o[(long long)(r0 + r) * E + e];\n"
+    "                for (int e = part; e < E; e += 4) dsum += Gs[r * (E + 1) + e] * o[(long long)(r0 + r) * E + e];\n"
     "            dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);\n"
     "            dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);\n"
     "            if (part == 0) { Dl[r] = dsum; Ls[r] = r0 + r < T ? lse[r0 + r] * LOG2E : 0.0f; }\n"

@@ -10,7 +10,6 @@
  * step's guard node (finite only when the loss and every gradient are), and the copies of the
  * loss and the guard into pinned memory: one graph launch and one synchronisation per step.
  *
- * Environment: TG_TF32=1 lets cuBLAS use TF32 tensor cores (off by default: full f32).
  * TG_CUDA_PROFILE=1 runs each step's launches one by one, synchronised, and prints the time spent
  * per op (the op of the node each launch writes) when the handle is released.
  * "cuda-nvrtc" is a compile-only variant for tests on machines without a GPU: it generates and
@@ -93,10 +92,10 @@ static struct {
     int (*SetStream)(cublasHandle_t, CUstream);
     int (*SetMathMode)(cublasHandle_t, int);
     int (*SetWorkspace)(cublasHandle_t, void *, size_t);
-    int (*Sgemm)(cublasHandle_t, int, int, int, int, int, const float *, const float *, int, const float *, int,
-                 const float *, float *, int);
-    int (*SgemmStridedBatched)(cublasHandle_t, int, int, int, int, int, const float *, const float *, int, long long,
-                               const float *, int, long long, const float *, float *, int, long long, int);
+    int (*GemmEx)(cublasHandle_t, int, int, int, int, int, const void *, const void *, int, int, const void *, int, int,
+                  const void *, void *, int, int, int, int);
+    int (*GemmStridedBatchedEx)(cublasHandle_t, int, int, int, int, int, const void *, const void *, int, int, long long,
+                                const void *, int, int, long long, const void *, void *, int, int, long long, int, int, int);
 } cublas;
 
 /* Open the first library of the list that loads; NULL if none. */
@@ -133,8 +132,8 @@ static const char *const NVRTC_NAMES[] = {
     "nvrtcGetCUBINSize", "nvrtcGetCUBIN", "nvrtcDestroyProgram", "nvrtcVersion",
 };
 static const char *const CUBLAS_NAMES[] = {
-    "cublasCreate_v2", "cublasSetStream_v2", "cublasSetMathMode", "cublasSetWorkspace_v2", "cublasSgemm_v2",
-    "cublasSgemmStridedBatched",
+    "cublasCreate_v2", "cublasSetStream_v2", "cublasSetMathMode", "cublasSetWorkspace_v2", "cublasGemmEx",
+    "cublasGemmStridedBatchedEx",
 };
 static const char *const CUDA_LIBS[] = { "libcuda.so.1", "libcuda.so", NULL };
 static const char *const NVRTC_LIBS[] = { "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", NULL };
@@ -197,9 +196,8 @@ static void load_device(void) {
     snprintf(g_cuda.arch, sizeof g_cuda.arch, "sm_%d%d", major, minor);
     /* cuBLAS gets its own workspace, so nothing allocates during graph capture. */
     CUdeviceptr ws;
-    const char *tf32 = getenv("TG_TF32");
     if (cublas.Create(&g_cuda.blas) || cublas.SetStream(g_cuda.blas, g_cuda.stream) ||
-        cublas.SetMathMode(g_cuda.blas, tf32 && tf32[0] == '1' ? 3 : 0) || cu.MemAlloc(&ws, 32u << 20) ||
+        cublas.SetMathMode(g_cuda.blas, 0) || cu.MemAlloc(&ws, 32u << 20) ||
         cublas.SetWorkspace(g_cuda.blas, (void *)ws, 32u << 20)) {
         WHY("cuBLAS setup failed");
         return;
@@ -344,6 +342,11 @@ typedef struct {
     CUgraphExec run_graph, step_graph;
     int n_wb;
     double *profile;         /* TG_CUDA_PROFILE: seconds per op (OP_COUNT: memsets) */
+    /* tf32, bf16: product operands rounded into two slots of scratch (rounded_operands) */
+    CUfunction to_rounded;
+    CUdeviceptr slot[2];
+    int slot_holds[2];       /* the node each slot holds in this enqueue, or -1 */
+    int conversions;         /* rounding launches per step */
 } cuda_exec;
 
 #define N_HYPER_SLOTS 8   /* at least: the optimizer's; patch sites may add more */
@@ -374,6 +377,8 @@ static void cuda_release(void *h) {
     if (e->hyper_dev) cu.MemFree(e->hyper_dev);
     if (e->wb_table) cu.MemFree(e->wb_table);
     if (e->wb_flag) cu.MemFree(e->wb_flag);
+    for (int k = 0; k < 2; k++)
+        if (e->slot[k]) cu.MemFree(e->slot[k]);
     if (e->hyper_host) cu.MemFreeHost(e->hyper_host);
     if (e->loss_host) cu.MemFreeHost(e->loss_host);
     cuda_plan_free(&e->launches);
@@ -430,6 +435,20 @@ static void *cuda_prepare(const tg_graph *g, const int *keep, int n_keep, tg_err
         if (l->shared > 48 * 1024)   /* past the default limit only on request */
             TRY(cu.FuncSetAttribute(e->fn[i], CU_FUNC_MAX_DYNAMIC_SHARED, l->shared), "the kernel's shared memory (attention: head dimension too large?)");
     }
+    if (g->precision != TG_PRECISION_F32) {   /* operand slots as large as the largest operand */
+        size_t most = 1;
+        for (int i = 0; i < e->launches.n; i++) {
+            const cuda_launch *l = &e->launches.launch[i];
+            if (l->kind != CL_GEMM) continue;
+            if ((size_t)g->nodes[l->a].numel > most) most = (size_t)g->nodes[l->a].numel;
+            if ((size_t)g->nodes[l->b].numel > most) most = (size_t)g->nodes[l->b].numel;
+        }
+        const char *fn = g->precision == TG_PRECISION_BF16 ? "tg_to_bf16" : "tg_to_tf32";
+        size_t bytes = most * (g->precision == TG_PRECISION_BF16 ? 2 : 4);
+        TRY(cu.ModuleGetFunction(&e->to_rounded, e->module, fn), fn);
+        TRY(cu.MemAlloc(&e->slot[0], bytes), "allocating rounded operands");
+        TRY(cu.MemAlloc(&e->slot[1], bytes), "allocating rounded operands");
+    }
     TRY(cu.ModuleGetFunction(&e->writeback, e->module, "tg_writeback"), "tg_writeback");
     TRY(cu.ModuleGetFunction(&e->wb_check, e->module, "tg_wb_check"), "tg_wb_check");
     TRY(cu.MemAlloc(&e->wb_flag, sizeof(float)), "allocating the write-back flag");
@@ -469,28 +488,69 @@ static void *cuda_node_buf(void *h, int node) {
 
 static CUdeviceptr node_ptr(cuda_exec *e, int node) { return (CUdeviceptr)cuda_node_buf(e, node); }
 
+/* cuBLAS's numbers for the element types and arithmetic of a product. */
+enum { CUDA_R_32F = 0, CUDA_R_16BF = 14, CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77, CUBLAS_GEMM_DEFAULT = -1 };
+
+/* tf32 and bf16 precision: the product's operands rounded exactly as the reference rounds them
+ * (precision_round), into the two scratch slots: bf16 values, or f32 values with a tf32
+ * mantissa (which the tensor cores then take as they are, whatever their own rounding). An
+ * operand a slot already holds this step (the activation feeding the q, k and v products) is
+ * not converted again. */
+static bool rounded_operands(cuda_exec *e, const cuda_launch *l, const void **A, const void **B, tg_error *err) {
+    int node[2] = { l->a, l->b }, slot[2] = { -1, -1 };
+    for (int k = 0; k < 2; k++)
+        for (int s = 0; s < 2; s++)
+            if (e->slot_holds[s] == node[k]) slot[k] = s;
+    for (int k = 0; k < 2; k++) {
+        if (slot[k] >= 0) continue;
+        slot[k] = slot[1 - k] == 0 ? 1 : slot[1 - k] == 1 ? 0 : k;
+        CUdeviceptr src = node_ptr(e, node[k]), dst = e->slot[slot[k]];
+        long long n = e->g->nodes[node[k]].numel;
+        void *args[] = { &src, &dst, &n };
+        unsigned grid = (unsigned)(n / 1024 + 1 < 4096 ? n / 1024 + 1 : 4096);
+        TRY(cu.LaunchKernel(e->to_rounded, grid, 1, 1, 256, 1, 1, 0, g_cuda.stream, args, NULL), "operand rounding");
+        e->slot_holds[slot[k]] = node[k];
+        e->conversions++;
+    }
+    *A = (const void *)e->slot[slot[0]];
+    *B = (const void *)e->slot[slot[1]];
+    return true;
+fail:
+    return false;
+}
+
 /* One cuBLAS product (possibly batched), row-major C = op(A) op(B) through the column-major
- * identity C^T = op(B)^T op(A)^T. */
+ * identity C^T = op(B)^T op(A)^T, in the graph's precision: f32, TF32 tensor cores, or bf16
+ * operands; sums and C are f32 in every case. */
 static bool gemm(cuda_exec *e, const cuda_launch *l, tg_error *err) {
     const float one = 1, zero = 0;
-    const float *A = (const float *)node_ptr(e, l->a), *B = (const float *)node_ptr(e, l->b);
+    const void *A = (const void *)node_ptr(e, l->a), *B = (const void *)node_ptr(e, l->b);
     float *C = (float *)node_ptr(e, l->node);
+    tg_precision p = e->g->precision;
+    int type = CUDA_R_32F, compute = p == TG_PRECISION_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    size_t es = 4;   /* operand element bytes */
+    if (p != TG_PRECISION_F32 && !rounded_operands(e, l, &A, &B, err)) return false;
+    if (p == TG_PRECISION_BF16) {
+        type = CUDA_R_16BF;
+        es = 2;
+    }
+    const char *a = A, *b = B;
     int m = (int)l->M, n = (int)l->N, k = (int)l->K, lda = l->ta ? m : k, ldb = l->tb ? k : n;
     bool strided = true;   /* offsets in arithmetic progression: one strided-batched call */
-    for (int64_t b = 2; b < l->batch && strided; b++)
-        strided = l->aoff[b] - l->aoff[b - 1] == l->aoff[1] - l->aoff[0] && l->boff[b] - l->boff[b - 1] == l->boff[1] - l->boff[0];
+    for (int64_t i = 2; i < l->batch && strided; i++)
+        strided = l->aoff[i] - l->aoff[i - 1] == l->aoff[1] - l->aoff[0] && l->boff[i] - l->boff[i - 1] == l->boff[1] - l->boff[0];
     int rc = 0;
-    if (l->batch == 1) {
-        rc = cublas.Sgemm(g_cuda.blas, l->tb, l->ta, n, m, k, &one, B, ldb, A, lda, &zero, C, n);
-    } else if (strided) {
-        rc = cublas.SgemmStridedBatched(g_cuda.blas, l->tb, l->ta, n, m, k, &one, B, ldb, l->boff[1] - l->boff[0], A, lda,
-                                        l->aoff[1] - l->aoff[0], &zero, C, n, (long long)m * n, (int)l->batch);
+    if (l->batch > 1 && strided) {
+        rc = cublas.GemmStridedBatchedEx(g_cuda.blas, l->tb, l->ta, n, m, k, &one, b + l->boff[0] * es, type, ldb,
+                                         l->boff[1] - l->boff[0], a + l->aoff[0] * es, type, lda, l->aoff[1] - l->aoff[0],
+                                         &zero, C, CUDA_R_32F, n, (long long)m * n, (int)l->batch, compute,
+                                         CUBLAS_GEMM_DEFAULT);
     } else {
-        for (int64_t b = 0; b < l->batch && rc == 0; b++)
-            rc = cublas.Sgemm(g_cuda.blas, l->tb, l->ta, n, m, k, &one, B + l->boff[b], ldb, A + l->aoff[b], lda, &zero,
-                              C + b * m * n, n);
+        for (int64_t i = 0; i < l->batch && rc == 0; i++)
+            rc = cublas.GemmEx(g_cuda.blas, l->tb, l->ta, n, m, k, &one, b + l->boff[i] * es, type, ldb, a + l->aoff[i] * es,
+                               type, lda, &zero, C + i * m * n, CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT);
     }
-    if (rc) tg_seterr(err, "cuBLAS sgemm failed (status %d) for node %d", rc, l->node);
+    if (rc) tg_seterr(err, "cuBLAS product failed (status %d) for node %d", rc, l->node);
     return rc == 0;
 }
 
@@ -503,6 +563,8 @@ static double now_s(void) {
 /* Enqueue the whole launch list on the stream (captured by the caller; or, profiling, run
  * launch by launch with the time of each added to its op's total). */
 static bool enqueue(cuda_exec *e, tg_error *err) {
+    e->slot_holds[0] = e->slot_holds[1] = -1;
+    e->conversions = 0;
     TRY(cu.MemcpyHtoDAsync(e->hyper_dev, e->hyper_host, sizeof(double) * (size_t)e->n_hyper, g_cuda.stream), "hyper upload");
     CUdeviceptr table = e->table, hyper = e->hyper_dev;
     for (int i = 0; i < e->launches.n; i++) {
@@ -657,12 +719,18 @@ static bool locked_step(void *h, const double *hyper, int loss, int guard, const
                         double *loss_out, double *guard_out, tg_error *err)
     LOCKED(bool, cuda_step(h, hyper, loss, guard, wb, n_wb, dst, loss_out, guard_out, err))
 static const char *cuda_source(void *exec) { return ((cuda_exec *)exec)->source; }
-/* The launch list, the hyper-scalar upload, and the write-back check and copy of a step. */
-static int cuda_launches(void *exec) { return ((cuda_exec *)exec)->launches.n + 3; }
+/* The launch list, the hyper-scalar upload, the write-back check and copy of a step, and (tf32,
+ * bf16) the operand roundings of the last captured step. */
+static int cuda_launches(void *exec) { return ((cuda_exec *)exec)->launches.n + 3 + ((cuda_exec *)exec)->conversions; }
+
+static tg_precision cuda_precision(tg_precision want) { return want; }
 
 const tg_backend backend_cuda = {
-    "cuda", locked_alloc, locked_free, locked_write, locked_upload, locked_read, locked_copy,
-    locked_prepare, cuda_planned_bytes, cuda_bind, locked_run, cuda_node_buf, locked_release, locked_step, cuda_source, true, device_ready, cuda_launches,
+    .name = "cuda", .alloc = locked_alloc, .free = locked_free, .write = locked_write, .upload = locked_upload,
+    .read = locked_read, .copy = locked_copy, .prepare = locked_prepare, .planned_bytes = cuda_planned_bytes,
+    .bind = cuda_bind, .run = locked_run, .node_buf = cuda_node_buf, .release = locked_release, .step = locked_step,
+    .source = cuda_source, .checks_writebacks = true, .available = device_ready, .launches = cuda_launches,
+    .precision = cuda_precision,
 };
 
 /* ----- compile-only variant: host buffers, NVRTC for sm_90, nothing runs ----- */
@@ -717,7 +785,9 @@ static bool nvrtc_run(void *h, const double *hyper, tg_error *err) {
 static void *nvrtc_node_buf(void *h, int node) { return ((cuda_exec *)h)->bound[node]; }
 
 const tg_backend backend_cuda_nvrtc = {
-    "cuda-nvrtc", host_alloc, free, host_write, host_upload, host_read, host_copy,
-    nvrtc_prepare, cuda_planned_bytes, cuda_bind, nvrtc_run, nvrtc_node_buf, nvrtc_release, NULL, cuda_source, true, nvrtc_ready, cuda_launches,
+    .name = "cuda-nvrtc", .alloc = host_alloc, .free = free, .write = host_write, .upload = host_upload,
+    .read = host_read, .copy = host_copy, .prepare = nvrtc_prepare, .planned_bytes = cuda_planned_bytes,
+    .bind = cuda_bind, .run = nvrtc_run, .node_buf = nvrtc_node_buf, .release = nvrtc_release, .source = cuda_source,
+    .checks_writebacks = true, .available = nvrtc_ready, .launches = cuda_launches, .precision = cuda_precision,
 };
 

@@ -407,6 +407,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     cg_attention_args(c->g, id, a);
     memcpy(&scale, &a[6], sizeof scale);
     const long long B = a[0], T = a[1], S = a[2], D = a[3], E = a[4];
+    const bool bf = c->g->precision == TG_PRECISION_BF16;   /* operands rounded to bf16 on load */
     int outs[3] = { id }, n_out = 1;
     for (int k = 0; k < n_next && n_out < 3 && cg_attention_joins(c->g, outs[n_out - 1], next[k]); k++) outs[n_out++] = next[k];
     char call[400], f[40];
@@ -419,8 +420,8 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
             snprintf(ptr[N(c, outs[r])->iarg[1]], 16, "P%d", outs[r]);
             if (N(c, outs[r])->iarg[1] == 0) memset_launch(p, outs[r]);   /* dq is added up with atomics */
         }
-        snprintf(call, sizeof call, "tgk_attention_bwd<%lld, %lld, %lld, %lld, %s>(P%d, P%d, P%d, P%d, P%d, P%d, %s, %s, %s, %s)",
-                 T, S, D, E, a[5] ? "true" : "false", n->src[0], n->src[1], n->src[2], n->src[3], n->src[4], n->src[5],
+        snprintf(call, sizeof call, "tgk_attention_bwd<%lld, %lld, %lld, %lld, %s, %s>(P%d, P%d, P%d, P%d, P%d, P%d, %s, %s, %s, %s)",
+                 T, S, D, E, a[5] ? "true" : "false", bf ? "true" : "false", n->src[0], n->src[1], n->src[2], n->src[3], n->src[4], n->src[5],
                  ptr[0], ptr[1], ptr[2], cg_flit(scale, f));
         tiles = (S + 63) / 64;
         shared = (int)(4 * (64 * (D + 1) * 2 + 64 * (E + 1) * 2 + 64 * 65 + 128));
@@ -429,8 +430,8 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
         char out[16] = "(float *)0", lse[16] = "(float *)0";
         if (fwd) snprintf(out, sizeof out, "P%d", id);
         if (!fwd || n_out > 1) snprintf(lse, sizeof lse, "P%d", fwd ? outs[1] : id);
-        snprintf(call, sizeof call, "tgk_attention<%lld, %lld, %lld, %lld, %s, %s>(P%d, P%d, P%d, %s, %s, %s)", T, S, D, E,
-                 a[5] ? "true" : "false", fwd ? "true" : "false", n->src[0], n->src[1], fwd ? n->src[2] : n->src[1], out,
+        snprintf(call, sizeof call, "tgk_attention<%lld, %lld, %lld, %lld, %s, %s, %s>(P%d, P%d, P%d, %s, %s, %s)", T, S, D,
+                 E, a[5] ? "true" : "false", fwd ? "true" : "false", bf ? "true" : "false", n->src[0], n->src[1], fwd ? n->src[2] : n->src[1], out,
                  lse, cg_flit(scale * 1.4426950408889634, f));
         tiles = (T + 63) / 64;
         shared = (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
@@ -614,6 +615,18 @@ static const char DEVICE_KERNELS[] =
     "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < c.n; i += (long long)gridDim.x * blockDim.x)\n"
     "        bad |= !isfinite(c.src[i]);\n"
     "    if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *flag = NAN;\n}\n"
+    /* Operands of a product rounded as the reference's precision_round rounds them: tf32 to
+     * nearest, ties away (an f32 with 13 low bits clear); bf16 to nearest even. */
+    "extern \"C\" __global__ void tg_to_tf32(const float *src, float *dst, long long n) {\n"
+    "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n"
+    "        const unsigned u = __float_as_uint(src[i]);\n"
+    "        dst[i] = (u & 0x7f800000u) == 0x7f800000u ? src[i] : __uint_as_float((u + 0x1000u) & 0xffffe000u);\n"
+    "    }\n}\n"
+    "extern \"C\" __global__ void tg_to_bf16(const float *src, unsigned short *dst, long long n) {\n"
+    "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n"
+    "        const unsigned u = __float_as_uint(src[i]);\n"
+    "        dst[i] = (unsigned short)(((u & 0x7f800000u) == 0x7f800000u ? u : u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n"
+    "    }\n}\n"
     "extern \"C\" __global__ void tg_writeback(const float *loss, const float *flag, const tgk_copy *table) {\n"
     "    if (!isfinite(*loss + *flag)) return;\n"
     "    const tgk_copy c = table[blockIdx.y];\n"

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <string.h>
 
 
 /* ---------------------------------------------------------------------------------------------
@@ -112,6 +113,20 @@ typedef enum {
     OP_COUNT
 } tg_op;
 
+/* A value rounded as a product or attention operand of a graph of precision p (tg_precision):
+ * bf16 to nearest, ties to even; tf32 to nearest, ties away from zero (the tensor cores' cvt.rna);
+ * f32 as is. NaN and infinities pass through. */
+static inline float precision_round(tg_precision p, float x) {
+    if (p != TG_PRECISION_BF16 && p != TG_PRECISION_TF32) return x;
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7f800000u) == 0x7f800000u) return x;
+    if (p == TG_PRECISION_BF16) u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    else u = (u + 0x1000u) & 0xffffe000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
 /* The hyper slot every graph reserves for its per-call random seed (RANDN, DROPOUT). */
 #define HYPER_SEED 0
 
@@ -181,6 +196,7 @@ struct tg_graph {
     tg_named *captures, *patches;
     int n_captures, n_patches;
     bool patchable;                 /* set before tracing: patch sites select their values */
+    tg_precision precision;         /* what products and attention compute in (never DEFAULT) */
     char error[TG_ERROR_LEN];       /* first trace error; empty if none */
 };
 

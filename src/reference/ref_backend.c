@@ -52,7 +52,12 @@ static void ref_release(void *h) {
     free(h);
 }
 
-#define REFERENCE_TABLE(NAME, PREPARE) { NAME, ref_alloc, ref_free, ref_write, ref_upload, ref_read, ref_copy, \
-                                         PREPARE, ref_planned_bytes, ref_bind, ref_run, ref_node_buf, ref_release, NULL, NULL, false, NULL, NULL }
+/* Every precision, emulated: products and attention round their operands as the hardware would. */
+static tg_precision ref_precision(tg_precision want) { return want; }
+
+#define REFERENCE_TABLE(NAME, PREPARE)                                                                              \
+    { .name = NAME, .alloc = ref_alloc, .free = ref_free, .write = ref_write, .upload = ref_upload, .read = ref_read, \
+      .copy = ref_copy, .prepare = PREPARE, .planned_bytes = ref_planned_bytes, .bind = ref_bind, .run = ref_run,   \
+      .node_buf = ref_node_buf, .release = ref_release, .precision = ref_precision }
 const tg_backend backend_reference = REFERENCE_TABLE("reference", ref_prepare_f32);
 const tg_backend backend_reference_f64 = REFERENCE_TABLE("reference-f64", ref_prepare_f64);

@@ -41,6 +41,8 @@ typedef struct tg_backend {
     bool (*available)(tg_error *err);
     /* Optional: device launches per step (tg_train_launch_count). */
     int (*launches)(void *exec);
+    /* Optional: the precision it runs when `want` (F32, TF32 or BF16) is asked; NULL: f32 only. */
+    tg_precision (*precision)(tg_precision want);
 } tg_backend;
 
 /* By name: "cpu" (the default; $TG_BACKEND overrides), "reference" (the interpreter, f32),

@@ -51,6 +51,7 @@ static variant *variant_compile(tg_forward *f, int64_t size, bool patchable, tg_
     if (!decls) tg_seterr(err, "out of memory");
     free(decls);
     if (!g) return NULL;
+    rt_precision(t->be, f->precision, &g->precision, err);   /* checked at attach */
     if (g->nodes[g->output].dtype != TG_FLOAT32) {
         tg_seterr(err, "the forward output must be f32");
         ir_free(g);
@@ -241,11 +242,15 @@ static tg_forward *attach_locked(tg_train *t, const tg_forward_spec *spec, tg_er
     if (!spec) { tg_seterr(err, "tg_attach: NULL spec"); return NULL; }
     if (!spec->forward) { tg_seterr(err, "tg_attach: no forward function given"); return NULL; }
     if (spec->max_variants < 0) { tg_seterr(err, "tg_attach: max_variants is %d", spec->max_variants); return NULL; }
+    tg_precision precision = spec->precision ? spec->precision : t->precision, runs;
+    tg_error e;
+    if (!rt_precision(t->be, precision, &runs, &e)) { tg_seterr(err, "tg_attach: %s", e.msg); return NULL; }
     tg_forward *f = tg_alloc(sizeof *f);
     if (!f) { tg_seterr(err, "tg_attach: out of memory"); return NULL; }
     f->train = t;
     f->fn = spec->forward;
     f->ctx = spec->ctx;
+    f->precision = precision;
     f->n_inputs = spec->n_inputs;
     f->max_variants = spec->max_variants ? spec->max_variants : DEFAULT_VARIANTS;
     f->generation = atomic_load(&t->generation);
@@ -256,7 +261,6 @@ static tg_forward *attach_locked(tg_train *t, const tg_forward_spec *spec, tg_er
         return NULL;
     }
     if (!f->open) {   /* compiled now, so that trace errors come back from tg_attach */
-        tg_error e;
         if (!variant_for(f, 0, false, &e)) {
             tg_seterr(err, "tg_attach: %s", e.msg);
             rt_forward_free(f);

@@ -46,6 +46,13 @@ int tg_train_launch_count(const tg_train *t) {
     return n;
 }
 
+tg_precision tg_train_precision(const tg_train *t) {
+    tg_train *l = rt_lock_train(t);
+    tg_precision p = l ? l->c.g->precision : TG_PRECISION_DEFAULT;
+    if (l) rt_unlock(l);
+    return p;
+}
+
 const char *tg_forward_kernel_source(const tg_forward *f) {
     tg_train *l = rt_lock_forward(f);
     const char *src = l && f->last ? source_of(&f->last->c) : NULL;

@@ -83,12 +83,14 @@ static bool alloc_buffers(tg_probe *p, tg_model *m) {
     return true;
 }
 
-tg_probe *tg_probe_new_on(const char *backend, tg_model *m, tg_forward_fn fn, const void *ctx,
+tg_probe *tg_probe_new_at(const char *backend, tg_precision precision, tg_model *m, tg_forward_fn fn, const void *ctx,
                           const tg_input_decl *inputs, int n_inputs, bool grads, tg_error *err) {
     const tg_backend *be = backend_find(backend, err);
-    if (!be) return NULL;
+    tg_precision runs;
+    if (!be || !rt_precision(be, precision, &runs, err)) return NULL;
     tg_graph *g = rt_trace(m, fn, ctx, inputs, n_inputs, false, err);
     if (!g) return NULL;
+    g->precision = runs;
     tg_probe *p = tg_alloc(sizeof *p);
     if (!p) {
         tg_seterr(err, "out of memory for the probe");
@@ -129,6 +131,11 @@ tg_probe *tg_probe_new_on(const char *backend, tg_model *m, tg_forward_fn fn, co
         return NULL;
     }
     return p;
+}
+
+tg_probe *tg_probe_new_on(const char *backend, tg_model *m, tg_forward_fn fn, const void *ctx,
+                          const tg_input_decl *inputs, int n_inputs, bool grads, tg_error *err) {
+    return tg_probe_new_at(backend, TG_PRECISION_F32, m, fn, ctx, inputs, n_inputs, grads, err);
 }
 
 tg_probe *tg_probe_new(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *inputs,

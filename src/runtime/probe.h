@@ -12,6 +12,9 @@
 typedef struct tg_probe tg_probe;
 tg_probe *tg_probe_new(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *inputs,
                        int n_inputs, bool grads, bool round_f32, tg_error *err);
+/* tg_probe_new_at: on a backend at a precision (tg_probe_new_on: f32). */
+tg_probe *tg_probe_new_at(const char *backend, tg_precision precision, tg_model *m, tg_forward_fn fn, const void *ctx,
+                          const tg_input_decl *inputs, int n_inputs, bool grads, tg_error *err);
 tg_probe *tg_probe_new_on(const char *backend, tg_model *m, tg_forward_fn fn, const void *ctx,
                           const tg_input_decl *inputs, int n_inputs, bool grads, tg_error *err);
 double *tg_probe_input(tg_probe *p, int i);         /* numel doubles to fill before run */

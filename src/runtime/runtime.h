@@ -58,6 +58,7 @@ struct tg_forward {
     tg_train *train;
     tg_forward_fn fn;
     const void *ctx;
+    tg_precision precision;   /* as asked (never DEFAULT) */
     tg_input_decl *decls;     /* as declared, TG_ANY kept; names owned */
     int n_inputs;
     bool open;
@@ -87,6 +88,7 @@ struct tg_train {
     compiled c;
     int loss;
     tg_optimizer opt;
+    tg_precision precision;   /* as asked (forwards default to it); the graph has what runs */
     tg_schedule chain[MAX_SCHEDULE_CHAIN];  /* opt.lr and the schedules it points to, owned */
     int64_t sched_base;       /* the schedule's step 1 is step sched_base + 1 */
     int64_t step;
@@ -129,6 +131,9 @@ const char *rt_dead(const void *h);
 tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *inputs, int n, bool patchable,
                    tg_error *err);
 bool rt_check_decls(const tg_input_decl *in, int n, tg_error *err);
+/* The precision a graph on backend `be` computes in when `want` is asked (DEFAULT: f32); false
+ * with err set for a value that is no tg_precision. */
+bool rt_precision(const tg_backend *be, tg_precision want, tg_precision *out, tg_error *err);
 
 /* compiled.c */
 bool rt_compile_graph(compiled *c, const tg_backend *be, tg_graph *g, int n_inputs, const int *keep, int n_keep,

@@ -58,3 +58,17 @@ tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_inpu
     g->output = out.id;
     return g;
 }
+
+bool rt_precision(const tg_backend *be, tg_precision want, tg_precision *out, tg_error *err) {
+    if (want == TG_PRECISION_DEFAULT) want = TG_PRECISION_F32;
+    if (want != TG_PRECISION_F32 && want != TG_PRECISION_TF32 && want != TG_PRECISION_BF16) {
+        tg_seterr(err, "unknown precision %d (TG_PRECISION_F32, _TF32 or _BF16)", (int)want);
+        return false;
+    }
+    *out = be->precision ? be->precision(want) : TG_PRECISION_F32;
+    return true;
+}
+
+const char *tg_precision_name(tg_precision p) {
+    return p == TG_PRECISION_TF32 ? "tf32" : p == TG_PRECISION_BF16 ? "bf16" : p == TG_PRECISION_F32 ? "f32" : "default";
+}

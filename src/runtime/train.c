@@ -70,9 +70,11 @@ static bool init_params(tg_train *t) {
  * compile, parameters initialized. NULL with err set on failure. */
 static tg_train *train_build(const tg_train_spec *spec, tg_error *err) {
     const tg_backend *be = backend_find(spec->backend, err);
-    if (!be) return NULL;
+    tg_precision runs;
+    if (!be || !rt_precision(be, spec->precision, &runs, err)) return NULL;
     tg_graph *g = rt_trace(spec->model, spec->loss, spec->ctx, spec->inputs, spec->n_inputs, false, err);
     if (!g) return NULL;
+    g->precision = runs;
     int loss = g->output;
     int *wrt = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
     int *grads = tg_alloc(sizeof(int) * (size_t)(g->n_params + 2));
@@ -104,6 +106,7 @@ static tg_train *train_build(const tg_train_spec *spec, tg_error *err) {
     t->loss_fn = spec->loss;
     t->loss_ctx = spec->ctx;
     t->opt = spec->optimizer;
+    t->precision = spec->precision ? spec->precision : TG_PRECISION_F32;
     t->n_params = g->n_params;
     copy_schedule(t, &spec->optimizer.lr);
     grads[n_wrt] = loss;
@@ -266,7 +269,8 @@ tg_status tg_replace_model(tg_train *t, tg_model *m, const tg_optimizer *opt, tg
     tg_train *l = rt_lock_train(t);
     if (!l) { tg_seterr(err, "tg_replace_model: %s training handle", rt_dead(t)); return TG_FAILED; }
     tg_train_spec spec = { .model = m, .loss = l->loss_fn, .ctx = l->loss_ctx, .inputs = l->c.decls,
-                           .n_inputs = l->c.n_inputs, .optimizer = opt ? *opt : l->opt, .backend = l->be->name };
+                           .n_inputs = l->c.n_inputs, .optimizer = opt ? *opt : l->opt, .backend = l->be->name,
+                           .precision = l->precision };
     tg_error e;
     tg_train *n = m ? train_build(&spec, &e) : NULL;
     if (!n) {

@@ -1,0 +1,335 @@
+/* Precision settings (tg_precision) on the reference interpreter, the oracle of every backend:
+ *  - the rounding itself: bf16 to nearest even, tf32 to nearest with ties away, NaN and
+ *    infinities untouched, exact at the halfway cases;
+ *  - products, convolutions and attention at tf32 and bf16 against float64 loops over the
+ *    operands rounded the same way (so the emulation is exact, not merely close), and nothing
+ *    else rounded (an elementwise op at bf16 is the f32 result);
+ *  - the settings through the API: what each backend runs (tg_train_precision: the cpu backend
+ *    runs f32 and says so), forwards inheriting the training handle's setting, an unknown value
+ *    refused, checkpoints moving between precisions;
+ *  - training quality, short form: the digits MLP trained in bf16 ends within a few percent of
+ *    f32; at length where a GPU is (tests/run_gpu.sh): the digits CNN and chargpt.
+ * test_backend compares CUDA with the reference at each precision. */
+#include "internal.h"
+#include "check.h"
+#include "probe_util.h"
+#include "run_example.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static float bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static void test_rounding(void) {
+    const tg_precision BF = TG_PRECISION_BF16, TF = TG_PRECISION_TF32;
+    /* bf16 keeps 8 bits of mantissa (7 stored): 1 + 2^-8 is halfway between 1 and 1 + 2^-7. */
+    CHECK(precision_round(BF, 1.0f + 0x1p-8f) == 1.0f, "bf16: a tie rounds to the even 1.0");
+    CHECK(precision_round(BF, 1.0f + 3 * 0x1p-8f) == 1.0f + 0x1p-6f, "bf16: a tie rounds to the even 1 + 2^-6");
+    CHECK(precision_round(BF, 1.0f + 0x1p-8f + 0x1p-20f) == 1.0f + 0x1p-7f, "bf16: past the tie rounds up");
+    CHECK(precision_round(BF, -(1.0f + 0x1p-9f)) == -1.0f, "bf16: below the tie rounds down, sign kept");
+    /* tf32 keeps 11 bits (10 stored): 1 + 2^-11 is a tie, rounded away from zero. */
+    CHECK(precision_round(TF, 1.0f + 0x1p-11f) == 1.0f + 0x1p-10f, "tf32: a tie rounds away from zero");
+    CHECK(precision_round(TF, -(1.0f + 0x1p-11f)) == -(1.0f + 0x1p-10f), "tf32: a negative tie too");
+    CHECK(precision_round(TF, 1.0f + 0x1p-12f) == 1.0f, "tf32: below the tie rounds down");
+    CHECK(precision_round(TG_PRECISION_F32, 1.0f + 0x1p-20f) == 1.0f + 0x1p-20f, "f32: nothing rounded");
+    CHECK(isnan(precision_round(BF, NAN)) && isnan(precision_round(TF, NAN)), "NaN stays NaN");
+    CHECK(precision_round(BF, INFINITY) == INFINITY && precision_round(TF, -INFINITY) == -INFINITY, "infinities stay");
+    CHECK(precision_round(BF, bits(0x7f7fffffu)) == INFINITY, "bf16: the largest float rounds to infinity");
+    /* every rounded value is representable: the low bits are zero */
+    check_rng = 17;
+    int bad = 0;
+    for (int i = 0; i < 10000; i++) {
+        float x = (float)check_uniform(-100, 100), b = precision_round(BF, x), t = precision_round(TF, x);
+        uint32_t ub, ut;
+        memcpy(&ub, &b, 4);
+        memcpy(&ut, &t, 4);
+        bad += (ub & 0xffffu) != 0 || (ut & 0x1fffu) != 0 || fabsf(b - x) > fabsf(x) * 0x1p-8f || fabsf(t - x) > fabsf(x) * 0x1p-11f;
+    }
+    CHECK(bad == 0, "%d of 10000 values rounded outside half an ulp or with low bits set", bad);
+}
+
+/* ----- operations at each precision against float64 over rounded operands ----- */
+
+typedef enum { MATMUL, MATMUL_BT, CONV, ATTENTION, ELEMENTWISE } opk;
+typedef struct { opk op; } pctx;
+
+static tg_tensor op_fwd(const void *vc, const tg_tensor *in) {
+    switch (((const pctx *)vc)->op) {
+    case MATMUL: return tg_matmul(in[0], in[1]);
+    case MATMUL_BT: return tg_matmul(in[0], tg_swapaxes(in[1], -1, -2));
+    case CONV: return tg_conv2d(in[0], in[1], 1, 1);
+    case ATTENTION: return tg_attention(in[0], in[1], in[2], 1, 0.4);
+    case ELEMENTWISE: return tg_mul(tg_exp(in[0]), in[1]);
+    }
+    return in[0];
+}
+
+/* The operands rounded at precision p (in place). */
+static void round_all(tg_precision p, ht *x, int n) {
+    for (int i = 0; i < n; i++)
+        for (int64_t e = 0; e < nel(x[i].s); e++) x[i].v[e] = precision_round(p, (float)x[i].v[e]);
+}
+
+/* float64 of the op on (already rounded) operands */
+static ht expect(opk op, const ht *x) {
+    if (op == MATMUL || op == MATMUL_BT) {   /* [B, M, K] x [K, N] (or [N, K] transposed) */
+        int64_t B = x[0].s.d[0], M = x[0].s.d[1], K = x[0].s.d[2], N = op == MATMUL ? x[1].s.d[1] : x[1].s.d[0];
+        ht out = ht_new(TG_SHAPE(B, M, N));
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    double acc = 0;
+                    for (int64_t k = 0; k < K; k++)
+                        acc += x[0].v[(b * M + i) * K + k] * (op == MATMUL ? x[1].v[k * N + j] : x[1].v[j * K + k]);
+                    out.v[(b * M + i) * N + j] = acc;
+                }
+        return out;
+    }
+    if (op == CONV) {   /* x [N, C, H, W], w [O, C, 3, 3], stride 1, padding 1 */
+        const int64_t *xd = x[0].s.d, *wd = x[1].s.d;
+        int64_t N = xd[0], C = xd[1], H = xd[2], W = xd[3], O = wd[0];
+        ht out = ht_new(TG_SHAPE(N, O, H, W));
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t o = 0; o < O; o++)
+                for (int64_t y = 0; y < H; y++)
+                    for (int64_t z = 0; z < W; z++) {
+                        double acc = 0;
+                        for (int64_t c = 0; c < C; c++)
+                            for (int64_t i = 0; i < 3; i++)
+                                for (int64_t j = 0; j < 3; j++) {
+                                    int64_t yy = y + i - 1, zz = z + j - 1;
+                                    if (yy >= 0 && yy < H && zz >= 0 && zz < W)
+                                        acc += x[0].v[((n * C + c) * H + yy) * W + zz] * x[1].v[((o * C + c) * 3 + i) * 3 + j];
+                                }
+                        out.v[((n * O + o) * H + y) * W + z] = acc;
+                    }
+        return out;
+    }
+    if (op == ATTENTION) {   /* [B, T, D] causal, scale 0.4 */
+        int64_t B = x[0].s.d[0], T = x[0].s.d[1], D = x[0].s.d[2];
+        ht out = ht_new(x[0].s);
+        double *s = calloc((size_t)T, sizeof(double));
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t r = 0; r < T; r++) {
+                double mx = -INFINITY, sum = 0;
+                for (int64_t c = 0; c <= r; c++) {
+                    s[c] = 0;
+                    for (int64_t d = 0; d < D; d++) s[c] += x[0].v[(b * T + r) * D + d] * x[1].v[(b * T + c) * D + d];
+                    s[c] *= 0.4;
+                    mx = fmax(mx, s[c]);
+                }
+                for (int64_t c = 0; c <= r; c++) sum += (s[c] = exp(s[c] - mx));
+                for (int64_t d = 0; d < D; d++) {
+                    double acc = 0;
+                    for (int64_t c = 0; c <= r; c++) acc += s[c] / sum * x[2].v[(b * T + c) * D + d];
+                    out.v[(b * T + r) * D + d] = acc;
+                }
+            }
+        free(s);
+        return out;
+    }
+    ht out = ht_new(x[0].s);   /* elementwise: nothing rounded at any precision */
+    for (int64_t i = 0; i < nel(x[0].s); i++) out.v[i] = exp(x[0].v[i]) * x[1].v[i];
+    return out;
+}
+
+static void test_operations(void) {
+    static const struct { const char *what; opk op; int n; inspec in[3]; } cases[] = {
+        { "matmul [2,5,33] x [33,7]", MATMUL, 2, { FIN("a", -2, 2, 2, 5, 33), FIN("b", -2, 2, 33, 7) } },
+        { "matmul [1,4,20] x [6,20]T", MATMUL_BT, 2, { FIN("a", -2, 2, 1, 4, 20), FIN("b", -2, 2, 6, 20) } },
+        { "conv2d [2,3,5,6] * [4,3,3,3]", CONV, 2, { FIN("x", -2, 2, 2, 3, 5, 6), FIN("w", -1, 1, 4, 3, 3, 3) } },
+        { "attention [2,9,8] causal", ATTENTION, 3, { FIN("q", -2, 2, 2, 9, 8), FIN("k", -2, 2, 2, 9, 8), FIN("v", -2, 2, 2, 9, 8) } },
+        { "exp(x) * y", ELEMENTWISE, 2, { FIN("x", -2, 2, 3, 7), FIN("y", -2, 2, 3, 7) } },
+    };
+    const tg_precision precisions[] = { TG_PRECISION_F32, TG_PRECISION_TF32, TG_PRECISION_BF16 };
+    char what[200];
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int pi = 0; pi < 3; pi++) {
+            tg_precision p = precisions[pi];
+            pctx c = { cases[k].op };
+            tg_model *m = tg_model_new(1);
+            host_case h;
+            host_case_fill(&h, m, cases[k].n, cases[k].in);
+            ht rx[3];
+            for (int i = 0; i < cases[k].n; i++) {   /* the operands as this precision sees them */
+                rx[i] = ht_new(h.x[i].s);
+                memcpy(rx[i].v, h.x[i].v, sizeof(double) * (size_t)nel(h.x[i].s));
+            }
+            bool rounds = cases[k].op != ELEMENTWISE && !(cases[k].op == ATTENTION && p == TG_PRECISION_TF32);
+            if (rounds) round_all(p, rx, cases[k].n);
+            ht want = expect(cases[k].op, rx);
+            tg_error err;
+            tg_probe *pr = tg_probe_new_at("reference-f64", p, m, op_fwd, &c, h.decl, cases[k].n, false, &err);
+            CHECK(pr != NULL, "%s: probe: %s", cases[k].what, pr ? "" : err.msg);
+            if (pr) {
+                for (int i = 0; i < cases[k].n; i++) memcpy(tg_probe_input(pr, i), h.x[i].v, sizeof(double) * (size_t)nel(h.x[i].s));
+                CHECK(tg_probe_run(pr), "%s: run", cases[k].what);
+                double worst = 0;
+                for (int64_t e = 0; e < nel(want.s); e++)
+                    worst = fmax(worst, fabs(tg_probe_output(pr)[e] - want.v[e]) / fmax(1, fabs(want.v[e])));
+                snprintf(what, sizeof what, "%s at %s", cases[k].what, tg_precision_name(p));
+                CHECK(worst <= 1e-12, "%s: the reference differs from float64 over rounded operands by %.3g", what, worst);
+                /* and the rounding matters: unrounded operands give another result */
+                if (rounds && p != TG_PRECISION_F32) {
+                    ht plain = expect(cases[k].op, h.x);
+                    double diff = 0;
+                    for (int64_t e = 0; e < nel(plain.s); e++) diff = fmax(diff, fabs(plain.v[e] - want.v[e]));
+                    CHECK(diff > 1e-6, "%s: rounding changes the result (by %.3g)", what, diff);
+                    free(plain.v);
+                }
+                tg_probe_free(pr);
+            }
+            for (int i = 0; i < cases[k].n; i++) free(rx[i].v);
+            free(want.v);
+            host_case_free(&h);
+            tg_model_free(m);
+        }
+}
+
+/* ----- the settings through the API ----- */
+
+static tg_linear lin;
+static tg_tensor mlp_loss(const void *ctx, const tg_tensor *in) { return tg_mean(tg_square(tg_linear(&lin, in[0])), TG_ALL, 0); }
+static tg_tensor mlp_out(const void *ctx, const tg_tensor *in) { return tg_linear(&lin, in[0]); }
+
+static tg_train *compile_at(tg_model *m, const char *backend, tg_precision p, tg_error *err) {
+    return tg_compile(&(tg_train_spec){ .model = m, .loss = mlp_loss, .inputs = (tg_input_decl[]){ TG_F32("x", 4, 6) },
+                                        .n_inputs = 1, .optimizer = tg_adam(1e-2), .backend = backend, .precision = p }, err);
+}
+
+static void test_api(void) {
+    tg_model *m = tg_model_new(3);
+    lin = tg_linear_new(m, "l", 6, 5, NULL);
+    tg_error err;
+    float x[24];
+    check_rng = 5;
+    for (int i = 0; i < 24; i++) x[i] = (float)check_uniform(-1, 1);
+    tg_data in[1] = { tg_f32("x", x, 24) };
+
+    tg_train *ref = compile_at(m, "reference", TG_PRECISION_BF16, &err);
+    tg_train *cpu = compile_at(m, "cpu", TG_PRECISION_BF16, &err);
+    tg_train *f32 = compile_at(m, "reference", TG_PRECISION_DEFAULT, &err);
+    CHECK(ref && cpu && f32, "compile: %s", err.msg);
+    if (!ref || !cpu || !f32) return;
+    CHECK(tg_train_precision(ref) == TG_PRECISION_BF16, "the reference runs bf16 as asked");
+    CHECK(tg_train_precision(cpu) == TG_PRECISION_F32, "the cpu backend says it runs f32 when asked for bf16");
+    CHECK(tg_train_precision(f32) == TG_PRECISION_F32, "the default is f32");
+    CHECK(!strcmp(tg_precision_name(TG_PRECISION_BF16), "bf16") && !strcmp(tg_precision_name(TG_PRECISION_TF32), "tf32"), "names");
+
+    /* a forward inherits the handle's precision unless it names one */
+    tg_forward *fb = tg_attach(ref, &(tg_forward_spec){ .forward = mlp_out, .inputs = (tg_input_decl[]){ TG_F32("x", 4, 6) },
+                                                        .n_inputs = 1 }, &err);
+    tg_forward *ff = tg_attach(ref, &(tg_forward_spec){ .forward = mlp_out, .inputs = (tg_input_decl[]){ TG_F32("x", 4, 6) },
+                                                        .n_inputs = 1, .precision = TG_PRECISION_F32 }, &err);
+    CHECK(fb && ff, "attach: %s", err.msg);
+    if (fb && ff) {
+        tg_result a = tg_run(fb, in, 1);
+        float out_b[20];
+        memcpy(out_b, a.output, sizeof out_b);
+        tg_result b = tg_run(ff, in, 1);
+        double diff = 0;
+        for (int i = 0; i < 20; i++) diff = fmax(diff, fabs(out_b[i] - b.output[i]));
+        CHECK(a.status == TG_OK && b.status == TG_OK && diff > 1e-5 && diff < 0.05,
+              "the inherited bf16 forward and an f32 one differ by bf16 rounding (%.3g)", diff);
+    }
+
+    /* unknown values are refused, with the valid names */
+    tg_train *bad = compile_at(m, "reference", (tg_precision)7, &err);
+    CHECK(!bad && strstr(err.msg, "unknown precision 7") && strstr(err.msg, "BF16"), "unknown precision: %s", err.msg);
+    tg_forward *badf = tg_attach(ref, &(tg_forward_spec){ .forward = mlp_out, .inputs = (tg_input_decl[]){ TG_F32("x", 4, 6) },
+                                                          .n_inputs = 1, .precision = (tg_precision)-2 }, &err);
+    CHECK(!badf && strstr(err.msg, "unknown precision"), "unknown forward precision: %s", err.msg);
+
+    /* checkpoints are f32 and move between precisions: bf16 state saved, f32 handle resumes */
+    for (int s = 0; s < 3; s++) CHECK(tg_step(ref, in, 1).status == TG_OK, "bf16 step");
+    CHECK(tg_save(ref, "/tmp/tg_test_precision.safetensors", 1, &err) == TG_OK, "save: %s", err.msg);
+    CHECK(tg_load(f32, "/tmp/tg_test_precision.safetensors", 1, &err) == TG_OK, "load into f32: %s", err.msg);
+    float wa[30], wb[30];
+    CHECK(tg_download_param(ref, "l.W", wa, 30, &err) == TG_OK && tg_download_param(f32, "l.W", wb, 30, &err) == TG_OK,
+          "download");
+    CHECK(memcmp(wa, wb, sizeof wa) == 0 && tg_train_step_count(f32) == 3, "the f32 handle has the bf16 handle's state");
+    remove("/tmp/tg_test_precision.safetensors");
+    tg_destroy(ref);
+    tg_destroy(cpu);
+    tg_destroy(f32);
+    tg_model_free(m);
+}
+
+/* ----- training quality, short form ----- */
+
+static double final_loss(void) {
+    double loss = -1, l;
+    int e, n;
+    for (const char *line = example_output; line && *line; line = next_line(line))
+        if (sscanf(line, "epoch %d/%d loss %lf", &e, &n, &l) == 3) loss = l;
+    return loss;
+}
+
+static double accuracy(void) {
+    const char *s = strstr(example_output, "test accuracy ");
+    double acc = -1;
+    if (s) sscanf(s, "test accuracy %lf%%", &acc);
+    return acc;
+}
+
+static void test_quality(void) {
+    int rc = run_example("digits", "--epochs 8 --backend reference --precision f32");
+    double loss32 = final_loss(), acc32 = accuracy();
+    CHECK(rc == 0 && loss32 > 0, "digits f32 on the reference: exit %d\n%s", rc, example_output);
+    rc = run_example("digits", "--epochs 8 --backend reference --precision bf16");
+    double loss16 = final_loss(), acc16 = accuracy();
+    CHECK(rc == 0 && loss16 > 0 && strstr(example_output, "bf16"), "digits bf16 on the reference: exit %d\n%s", rc,
+          example_output);
+    printf("test_precision: digits MLP, 8 epochs on the reference: loss %.4f (f32) vs %.4f (bf16), accuracy %.2f%% vs %.2f%%\n",
+           loss32, loss16, acc32, acc16);
+    CHECK(fabs(loss16 - loss32) <= 0.05 * loss32, "bf16 loss %.4f within 5%% of f32's %.4f", loss16, loss32);
+    CHECK(fabs(acc16 - acc32) <= 1.5, "bf16 accuracy %.2f%% within 1.5 points of f32's %.2f%%", acc16, acc32);
+}
+
+/* The last "held-out X" chargpt printed. */
+static double final_heldout(void) {
+    double h = -1;
+    for (const char *p = strstr(example_output, "held-out "); p; p = strstr(p + 1, "held-out ")) sscanf(p, "held-out %lf", &h);
+    return h;
+}
+
+/* At length, where a GPU is (tests/run_gpu.sh): the digits CNN in bf16 within half a point of
+ * f32's accuracy, and, given a text in $TG_TEST_CORPUS, chargpt's held-out loss after 2000 steps
+ * in bf16 within 2% of f32's. */
+static void test_quality_cuda(void) {
+    char why[256], args[600];
+    if (!tg_backend_available("cuda", why, sizeof why)) return;
+    double acc[2], held[2] = { -1, -1 };
+    const char *corpus = getenv("TG_TEST_CORPUS");
+    for (int k = 0; k < 2; k++) {
+        const char *p = k ? "bf16" : "f32";
+        snprintf(args, sizeof args, "--cnn --epochs 30 --backend cuda --precision %s", p);
+        int rc = run_example("digits", args);
+        acc[k] = accuracy();
+        CHECK(rc == 0 && acc[k] > 0, "digits %s: exit %d\n%s", args, rc, example_output);
+        if (!corpus) continue;
+        snprintf(args, sizeof args, "'%s' --steps 2000 --sample-every 0 --sample-len 0 --backend cuda --precision %s", corpus, p);
+        rc = run_example("chargpt", args);
+        held[k] = final_heldout();
+        CHECK(rc == 0 && held[k] > 0, "chargpt %s: exit %d\n%s", args, rc, example_output);
+    }
+    printf("test_precision: cuda: digits CNN accuracy %.2f%% (f32) vs %.2f%% (bf16); chargpt held-out after 2000 steps "
+           "%.4f vs %.4f\n", acc[0], acc[1], held[0], held[1]);
+    CHECK(fabs(acc[1] - acc[0]) <= 0.5, "digits CNN: bf16 accuracy %.2f%% within 0.5 points of f32's %.2f%%", acc[1], acc[0]);
+    CHECK(!corpus || fabs(held[1] - held[0]) <= 0.02 * held[0], "chargpt: bf16 held-out %.4f within 2%% of f32's %.4f",
+          held[1], held[0]);
+}
+
+int main(int argc, char **argv) {
+    example_dir_init(argv[0]);
+    test_rounding();
+    test_operations();
+    test_api();
+    test_quality();
+    test_quality_cuda();
+    return check_report("test_precision");
+}
