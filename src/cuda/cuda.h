@@ -19,9 +19,11 @@ typedef struct {
     int64_t M, N, K, batch, *aoff, *boff;
     int64_t n;                       /* CL_MEMSET: elements */
 } cuda_launch;
-typedef struct { const tg_graph *g; cuda_launch *launch; int n, cap; } cuda_plan;
+typedef struct { const tg_graph *g; cuda_launch *launch; int n, cap; int sm; } cuda_plan;
 /* cuda_attention.c: the device source of flash attention, instantiated by generated kernels. */
 extern const char CUDA_ATTENTION_SOURCE[];
+/* The bf16 tensor-core kernels (head sizes multiples of 16), after CUDA_ATTENTION_SOURCE. */
+extern const char CUDA_ATTENTION_MMA_SOURCE[];
 /* The CUDA generator's refinement of fuse_schedule: a sum that only another sum reads, over an
  * adjacent axis, gets no kernel of its own (the reader sums over both axes at once, as the
  * gradient of a broadcast bias does over batch and time). */
@@ -29,8 +31,9 @@ void cuda_refine(const tg_graph *g, const int *keep, int n_keep, bool *materiali
 /* Consecutive pointwise nodes and sums, which the generator may put into one kernel: per node,
  * the last node of its run (plan_build's live_until), -1 outside runs. */
 void cuda_kernel_runs(const tg_graph *g, const bool *materialized, const int *alias, int *live_until);
-/* NULL when memory runs out, or with *unsupported set to a node without a CUDA kernel (else -1). */
-char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches,
+/* For a device of compute capability sm (90: 9.0). NULL when memory runs out, or with
+ * *unsupported set to a node without a CUDA kernel (else -1). */
+char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches, int sm,
                    int *unsupported);
 void cuda_plan_free(cuda_plan *p);
 

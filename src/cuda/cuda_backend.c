@@ -390,7 +390,7 @@ static void cuda_release(void *h) {
 }
 
 /* Schedule, plan and generate; true with e->source set, false (err set) when memory runs out. */
-static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
+static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_keep, const char *arch, tg_error *err) {
     e->g = g;
     bool *mat = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
     int *alias = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), *runs = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
@@ -404,7 +404,7 @@ static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_kee
     free(alias);
     free(runs);
     int unsupported = -1;
-    if (ok) e->source = codegen_cuda(g, mat, &e->plan, &e->launches, &unsupported);
+    if (ok) e->source = codegen_cuda(g, mat, &e->plan, &e->launches, atoi(arch + 3), &unsupported);
     free(mat);
     if (unsupported >= 0)
         tg_seterr(err, "the CUDA backend has no kernel for op '%s' (node %d)", op_name(g->nodes[unsupported].op), unsupported);
@@ -420,7 +420,7 @@ static void *cuda_prepare(const tg_graph *g, const int *keep, int n_keep, tg_err
     cuda_exec *e = tg_alloc(sizeof *e);
     if (!e) { tg_seterr(err, "out of memory preparing the CUDA kernels"); return NULL; }
     size_t len = 0;
-    void *cubin = generate(e, g, keep, n_keep, err) ? compile_cubin(e->source, g_cuda.arch, &len, err) : NULL;
+    void *cubin = generate(e, g, keep, n_keep, g_cuda.arch, err) ? compile_cubin(e->source, g_cuda.arch, &len, err) : NULL;
     if (!cubin) goto fail;
     CUresult r = cu.ModuleLoadData(&e->module, cubin);
     free(cubin);
@@ -752,7 +752,7 @@ static void *nvrtc_prepare(const tg_graph *g, const int *keep, int n_keep, tg_er
     cuda_exec *e = tg_alloc(sizeof *e);
     if (!e) { tg_seterr(err, "out of memory preparing the CUDA kernels"); return NULL; }
     size_t len = 0;
-    void *cubin = generate(e, g, keep, n_keep, err) ? compile_cubin(e->source, "sm_90", &len, err) : NULL;
+    void *cubin = generate(e, g, keep, n_keep, "sm_90", err) ? compile_cubin(e->source, "sm_90", &len, err) : NULL;
     e->bound = tg_alloc(sizeof(void *) * (size_t)(g->n + 1));
     if (!cubin || !e->bound) {
         if (cubin && !e->bound) tg_seterr(err, "out of memory preparing the CUDA kernels");

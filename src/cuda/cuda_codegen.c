@@ -408,6 +408,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     memcpy(&scale, &a[6], sizeof scale);
     const long long B = a[0], T = a[1], S = a[2], D = a[3], E = a[4];
     const bool bf = c->g->precision == TG_PRECISION_BF16;   /* operands rounded to bf16 on load */
+    const bool mma = bf && p->sm >= 80 && D % 16 == 0 && E % 16 == 0;   /* tensor cores */
     int outs[3] = { id }, n_out = 1;
     for (int k = 0; k < n_next && n_out < 3 && cg_attention_joins(c->g, outs[n_out - 1], next[k]); k++) outs[n_out++] = next[k];
     char call[400], f[40];
@@ -420,26 +421,28 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
             snprintf(ptr[N(c, outs[r])->iarg[1]], 16, "P%d", outs[r]);
             if (N(c, outs[r])->iarg[1] == 0) memset_launch(p, outs[r]);   /* dq is added up with atomics */
         }
-        snprintf(call, sizeof call, "tgk_attention_bwd<%lld, %lld, %lld, %lld, %s, %s>(P%d, P%d, P%d, P%d, P%d, P%d, %s, %s, %s, %s)",
-                 T, S, D, E, a[5] ? "true" : "false", bf ? "true" : "false", n->src[0], n->src[1], n->src[2], n->src[3], n->src[4], n->src[5],
-                 ptr[0], ptr[1], ptr[2], cg_flit(scale, f));
+        snprintf(call, sizeof call, "tgk_attention_bwd%s<%lld, %lld, %lld, %lld, %s%s>(P%d, P%d, P%d, P%d, P%d, P%d, %s, %s, %s, %s)",
+                 mma ? "_mma" : "", T, S, D, E, a[5] ? "true" : "false", mma ? "" : bf ? ", true" : ", false", n->src[0],
+                 n->src[1], n->src[2], n->src[3], n->src[4], n->src[5], ptr[0], ptr[1], ptr[2], cg_flit(scale, f));
         tiles = (S + 63) / 64;
-        shared = (int)(4 * (64 * (D + 1) * 2 + 64 * (E + 1) * 2 + 64 * 65 + 128));
+        shared = mma ? (int)(4 * 128 + 2 * (64 * (D + 8) + D * 72 + 64 * (E + 8) + E * 72 + D * 72 + 2 * 64 * 72))
+                     : (int)(4 * (64 * (D + 1) * 2 + 64 * (E + 1) * 2 + 64 * 65 + 128));
     } else {
         bool fwd = n->op == OP_ATTENTION;   /* else ATTENTION_LSE alone: no output rows */
         char out[16] = "(float *)0", lse[16] = "(float *)0";
         if (fwd) snprintf(out, sizeof out, "P%d", id);
         if (!fwd || n_out > 1) snprintf(lse, sizeof lse, "P%d", fwd ? outs[1] : id);
-        snprintf(call, sizeof call, "tgk_attention<%lld, %lld, %lld, %lld, %s, %s, %s>(P%d, P%d, P%d, %s, %s, %s)", T, S, D,
-                 E, a[5] ? "true" : "false", fwd ? "true" : "false", bf ? "true" : "false", n->src[0], n->src[1], fwd ? n->src[2] : n->src[1], out,
-                 lse, cg_flit(scale * 1.4426950408889634, f));
+        snprintf(call, sizeof call, "tgk_attention%s<%lld, %lld, %lld, %lld, %s, %s%s>(P%d, P%d, P%d, %s, %s, %s)",
+                 mma ? "_mma" : "", T, S, D, E, a[5] ? "true" : "false", fwd ? "true" : "false",
+                 mma ? "" : bf ? ", true" : ", false", n->src[0], n->src[1], fwd ? n->src[2] : n->src[1], out, lse,
+                 cg_flit(scale * 1.4426950408889634, f));
         tiles = (T + 63) / 64;
-        shared = (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
+        shared = mma ? (int)(2 * (64 * (D + 8) + E * 72)) : (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
     }
     char head[600];
     snprintf(head, sizeof head, "    %s;\n", call);
     end_kernel_roots(c, outs, n_out, n->src, n->nsrc, head, "");
-    kernel_launch(p, id, tiles * B * 256, 256);
+    kernel_launch(p, id, tiles * B * (mma ? 128 : 256), mma ? 128 : 256);
     p->launch[p->n - 1].shared = shared;
     return n_out - 1;
 }
@@ -637,12 +640,13 @@ static const char HEADER[] =
     "typedef long long int64_t;\ntypedef unsigned long long uint64_t;\ntypedef int int32_t;\n"
     "#define INFINITY __int_as_float(0x7f800000)\n#define NAN __int_as_float(0x7fffffff)\n\n";
 
-char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches,
+char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches, int sm,
                    int *unsupported) {
     strbuf out = { 0 };
     cg c;
     long failures = alloc_failures();   /* any allocation failing from here on voids the source */
     memset(launches, 0, sizeof *launches);
+    launches->sm = sm;
     launches->g = g;
     if (!cg_init(&c, g, materialized, plan, &out)) {
         cg_release(&c);
@@ -654,7 +658,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     for (int i = 0; i < g->n; i++)   /* only graphs with attention pay for compiling it */
         if (materialized[i] && (g->nodes[i].op == OP_ATTENTION || g->nodes[i].op == OP_ATTENTION_LSE ||
                                 g->nodes[i].op == OP_ATTENTION_BWD)) {
-            sb_printf(&out, "%s", CUDA_ATTENTION_SOURCE);
+            sb_printf(&out, "%s%s", CUDA_ATTENTION_SOURCE, sm >= 80 && g->precision == TG_PRECISION_BF16 ? CUDA_ATTENTION_MMA_SOURCE : "");
             break;
         }
     int *order = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
