@@ -198,6 +198,7 @@ static const bcase CASES[] = {
       { F("x", 2, 3, 9, 10), F("y", 20, 3, 3, 3), F("b", 20) }, 0, false, true },
     { "conv2d stride 2 pad 1, wide", CONV2D_BIG, 2, { F("x", 3, 5, 37, 41), F("y", 16, 5, 3, 3) }, 0, false, true },
     { "max_pool2d", MAXPOOL, 1, { F("x", 2, 3, 6, 4) }, 0, false, false },
+    { "max_pool2d, rows of 8-window groups and a tail", MAXPOOL, 1, { F("x", 2, 3, 4, 38) }, 0, false, false },
     { "max_pool2d pad", MAXPOOL_PAD, 1, { F("x", 1, 2, 5, 7) }, 0, false, false },
     { "nearest_upsample2d", UPSAMPLE, 1, { F("x", 2, 2, 3, 4) }, 0, false, false },
     { "layernorm chain", LAYERNORM_CHAIN, 2, { F("x", 3, 4, 8), F("y", 8) }, 0, false, false },

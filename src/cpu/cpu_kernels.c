@@ -403,41 +403,89 @@ TARGET_AVX512 static void maxpool2_rows(const float *r0, const float *r1, int64_
         _mm512_mask_storeu_ps(g1 + 2 * ox + 16, mhi, _mm512_permutex2var_ps(z[2], hi, z[3]));
     }
 }
+
+/* maxpool2_rows in eight lanes, for the whole groups of eight windows; returns how many windows
+ * it did (the caller does the rest). Even and odd columns are split with in-lane shuffles and a
+ * cross-lane permute (and joined back the same way in the backward). */
+TARGET_AVX2 static int64_t maxpool2_rows_avx2(const float *r0, const float *r1, int64_t wo, float *out, const float *gout,
+                                              float *g0, float *g1) {
+    int64_t ox = 0;
+    for (; ox + 8 <= wo; ox += 8) {
+        __m256 w[4];
+        for (int row = 0; row < 2; row++) {
+            const float *r = row ? r1 : r0;
+            __m256 a0 = _mm256_loadu_ps(r + 2 * ox), a1 = _mm256_loadu_ps(r + 2 * ox + 8);
+            w[2 * row] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a0, a1, 0x88)), 0xD8));
+            w[2 * row + 1] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a0, a1, 0xDD)), 0xD8));
+        }
+        __m256 best = w[0], bi = _mm256_setzero_ps();   /* bi: the winning window element, as a float 0..3 */
+        for (int q = 1; q < 4; q++) {
+            __m256 take = _mm256_or_ps(_mm256_cmp_ps(w[q], best, _CMP_GT_OQ),
+                                       _mm256_and_ps(_mm256_cmp_ps(w[q], w[q], _CMP_UNORD_Q), _mm256_cmp_ps(best, best, _CMP_ORD_Q)));
+            best = _mm256_blendv_ps(best, w[q], take);
+            bi = _mm256_blendv_ps(bi, _mm256_set1_ps((float)q), take);
+        }
+        if (out) {
+            _mm256_storeu_ps(out + ox, best);
+            continue;
+        }
+        __m256 g = _mm256_loadu_ps(gout + ox), z[4];
+        for (int q = 0; q < 4; q++) {
+            z[q] = _mm256_and_ps(_mm256_cmp_ps(bi, _mm256_set1_ps((float)q), _CMP_EQ_OQ), g);
+            z[q] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(z[q]), 0xD8));
+        }
+        _mm256_storeu_ps(g0 + 2 * ox, _mm256_unpacklo_ps(z[0], z[1]));
+        _mm256_storeu_ps(g0 + 2 * ox + 8, _mm256_unpackhi_ps(z[0], z[1]));
+        _mm256_storeu_ps(g1 + 2 * ox, _mm256_unpacklo_ps(z[2], z[3]));
+        _mm256_storeu_ps(g1 + 2 * ox + 8, _mm256_unpackhi_ps(z[2], z[3]));
+    }
+    return ox;
+}
 #endif
+
+/* Windows [ox0, ox1) of output row oy, one at a time (maxpool_tiled's portable path and the
+ * AVX2 path's tails). */
+static void maxpool_tiled_row(const float *img, int64_t W, int64_t k, int64_t oy, int64_t ox0, int64_t ox1, int64_t wo,
+                              const float *gout, float *gin, float *out) {
+    for (int64_t ox = ox0; ox < ox1; ox++) {
+        const float *w0 = img + oy * k * W + ox * k;
+        float bv = w0[0];
+        int64_t bi = 0;
+        for (int64_t i = 0; i < k; i++)
+            for (int64_t j = 0; j < k; j++) {
+                float v = w0[i * W + j];
+                bool take = (v > bv) | ((v != v) & (bv == bv));
+                bv = take ? v : bv;
+                bi = take ? i * W + j : bi;
+            }
+        if (out) {
+            out[oy * wo + ox] = bv;
+        } else {
+            float g = gout[oy * wo + ox], *d = gin + oy * k * W + ox * k;
+            for (int64_t i = 0; i < k; i++)
+                for (int64_t j = 0; j < k; j++) d[i * W + j] = i * W + j == bi ? g : 0.0f;
+        }
+    }
+}
 
 /* Windows that tile the image exactly (k = stride, no padding, sizes divisible): no bounds, and
  * the backward writes every input element once, so it needs no zero-fill. The first maximum in
  * row-major order wins, a NaN over a number. */
 static void maxpool_tiled(const float *img, int64_t H, int64_t W, int64_t k, const float *gout, float *gin, float *out) {
     int64_t ho = H / k, wo = W / k;
+    for (int64_t oy = 0; oy < ho; oy++) {
+        int64_t done = 0;
 #ifdef CPU_X86
-    if (k == 2 && use_avx512()) {
-        for (int64_t oy = 0; oy < ho; oy++)
-            maxpool2_rows(img + 2 * oy * W, img + (2 * oy + 1) * W, wo, out ? out + oy * wo : NULL,
-                          gout ? gout + oy * wo : NULL, gin ? gin + 2 * oy * W : NULL, gin ? gin + (2 * oy + 1) * W : NULL);
-        return;
-    }
-#endif
-    for (int64_t oy = 0; oy < ho; oy++)
-        for (int64_t ox = 0; ox < wo; ox++) {
-            const float *w0 = img + oy * k * W + ox * k;
-            float bv = w0[0];
-            int64_t bi = 0;
-            for (int64_t i = 0; i < k; i++)
-                for (int64_t j = 0; j < k; j++) {
-                    float v = w0[i * W + j];
-                    bool take = (v > bv) | ((v != v) & (bv == bv));
-                    bv = take ? v : bv;
-                    bi = take ? i * W + j : bi;
-                }
-            if (out) {
-                out[oy * wo + ox] = bv;
-            } else {
-                float g = gout[oy * wo + ox], *d = gin + oy * k * W + ox * k;
-                for (int64_t i = 0; i < k; i++)
-                    for (int64_t j = 0; j < k; j++) d[i * W + j] = i * W + j == bi ? g : 0.0f;
-            }
+        if (k == 2 && (use_avx512() || use_avx2())) {
+            const float *r0 = img + 2 * oy * W, *r1 = r0 + W;
+            float *o = out ? out + oy * wo : NULL, *g0 = gin ? gin + 2 * oy * W : NULL, *g1 = gin ? g0 + W : NULL;
+            const float *go = gout ? gout + oy * wo : NULL;
+            if (use_avx512()) maxpool2_rows(r0, r1, wo, o, go, g0, g1), done = wo;
+            else done = maxpool2_rows_avx2(r0, r1, wo, o, go, g0, g1);
         }
+#endif
+        maxpool_tiled_row(img, W, k, oy, done, wo, wo, gout, gin, out);
+    }
 }
 
 /* a = {N, C, H, W, k, k, stride, pad}; p = {in, out} or, backward, {x, grad out, grad in}. */
