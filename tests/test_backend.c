@@ -17,7 +17,7 @@ enum {
     SWAPAXES, MATMUL, MATMUL_BATCHED, MATMUL_BCAST, ONE_HOT, EMBEDDING, SOFTMAX, SOFTMAX_MID, LOG_SOFTMAX,
     CROSS_ENTROPY, NLL_SUM, ARGMAX, ARGMIN_ALL, FLATTEN, SPLIT_HEADS, MERGE_HEADS, TAKE_ALONG, ARANGE, ONES,
     NARROW, CONCAT3, STACK, SPLIT, SOFTMAX_CAUSAL, WHERE_CAUSAL, STOP_GRADIENT, DROPOUT, RANDN, CONV2D,
-    CONV2D_S2, CONV2D_BIG, LINEAR, MAXPOOL, MAXPOOL_PAD, UPSAMPLE, LAYERNORM_CHAIN, ATTENTION, SCALAR_CHAIN,
+    CONV2D_S2, CONV2D_BIG, CONV2D_BIAS, LINEAR, MAXPOOL, MAXPOOL_PAD, UPSAMPLE, LAYERNORM_CHAIN, ATTENTION, SCALAR_CHAIN,
     FUSED_ATTN, FUSED_ATTN_CAUSAL,
 };
 
@@ -102,6 +102,7 @@ static tg_tensor op_fwd(const bcase *c, const tg_tensor *in) {
     case CONV2D: return tg_conv2d(x, y, 1, 1);
     case CONV2D_S2: return tg_conv2d(x, y, 2, 0);
     case CONV2D_BIG: return tg_relu(tg_conv2d(x, y, 2, 1));
+    case CONV2D_BIAS: return tg_add(tg_conv2d(x, y, 1, 1), tg_reshape(z, -1, 1, 1));
     case LINEAR: return tg_add(tg_matmul(x, y), z);
     case MAXPOOL: return tg_max_pool2d(x, 2, 2, 0);
     case MAXPOOL_PAD: return tg_max_pool2d(x, 3, 2, 1);
@@ -162,9 +163,11 @@ static const bcase CASES[] = {
     { "matmul", MATMUL, 2, { F("x", 5, 7), F("y", 7, 3) }, 0, false, false },
     { "matmul batched x 2-D", MATMUL_BATCHED, 2, { F("x", 2, 3, 4), F("y", 4, 5) }, 0, false, false },
     { "matmul broadcast batch", MATMUL_BCAST, 2, { F("x", 2, 1, 3, 4), F("y", 3, 5, 4) }, 0, false, false },
-    /* Shapes past the CPU product's register tiles (8 x 32) and packed blocks (128 x 256 x 512),
-     * with ragged edges; a bias the product kernel adds; batches the weight gradient sums. */
+    /* Shapes past the CPU product's register tiles (AVX-512 8 x 32, AVX2 6 x 16) and packed
+     * blocks (128 or 144 x 256 x 512), with ragged edges; a bias the product kernel adds;
+     * batches the weight gradient sums. */
     { "matmul past the blocks", MATMUL, 2, { F("x", 137, 300), F("y", 300, 531) }, 0, false, true },
+    { "matmul past the AVX2 blocks", MATMUL, 2, { F("x", 151, 263), F("y", 263, 517) }, 0, false, true },
     { "matmul + bias (fused add)", LINEAR, 3, { F("x", 45, 70), F("y", 70, 33), F("b", 33) }, 0, false, true },
     { "matmul batched, long", MATMUL_BATCHED, 2, { F("x", 3, 70, 260), F("y", 260, 41) }, 0, false, true },
     { "matmul broadcast, skinny", MATMUL_BCAST, 2, { F("x", 2, 1, 1, 40), F("y", 3, 17, 40) }, 0, false, true },
@@ -194,8 +197,11 @@ static const bcase CASES[] = {
     { "randn", RANDN, 1, { F("x", 4, 6) }, 0, false, false },
     { "conv2d pad 1", CONV2D, 2, { F("x", 2, 3, 5, 6), F("y", 4, 3, 3, 3) }, 0, false, false },
     { "conv2d stride 2", CONV2D_S2, 2, { F("x", 2, 2, 7, 5), F("y", 3, 2, 2, 2) }, 0, false, false },
+    { "conv2d + bias (fused: a bias per row of the product)", CONV2D_BIAS, 3,
+      { F("x", 2, 3, 9, 10), F("y", 20, 3, 3, 3), F("b", 20) }, 0, false, true },
     { "conv2d stride 2 pad 1, wide", CONV2D_BIG, 2, { F("x", 3, 5, 37, 41), F("y", 16, 5, 3, 3) }, 0, false, true },
     { "max_pool2d", MAXPOOL, 1, { F("x", 2, 3, 6, 4) }, 0, false, false },
+    { "max_pool2d, rows of 8-window groups and a tail", MAXPOOL, 1, { F("x", 2, 3, 4, 38) }, 0, false, false },
     { "max_pool2d pad", MAXPOOL_PAD, 1, { F("x", 1, 2, 5, 7) }, 0, false, false },
     { "nearest_upsample2d", UPSAMPLE, 1, { F("x", 2, 2, 3, 4) }, 0, false, false },
     { "layernorm chain", LAYERNORM_CHAIN, 2, { F("x", 3, 4, 8), F("y", 8) }, 0, false, false },
@@ -358,6 +364,21 @@ static void test_cache(const char *dir) {
     CHECK(count_files(sub, ".so") == 1, "cache miss writes one shared object (%d)", count_files(sub, ".so"));
     tg_probe_free(p);
 
+    /* The same graph for another instruction set is another build (the flags name the ISA, and
+     * they are part of the key): a cache moved to a CPU with fewer features never hands it code
+     * it cannot run. */
+    if (cpu_isa_best() != CPU_ISA_PORTABLE) {
+        setenv("TG_CPU_ISA", "portable", 1);
+        p = cache_probe(&err);
+        CHECK(p != NULL && count_files(sub, ".so") == 2, "another ISA, another shared object (%d): %s", count_files(sub, ".so"),
+              p ? "" : err.msg);
+        tg_probe_free(p);
+        unsetenv("TG_CPU_ISA");
+        p = cache_probe(&err);
+        CHECK(p != NULL && count_files(sub, ".so") == 2, "back to the best ISA: a cache hit (%d)", count_files(sub, ".so"));
+        tg_probe_free(p);
+    }
+
     char cmd[800];
     snprintf(cmd, sizeof cmd, "touch -d '2000-01-01' '%s'/*.so", sub);
     CHECK(system(cmd) == 0, "touch");
@@ -497,6 +518,37 @@ static void nvrtc_compile_all(void) {
     tg_model_free(m);
 }
 
+/* Every op through each kernel path this CPU runs below its best (the runs above took the best),
+ * forced with TG_CPU_ISA: the packed products with AVX2 register tiles, the portable loops and
+ * OpenBLAS, which an AVX-512 machine would otherwise never run. The generated code is built for
+ * the same ISA. Then names the CPU lacks, or that do not exist, fall back to the best. */
+static void test_isa_paths(void) {
+    cpu_isa best = cpu_isa_best();
+    printf("test_backend: this CPU runs the %s path (TG_CPU_ISA=%s)\n", cpu_isa_name(best),
+           getenv("TG_CPU_ISA") ? getenv("TG_CPU_ISA") : "");
+    for (int isa = CPU_ISA_PORTABLE; isa < (int)best; isa++) {
+        char label[64];
+        snprintf(label, sizeof label, "%s kernels", cpu_isa_name((cpu_isa)isa));
+        setenv("TG_CPU_ISA", cpu_isa_name((cpu_isa)isa), 1);
+        for (int i = 0; i < N_CASES; i++) {
+            compare_case("cpu", TG_PRECISION_F32, &CASES[i], label);
+            CHECK(cpu_kernels_isa() == (cpu_isa)isa, "%s %s: ran the %s kernels", CASES[i].name, label,
+                  cpu_isa_name(cpu_kernels_isa()));
+        }
+    }
+    setenv("TG_CPU_ISA", "sse9", 1);
+    CHECK(cpu_isa_choose() == best, "an unknown TG_CPU_ISA falls back to the best path");
+    setenv("TG_CPU_ISA", "avx512", 1);
+    CHECK(cpu_isa_choose() == (best == CPU_ISA_AVX512 ? CPU_ISA_AVX512 : best), "TG_CPU_ISA=avx512 where the CPU lacks it falls back");
+    setenv("TG_CPU_ISA", "portable", 1);
+    CHECK(cpu_isa_choose() == CPU_ISA_PORTABLE, "TG_CPU_ISA=portable is always there");
+    unsetenv("TG_CPU_ISA");
+    CHECK(cpu_isa_choose() == best, "without TG_CPU_ISA, the best path");
+    CHECK(strcmp(cpu_isa_cflags(CPU_ISA_AVX2), "-mavx2 -mfma") == 0 && strstr(cpu_isa_cflags(CPU_ISA_AVX512), "-mavx512f") &&
+              !strstr(cpu_isa_cflags(CPU_ISA_AVX2), "march"),
+          "generated code is built with the ISA's own flags, never -march=native");
+}
+
 /* Through the public API a compiler failure is a NULL handle and the compiler's message. */
 static void test_compile_failure(void) {
     setenv("TG_CC", "false", 1);
@@ -524,10 +576,7 @@ int main(void) {
         for (int i = 0; i < N_CASES; i++) compare_case("cpu", TG_PRECISION_F32, &CASES[i], fused ? "fused" : "unfused");
     }
     unsetenv("TG_NO_FUSE");
-    /* The library kernels' portable paths, which AVX-512 machines would otherwise never run. */
-    cpu_kernels_portable(true);
-    for (int i = 0; i < N_CASES; i++) compare_case("cpu", TG_PRECISION_F32, &CASES[i], "portable kernels");
-    cpu_kernels_portable(false);
+    test_isa_paths();
     test_cache(dir);
     test_compile_failure();
     char why[256];

@@ -21,11 +21,20 @@ extern void *const cpu_kernels[];
 bool cpu_kernels_failed(void);
 void cpu_set_threads(int n);
 void cpu_blas_single_threaded(void);
-/* On: the CPU library kernels take their portable paths even where AVX-512 ones exist (tests). */
-void cpu_kernels_portable(bool on);
-/* n floats of this thread's scratch, kept for the thread's life; NULL when out of memory, which
- * is recorded so that the step fails (cpu_kernels_failed). */
-float *cpu_scratch(size_t n);
+
+/* cpu_isa.c: the instruction set of the library kernels and the generated code, one choice. */
+typedef enum { CPU_ISA_PORTABLE, CPU_ISA_AVX2, CPU_ISA_AVX512 } cpu_isa;
+const char *cpu_isa_name(cpu_isa isa);
+/* The compiler flags generated code is built with for isa ("" for portable). */
+const char *cpu_isa_cflags(cpu_isa isa);
+/* The best path this CPU runs; TG_CPU_ISA's choice, or the best (with a note on stderr when the
+ * variable asks for one this CPU lacks). */
+cpu_isa cpu_isa_best(void);
+cpu_isa cpu_isa_choose(void);
+/* The library kernels' path from now on (process-wide; each run selects its graph's), and the
+ * current one. */
+void cpu_kernels_select(cpu_isa isa);
+cpu_isa cpu_kernels_isa(void);
 
 /* cpu_attention.c: library kernels (TGK_ATTENTION, TGK_ATTENTION_BWD). */
 void cpu_attention(const int64_t *a, void *const *p);

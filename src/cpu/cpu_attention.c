@@ -7,7 +7,7 @@
  * scratch first), so the compiler vectorizes it without reassociating a sum. Threads split heads
  * and row blocks in the forward, heads in the backward (each head's dk and dv rows are written
  * by one thread: no atomics, and the same result on any thread count). */
-#include "cpu/cpu.h"
+#include "cpu/cpu_kernels.h"
 
 #include <math.h>
 #include <string.h>
@@ -54,7 +54,7 @@ void cpu_attention(const int64_t *a, void *const *p) {
     #pragma omp parallel for schedule(dynamic) if (work >= PARALLEL_MACS)
     for (int64_t bb = 0; bb < A.batch * blocks; bb++) {
         const int64_t b = bb / blocks, r0 = bb % blocks * RB, r1 = r0 + RB < A.T ? r0 + RB : A.T;
-        float *kt = cpu_scratch((size_t)(A.D * A.S + A.S));
+        float *kt = kernel_scratch((size_t)(A.D * A.S + A.S));
         if (!kt) continue;   /* recorded: the step fails */
         float *s = kt + A.D * A.S;
         transpose(k + b * A.S * A.D, A.S, A.D, kt);
@@ -133,7 +133,7 @@ void cpu_attention_bwd(const int64_t *a, void *const *p) {
     const int64_t work = A.batch * A.T * A.S * (2 * A.D + 2 * A.E);
     #pragma omp parallel for schedule(dynamic) if (work >= PARALLEL_MACS)
     for (int64_t b = 0; b < A.batch; b++) {
-        float *buf = cpu_scratch((size_t)((A.D + A.E + 2) * A.S));
+        float *buf = kernel_scratch((size_t)((A.D + A.E + 2) * A.S));
         if (!buf) continue;   /* recorded: the step fails */
         backward_head(&A, q + b * A.T * A.D, k + b * A.S * A.D, v + b * A.S * A.E, o + b * A.T * A.E,
                       dout + b * A.T * A.E, lse + b * A.T, dq ? dq + b * A.T * A.D : NULL,

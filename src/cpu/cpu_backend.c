@@ -3,7 +3,8 @@
  * of the source and the compiler command, and loaded with dlopen. A step is one call of the
  * generated entry point.
  *
- * Environment: TG_CC (compiler, default cc), TG_CFLAGS (default -O3 -march=native), TG_CACHE_DIR
+ * Environment: TG_CC (compiler, default cc), TG_CFLAGS (default -O3; the chosen instruction set's
+ * flags, cpu_isa.c, are added after it), TG_CPU_ISA (avx512, avx2 or portable), TG_CACHE_DIR
  * (default $XDG_CACHE_HOME/tensorgrad or ~/.cache/tensorgrad; one that cannot hold files makes
  * every build happen in a private temporary directory instead), TG_NO_FUSE=1 (every node gets
  * a kernel of its own: the unfused schedule, for tests). */
@@ -32,6 +33,7 @@ typedef struct {
     char *source;
     bool *mat;            /* per node: has memory of its own (else inlined or absorbed by its consumer) */
     int *inplace;         /* per node: the PARAM/STATE leaf its kernel writes in place, or -1 */
+    cpu_isa isa;          /* the generated code's instruction set, and the library kernels' at run */
 } cpu_exec;
 
 /* ----- buffers: 64-byte aligned, float or int32 by dtype (both 4 bytes) ----- */
@@ -78,8 +80,11 @@ static void read_log(const char *path, char *buf, size_t len) {
 }
 
 /* Flags every kernel build gets (part of the cache key). -fwrapv: i32 arithmetic that overflows
- * wraps, as the reference computes it, rather than being undefined. */
-#define FIXED_FLAGS "-fopenmp -fPIC -shared -fno-strict-aliasing -fno-math-errno -fwrapv"
+ * wraps, as the reference computes it, rather than being undefined. -fno-trapping-math: nothing
+ * here reads floating-point exception flags, and without it GCC cannot turn a select around a
+ * multiply (relu's backward: g * (x > 0 ? 1 : 0)) into vector code except with AVX-512's masks:
+ * on AVX2 such loops stayed scalar. Results are the same. */
+#define FIXED_FLAGS "-fopenmp -fPIC -shared -fno-strict-aliasing -fno-math-errno -fno-trapping-math -fwrapv"
 
 /* The compiler from TG_CC (default cc). */
 static const char *compiler(void) {
@@ -184,10 +189,12 @@ static void *load_uncached(const build *b, const char *why, tg_error *err) {
     return dl;
 }
 
-/* Load the shared object for `source`, building it on a cache miss. */
-static void *load_kernels(const char *source, tg_error *err) {
-    const char *cc = compiler(), *flags = getenv("TG_CFLAGS");
-    if (!flags) flags = "-O3 -march=native";
+/* Load the shared object for `source`, built for `isa`, building it on a cache miss. The flags,
+ * and so the cache key, name the instruction set. */
+static void *load_kernels(const char *source, cpu_isa isa, tg_error *err) {
+    const char *cc = compiler(), *opt = getenv("TG_CFLAGS");
+    char flags[1200];
+    snprintf(flags, sizeof flags, "%s %s", opt ? opt : "-O3", cpu_isa_cflags(isa));
     build b = { source, cc, flags, 1469598103934665603ull };
     b.hash = cache_hash(b.hash, source, strlen(source));
     b.hash = cache_hash(b.hash, cc, strlen(cc) + 1);
@@ -266,7 +273,8 @@ static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_erro
         cpu_release(e);
         return NULL;
     }
-    e->dl = load_kernels(e->source, err);
+    e->isa = cpu_isa_choose();
+    e->dl = load_kernels(e->source, e->isa, err);
     if (e->dl) {
         *(void **)&e->entry = dlsym(e->dl, "tg_entry");
         if (!e->entry) tg_seterr(err, "compiled kernels have no entry point: %s", dlerror());
@@ -283,6 +291,7 @@ static void cpu_bind(void *h, int node, void *buf) { ((cpu_exec *)h)->bound[node
 
 static bool cpu_run(void *h, const double *hyper, tg_error *err) {
     cpu_exec *e = h;
+    cpu_kernels_select(e->isa);
     e->entry(e->arena, e->bound, hyper, cpu_kernels);
     /* A kernel without scratch memory left its output wrong; the entry then skipped the in-place
      * updates (see codegen_c_inplace), and the runtime, seeing false, copies nothing back. */

@@ -1,0 +1,395 @@
+/* Matrix products of the compiled CPU backend (the library kernel TGK_MATMUL): C (+)= op(A) op(B),
+ * row-major with leading dimensions, with what the schedule folds into a product: a bias add, a
+ * sum over a batch (a weight gradient), im2col packed straight from the image (a convolution's
+ * cols are never materialized) and col2im (a convolution's input gradient).
+ *
+ * On x86-64 with AVX2 + FMA or AVX-512, a packed, register-blocked product of our own, in the
+ * structure of BLIS: B is packed in blocks of KC x NC, A in blocks of MC x KC, and an MR x NR
+ * register tile multiplies one panel of each. The driver and the packing here are the same for
+ * both instruction sets; the tile, its sizes and a few row helpers come from cpu_gemm_x86.c, by
+ * the run's ISA (cpu_isa.c). Debian's OpenBLAS 0.3.21 reaches about 95 GFLOP/s per core on Zen
+ * 4/5 where our AVX-512 tile does 180-210, and runs single-threaded per call here (our threads
+ * split the products), so it is only the portable path (no AVX2, or not x86-64).
+ *
+ * One call of gemm runs on the calling thread; k_matmul spreads the work over OpenMP threads. */
+#include "cpu/cpu_kernels.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Products of fewer multiply-adds than this run on one thread: some 12 us on one core, below
+ * which a second thread measurably does not pay. */
+#define PARALLEL_MACS (1 << 21)
+
+void im2col_segment(const im2col_view *v, int64_t r, int64_t j0, int64_t n, float *dst) {
+    int64_t c = r / (v->kh * v->kw), i = r / v->kw % v->kh, jj = r % v->kw;
+    const float *plane = v->x + c * v->H * v->W;
+    int64_t j = j0, end = j0 + n;
+    while (j < end) {
+        int64_t oy = j / v->wo, ox = j % v->wo, len = v->wo - ox < end - j ? v->wo - ox : end - j;
+        int64_t y = oy * v->s - v->pad + i;
+        float *d = dst + (j - j0);
+        if (y < 0 || y >= v->H) {
+            memset(d, 0, sizeof(float) * (size_t)len);
+        } else if (v->s == 1) {
+            int64_t x0 = ox - v->pad + jj;   /* input column of d[0] */
+            int64_t a = x0 < 0 ? -x0 : 0, b = v->W - x0 < len ? v->W - x0 : len;
+            if (b < a) b = a;
+            for (int64_t q = 0; q < a; q++) d[q] = 0.0f;
+            if (b > a) memcpy(d + a, plane + y * v->W + x0 + a, sizeof(float) * (size_t)(b - a));
+            for (int64_t q = b; q < len; q++) d[q] = 0.0f;
+        } else {
+            for (int64_t q = 0; q < len; q++) {
+                int64_t xx = (ox + q) * v->s - v->pad + jj;
+                d[q] = xx >= 0 && xx < v->W ? plane[y * v->W + xx] : 0.0f;
+            }
+        }
+        j += len;
+    }
+}
+
+static im2col_view im2col_of(const float *x, const int64_t *g) {
+    im2col_view v = { x, g[0], g[1], g[2], g[3], g[4], g[5], g[6], 0, 0 };
+    v.ho = (v.H + 2 * v.pad - v.kh) / v.s + 1;
+    v.wo = (v.W + 2 * v.pad - v.kw) / v.s + 1;
+    return v;
+}
+
+/* The cols matrix of an im2col view, materialized (for OpenBLAS, which reads memory). */
+static float *im2col_materialize(const im2col_view *v) {
+    int64_t rows = v->C * v->kh * v->kw, cols = v->ho * v->wo;
+    float *m = tg_alloc_aligned64(sizeof(float) * (size_t)(rows * cols));
+    if (!m) kernel_failed();
+    if (m)
+        for (int64_t r = 0; r < rows; r++) im2col_segment(v, r, 0, cols, m + r * cols);
+    return m;
+}
+
+/* The packed product's kernel for the run's ISA, or NULL (the portable path). */
+static const gemm_kernel *gemm_kernel_now(void) {
+#ifdef CPU_X86
+    switch (cpu_kernels_isa()) {
+    case CPU_ISA_AVX512: return &gemm_kernel_avx512;
+    case CPU_ISA_AVX2: return &gemm_kernel_avx2;
+    default: return NULL;
+    }
+#else
+    return NULL;
+#endif
+}
+
+#ifdef CPU_X86
+#include <immintrin.h>
+
+/* ----- packing (AVX2: both vector paths have it) ----- */
+
+/* Eight floats from each of eight rows (rows[r] + k) into eight rows of dst, stride apart,
+ * transposed: dst[i * stride + r] = rows[r][k + i]. */
+TARGET_AVX2 static inline void transpose8(const float *const *rows, int64_t k, float *dst, int64_t stride) {
+    __m256 r0 = _mm256_loadu_ps(rows[0] + k), r1 = _mm256_loadu_ps(rows[1] + k);
+    __m256 r2 = _mm256_loadu_ps(rows[2] + k), r3 = _mm256_loadu_ps(rows[3] + k);
+    __m256 r4 = _mm256_loadu_ps(rows[4] + k), r5 = _mm256_loadu_ps(rows[5] + k);
+    __m256 r6 = _mm256_loadu_ps(rows[6] + k), r7 = _mm256_loadu_ps(rows[7] + k);
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(dst + 0 * stride, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(dst + 1 * stride, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(dst + 2 * stride, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(dst + 3 * stride, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(dst + 4 * stride, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(dst + 5 * stride, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(dst + 6 * stride, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(dst + 7 * stride, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+/* Pack rows [i0, i0 + mc) x depth [p0, p0 + kc) of op(A) into MR-row panels, k-major within a
+ * panel (ap[panel][k][r]), rows past mc zero. MR is a constant at each (inlined) call. */
+TARGET_AVX2 static inline __attribute__((always_inline)) void pack_a_mr(int ta, const float *A, int64_t lda, int64_t i0,
+                                                                      int64_t mc, int64_t p0, int64_t kc, float *ap,
+                                                                      const int MR) {
+    for (int64_t ir = 0; ir < mc; ir += MR) {
+        int64_t mr = mc - ir < MR ? mc - ir : MR;
+        float *dst = ap + ir * kc;
+        if (ta) {   /* op(A)[i, k] = A[k * lda + i]: MR contiguous floats per k */
+            const float *src = A + p0 * lda + i0 + ir;
+            if (mr == MR) {
+                for (int64_t k = 0; k < kc; k++)
+                    for (int r = 0; r < MR; r++) dst[k * MR + r] = src[k * lda + r];
+            } else {
+                for (int64_t k = 0; k < kc; k++)
+                    for (int r = 0; r < MR; r++) dst[k * MR + r] = r < mr ? src[k * lda + r] : 0.0f;
+            }
+            continue;
+        }
+        const float *rows[8];   /* eight row pointers for transpose8; past MR, repeats of the last */
+        for (int r = 0; r < 8; r++) rows[r] = A + (i0 + ir + (r < mr ? r : mr - 1)) * lda + p0;
+        int64_t k = 0;
+        if (mr == MR && MR == 8) {
+            for (; k + 8 <= kc; k += 8) transpose8(rows, k, dst + k * MR, MR);
+        } else if (mr == MR) {
+            float t[64];
+            for (; k + 8 <= kc; k += 8) {
+                transpose8(rows, k, t, 8);
+                for (int i = 0; i < 8; i++)
+                    for (int r = 0; r < MR; r++) dst[(k + i) * MR + r] = t[i * 8 + r];
+            }
+        }
+        for (; k < kc; k++)
+            for (int r = 0; r < MR; r++) dst[k * MR + r] = r < mr ? rows[r][k] : 0.0f;
+    }
+}
+
+TARGET_AVX2 static void pack_b(const gemm_kernel *gk, int tb, const float *B, int64_t ldb, const im2col_view *v, int64_t p0,
+                               int64_t kc, int64_t j0, int64_t nc, float *bp);
+
+/* Pack depth [p0, p0 + kc) x columns [j0, j0 + nc) of op(B) (or of the cols of view v) into
+ * NR-column panels (bp[panel][k][c]), columns past nc zero. NR is a constant at each call. */
+TARGET_AVX2 static inline __attribute__((always_inline)) void pack_b_nr(const gemm_kernel *gk, int tb, const float *B,
+                                                                      int64_t ldb, const im2col_view *v, int64_t p0,
+                                                                      int64_t kc, int64_t j0, int64_t nc, float *bp,
+                                                                      const int NR) {
+    for (int64_t jr = 0; jr < nc; jr += NR) {
+        int64_t nr = nc - jr < NR ? nc - jr : NR;
+        float *dst = bp + jr * kc;
+        if (v && !tb) {   /* op(B) = cols: row k of cols, columns j0 + jr .. */
+            for (int64_t k = 0; k < kc; k++) {
+                gk->segment(v, p0 + k, j0 + jr, nr, dst + k * NR);
+                for (int64_t c = nr; c < NR; c++) dst[k * NR + c] = 0.0f;
+            }
+        } else if (v) {   /* op(B) = cols^T: rows j0 + jr .. of cols, depth p0 .., then the transposing pack */
+            float rows[GEMM_NR_MAX * GEMM_KC_MAX];
+            for (int64_t c = 0; c < nr; c++) gk->segment(v, j0 + jr + c, p0, kc, rows + c * kc);
+            pack_b(gk, 1, rows, kc, NULL, 0, kc, 0, nr, dst);
+        } else if (!tb) {
+            const float *src = B + p0 * ldb + j0 + jr;
+            for (int64_t k = 0; k < kc; k++) {
+                if (nr == NR) {
+                    for (int c = 0; c < NR; c++) dst[k * NR + c] = src[k * ldb + c];
+                } else {
+                    for (int64_t c = 0; c < NR; c++) dst[k * NR + c] = c < nr ? src[k * ldb + c] : 0.0f;
+                }
+            }
+        } else {   /* op(B)[k, j] = B[j * ldb + k]: eight columns at a time through transpose8 */
+            int64_t c = 0;
+            for (; c + 8 <= nr; c += 8) {
+                const float *s0 = B + (j0 + jr + c) * ldb + p0, *cols[8];
+                for (int r = 0; r < 8; r++) cols[r] = s0 + r * ldb;
+                int64_t k = 0;
+                for (; k + 8 <= kc; k += 8) transpose8(cols, k, dst + k * NR + c, NR);
+                for (; k < kc; k++)
+                    for (int64_t cc = 0; cc < 8; cc++) dst[k * NR + c + cc] = s0[cc * ldb + k];
+            }
+            for (; c < NR; c++) {
+                const float *src = B + (j0 + jr + c) * ldb + p0;
+                for (int64_t k = 0; k < kc; k++) dst[k * NR + c] = c < nr ? src[k] : 0.0f;
+            }
+        }
+    }
+}
+
+/* The packing routines for the kernel's tile sizes (8 x 32 for AVX-512, 6 x 16 for AVX2). */
+TARGET_AVX2 static void pack_a(const gemm_kernel *gk, int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
+                               int64_t kc, float *ap) {
+    if (gk->mr == 8) pack_a_mr(ta, A, lda, i0, mc, p0, kc, ap, 8);
+    else pack_a_mr(ta, A, lda, i0, mc, p0, kc, ap, 6);
+}
+
+TARGET_AVX2 static void pack_b(const gemm_kernel *gk, int tb, const float *B, int64_t ldb, const im2col_view *v, int64_t p0,
+                               int64_t kc, int64_t j0, int64_t nc, float *bp) {
+    if (gk->nr == 32) pack_b_nr(gk, tb, B, ldb, v, p0, kc, j0, nc, bp, 32);
+    else pack_b_nr(gk, tb, B, ldb, v, p0, kc, j0, nc, bp, 16);
+}
+
+/* The packed product: for each block of B (kc x nc, packed once) and of A (mc x kc), every
+ * register tile; the tile adds the bias on the first depth block and accumulates on the others. */
+TARGET_AVX2 static void gemm_packed(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
+                                    int64_t lda, const float *B, int64_t ldb, const im2col_view *v, int64_t vj, float *C,
+                                    int64_t ldc, int acc, const float *brow, const float *bcol, float *work) {
+    float *ap = work, *bp = work + gk->mc * gk->kc;
+    for (int64_t jc = 0; jc < N; jc += gk->nc) {
+        int64_t nc = N - jc < gk->nc ? N - jc : gk->nc;
+        for (int64_t pc = 0; pc < K; pc += gk->kc) {
+            int64_t kc = K - pc < gk->kc ? K - pc : gk->kc;
+            pack_b(gk, tb, B, ldb, v, pc, kc, (v ? vj : 0) + jc, nc, bp);
+            int acc_here = acc || pc > 0;
+            for (int64_t ic = 0; ic < M; ic += gk->mc) {
+                int64_t mc = M - ic < gk->mc ? M - ic : gk->mc;
+                pack_a(gk, ta, A, lda, ic, mc, pc, kc, ap);
+                for (int64_t jr = 0; jr < nc; jr += gk->nr) {
+                    int64_t nr = nc - jr < gk->nr ? nc - jr : gk->nr;
+                    for (int64_t ir = 0; ir < mc; ir += gk->mr) {
+                        int64_t mr = mc - ir < gk->mr ? mc - ir : gk->mr;
+                        gk->tile(kc, ap + ir * kc, bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc, mr, nr, acc_here,
+                                 brow && !acc_here ? brow + ic + ir : NULL, bcol && !acc_here ? bcol + jc + jr : NULL);
+                    }
+                }
+            }
+        }
+    }
+}
+#endif
+
+/* Products with one row, one column or a depth of one (layers of width 1), where the packed
+ * kernel would mostly multiply padding: direct loops over the unit-stride side, with the ISA's
+ * row helpers. C (row stride ldc) is overwritten with the bias (brow, bcol) or 0 plus the
+ * product, or accumulated into (acc). */
+static void gemm_skinny(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float *C, int64_t ldc, int acc, const float *brow, const float *bcol) {
+    int64_t ak = ta ? lda : 1, ai = ta ? 1 : lda;   /* A(i, k) = A[i * ai + k * ak] */
+    int64_t bk = tb ? 1 : ldb, bj = tb ? ldb : 1;   /* B(k, j) = B[k * bk + j * bj] */
+    if (K == 1 && bj == 1) {   /* C[i, :] = init + A(i, 0) B(0, :) */
+        for (int64_t i = 0; i < M; i++) {
+            float *c = C + i * ldc;
+            gk->axpy(c, acc ? c : bcol, brow ? brow[i] : 0.0f, A[i * ai], B, N);
+        }
+    } else if (M == 1 && bj == 1) {   /* C[0, :] = init + sum_k A(0, k) B(k, :) */
+        gk->axpy(C, acc ? C : bcol, brow ? brow[0] : 0.0f, A[0], B, N);
+        for (int64_t k = 1; k < K; k++) gk->axpy(C, C, 0.0f, A[k * ak], B + k * bk, N);
+    } else if (N == 1 && ak == 1 && bk == 1) {   /* C[i, 0] = init + A(i, :) . B(:, 0) */
+        for (int64_t i = 0; i < M; i++)
+            C[i * ldc] = (acc ? C[i * ldc] : brow ? brow[i] : bcol ? bcol[0] : 0.0f) + gk->dot(A + i * ai, B, K);
+    } else if (N == 1 && ai == 1 && ldc == 1) {   /* C[:, 0] = init + sum_k A(:, k) B(k, 0) */
+        gk->axpy(C, acc ? C : brow, bcol ? bcol[0] : 0.0f, B[0], A, M);
+        for (int64_t k = 1; k < K; k++) gk->axpy(C, C, 0.0f, B[k * bk], A + k * ak, M);
+    } else {   /* any other thin shape: plain loops */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                float sum = acc ? C[i * ldc + j] : brow ? brow[i] : bcol ? bcol[j] : 0.0f;
+                for (int64_t k = 0; k < K; k++) sum += A[i * ai + k * ak] * B[k * bk + j * bj];
+                C[i * ldc + j] = sum;
+            }
+    }
+}
+
+/* One product on the calling thread: C (+)= op(A) op(B), op(A) [M, K], op(B) [K, N], C row stride
+ * ldc. lda and ldb are the stored row strides of A and B. B is an im2col view instead when v is
+ * set, starting at column vj of op(B). Unless accumulating, a bias per row (brow) or per column
+ * (bcol) is added. gk: the packed kernel, or NULL for OpenBLAS. */
+static void gemm(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, const im2col_view *v, int64_t vj, float *C, int64_t ldc, int acc,
+                 const float *brow, const float *bcol) {
+    if (M <= 0 || N <= 0) return;
+    float *w = gk ? kernel_pack((size_t)(gk->mc * gk->kc + gk->kc * gk->nc)) : NULL;
+    if (w && !v && K > 0 && (M == 1 || N == 1 || K == 1)) {
+        gemm_skinny(gk, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, acc, brow, bcol);
+        return;
+    }
+    if (!acc && (K <= 0 || !w) && (brow || bcol || K <= 0)) {   /* C = the bias (or 0), then accumulate */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) C[i * ldc + j] = brow ? brow[i] : bcol ? bcol[j] : 0.0f;
+        acc = 1;
+    }
+    if (K <= 0) return;
+#ifdef CPU_X86
+    if (w) {
+        gemm_packed(gk, ta, tb, M, N, K, A, lda, B, ldb, v, vj, C, ldc, acc, brow, bcol, w);
+        return;
+    }
+#endif
+    float *m = NULL;
+    if (v) {   /* OpenBLAS reads memory: the view's columns vj.. of op(B), from a materialized copy */
+        m = im2col_materialize(v);
+        if (!m) return;
+        ldb = v->ho * v->wo;
+        B = tb ? m + vj * ldb : m + vj;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N,
+                (blasint)K, 1.0f, A, (blasint)lda, B, (blasint)ldb, acc ? 1.0f : 0.0f, C, (blasint)ldc);
+    free(m);
+}
+
+/* Part t of T of one product: a block of rows (in whole register tiles) when there are enough,
+ * else a block of columns. */
+static void gemm_part(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
+                      const im2col_view *v, float *C, int acc, const float *brow, const float *bcol, int t, int T) {
+    int64_t lda = ta ? M : K, ldb = tb ? K : N, mr = gk ? gk->mr : 8, nr = gk ? gk->nr : 32;
+    if (T == 1) {
+        gemm(gk, ta, tb, M, N, K, A, lda, B, ldb, v, 0, C, N, acc, brow, bcol);
+    } else if (M >= 2 * mr * T || M >= N) {
+        int64_t tiles = (M + mr - 1) / mr, r0 = tiles * t / T * mr, r1 = tiles * (t + 1) / T * mr;
+        if (r1 > M) r1 = M;
+        if (r1 > r0)
+            gemm(gk, ta, tb, r1 - r0, N, K, A + (ta ? r0 : r0 * lda), lda, B, ldb, v, 0, C + r0 * N, N, acc,
+                 brow ? brow + r0 : NULL, bcol);
+    } else {
+        int64_t tiles = (N + nr - 1) / nr, c0 = tiles * t / T * nr, c1 = tiles * (t + 1) / T * nr;
+        if (c1 > N) c1 = N;
+        if (c1 > c0)
+            gemm(gk, ta, tb, M, c1 - c0, K, A, lda, v ? B : B + (tb ? c0 * ldb : c0), ldb, v, c0, C + c0, N, acc, brow,
+                 bcol ? bcol + c0 : NULL);
+    }
+}
+
+enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS_COL = 16 };
+
+/* a = {ta, tb, M, N, K, batch, flags, [im2col geometry of B: C H W kh kw stride pad], [col2im
+ * geometry of C: the same], A offsets[batch], B offsets[batch]}; p = {A, B, C}.
+ * Without flags C[b] = op(A[b]) op(B[b]) for each batch element b. MM_REDUCE: C = the sum over b
+ * (a batched product followed by a sum over its batch axis, as a convolution's weight gradient).
+ * MM_IM2COL_B: B[b] is the im2col view of the image at B + offset (a convolution's cols, never
+ * materialized). MM_COL2IM_C: C[b] goes through col2im into image b of C (a convolution's input
+ * gradient; the cols never materialized either). MM_BIAS_ROW / MM_BIAS_COL: p[3] is a bias added
+ * to every product, one value per row / per column (a layer's bias). Threads split the batch or, for few products,
+ * each product's rows or columns. */
+void k_matmul(const int64_t *a, void *const *p) {
+    int ta = (int)a[0], tb = (int)a[1], flags = (int)a[6];
+    int64_t M = a[2], N = a[3], K = a[4], batch = a[5];
+    const int64_t *geo_b = a + 7, *geo_c = a + 7 + ((flags & MM_IM2COL_B) ? 7 : 0);
+    const int64_t *aoff = geo_c + ((flags & MM_COL2IM_C) ? 7 : 0), *boff = aoff + batch;
+    const float *A = p[0], *B = p[1];
+    float *C = p[2];
+    const float *brow = (flags & MM_BIAS_ROW) ? p[3] : NULL, *bcol = (flags & MM_BIAS_COL) ? p[3] : NULL;
+    bool view = flags & MM_IM2COL_B;
+    const gemm_kernel *gk = gemm_kernel_now();
+    /* Threads only for enough work: an OpenMP region, even one that runs on one thread, costs
+     * microseconds (libgomp builds a team), as much as a small product. */
+    int threads = M * N * K * batch >= PARALLEL_MACS ? omp_get_max_threads() : 1;
+    if (flags & MM_COL2IM_C) {   /* per image: the product into a scratch cols matrix, then col2im */
+        im2col_view g = im2col_of(NULL, geo_c);
+        #pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+            float *cols = kernel_scratch((size_t)(M * N));
+            #pragma omp for schedule(static)
+            for (int64_t b = 0; b < batch; b++) {
+                if (!cols) continue;
+                im2col_view v = view ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
+                gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, cols, 0, NULL, NULL, 0, 1);
+                col2im_image(cols, C + b * g.C * g.H * g.W, g.C, g.H, g.W, g.kh, g.kw, g.s, g.pad);
+            }
+        }
+        return;
+    }
+    if (threads == 1) {
+        for (int64_t b = 0; b < batch; b++) {
+            im2col_view v = view ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
+            gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL,
+                      C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, 0, 1);
+        }
+        return;
+    }
+    if (!(flags & MM_REDUCE) && batch >= threads) {
+        #pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t b = 0; b < batch; b++) {
+            im2col_view v = view ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
+            gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, C + b * M * N, 0, brow, bcol, 0, 1);
+        }
+        return;
+    }
+    #pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+        for (int64_t b = 0; b < batch; b++) {
+            im2col_view v = view ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
+            gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL,
+                      C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, t, T);
+        }
+    }
+}
