@@ -21,7 +21,8 @@ SRC     := $(sort $(shell find src -name '*.c'))
 HDRS    := $(shell find src -name '*.h') include/tensorgrad.h
 OBJ     := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
-EXAMPLES:= $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+# classify.c is built against an exported model, not the library (tests/test_examples.c builds it).
+EXAMPLES:= $(patsubst examples/%.c,$(BUILD)/examples/%,$(filter-out examples/classify.c,$(wildcard examples/*.c)))
 # The portable C every exported model carries (src/export/portable_*.h), as string literals that
 # src/export/export_text.c includes: the files compiled and tested are the ones embedded.
 GEN_INC := $(BUILD)/gen/export/portable_kernels.inc $(BUILD)/gen/export/portable_loader.inc
