@@ -91,6 +91,28 @@ static float tgk_b_at(int tb, const float *B, const tgk_view *v, int64_t K, int6
     return tb ? B[j * K + k] : B[k * N + j];
 }
 
+/* c[0..N) += sum over k of a[k * as] B[k, 0..N) (B [K, N] row-major): TGK_NR columns at a time,
+ * held in registers over the whole depth. The fixed width lets even -O2 vectorize the inner
+ * loops; each element still sums its terms in order of k. */
+#define TGK_NR 8
+static void tgk_dense_row(const float *a, int64_t as, const float *B, int64_t N, int64_t K, float *restrict c) {
+    int64_t j = 0;
+    for (; j + TGK_NR <= N; j += TGK_NR) {
+        float acc[TGK_NR];
+        for (int t = 0; t < TGK_NR; t++) acc[t] = c[j + t];
+        for (int64_t k = 0; k < K; k++) {
+            const float ak = a[k * as], *restrict b = B + k * N + j;
+            for (int t = 0; t < TGK_NR; t++) acc[t] += ak * b[t];
+        }
+        for (int t = 0; t < TGK_NR; t++) c[j + t] = acc[t];
+    }
+    for (; j < N; j++) {
+        float sum = c[j];
+        for (int64_t k = 0; k < K; k++) sum += a[k * as] * B[k * N + j];
+        c[j] = sum;
+    }
+}
+
 /* One product: C [M, N] (+)= op(A) op(B). Unless acc, C starts from a bias per row (brow), per
  * column (bcol) or 0. Untransposed B: rows of C accumulate rows of B (contiguous), or of an
  * im2col view; transposed B: each element is a dot product of two rows. */
@@ -109,11 +131,7 @@ static void tgk_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, const floa
     for (i = 0; i < M; i++) {
         float *restrict c = C + i * N;
         if (!tb) {
-            for (int64_t k = 0; k < K; k++) {
-                float a = tgk_a_at(ta, A, M, K, i, k);
-                const float *restrict b = B + k * N;
-                for (int64_t j = 0; j < N; j++) c[j] += a * b[j];
-            }
+            tgk_dense_row(ta ? A + i : A + i * K, ta ? M : 1, B, N, K, c);
         } else {
             for (int64_t j = 0; j < N; j++) {
                 float sum = 0.0f;
