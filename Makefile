@@ -8,7 +8,7 @@ CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
-           -Iinclude -fPIC -fopenmp -fvisibility=hidden $(SAN)
+           -Iinclude -I$(BUILD)/gen -fPIC -fopenmp -fvisibility=hidden $(SAN)
 # What the library itself links against; programs add their own (the digits example: zlib).
 LIBS    := -lopenblas -lm -lpthread -ldl
 LDLIBS  += $(LIBS) -lz
@@ -21,13 +21,24 @@ SRC     := $(sort $(shell find src -name '*.c'))
 HDRS    := $(shell find src -name '*.h') include/tensorgrad.h
 OBJ     := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
-EXAMPLES:= $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+# classify.c is built against an exported model, not the library (tests/test_examples.c builds it).
+EXAMPLES:= $(patsubst examples/%.c,$(BUILD)/examples/%,$(filter-out examples/classify.c,$(wildcard examples/*.c)))
+# The portable C every exported model carries (src/export/portable_*.h), as string literals that
+# src/export/export_text.c includes: the files compiled and tested are the ones embedded.
+GEN_INC := $(BUILD)/gen/export/portable_kernels.inc $(BUILD)/gen/export/portable_loader.inc
 
 all: $(BUILD)/libtensorgrad.a $(BUILD)/libtensorgrad.so $(EXAMPLES) $(BUILD)/bench/bench $(BUILD)/bench/gemm_bench
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -c $< -o $@
+
+$(BUILD)/obj/export/export_text.o: $(GEN_INC)
+
+# Each line as a C string literal: backslashes, quotes and question marks (trigraphs) escaped.
+$(BUILD)/gen/export/%.inc: src/export/%.h
+	@mkdir -p $(dir $@)
+	sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/?/\\?/g' -e 's/^/"/' -e 's/$$/\\n"/' $< > $@
 
 $(BUILD)/libtensorgrad.a: $(OBJ)
 	@rm -f $@
@@ -110,10 +121,10 @@ fuzz-clang: $(FUZZERS:%=build-fuzz/%)
 	  build-fuzz/$$f build-fuzz/corpus-$$f tests/fixtures/$$f -max_len=4096 -max_total_time=$(FUZZ_TIME) \
 	    -print_final_stats=1 $$( [ -f tests/fixtures/$$f.dict ] && echo -dict=tests/fixtures/$$f.dict ) || exit 1; done
 
-build-fuzz/%: tests/%.c $(SRC) $(HDRS)
+build-fuzz/%: tests/%.c $(SRC) $(HDRS) $(GEN_INC)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fopenmp -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-	  -Iinclude -Isrc $< $(SRC) -o $@ $(LDLIBS)
+	  -Iinclude -Isrc -I$(BUILD)/gen $< $(SRC) -o $@ $(LDLIBS)
 
 # The concurrency tests under ThreadSanitizer, on the reference interpreter (TSan does not see
 # OpenMP's synchronization inside the compiled CPU kernels).

@@ -7,6 +7,8 @@
  *          --precision f32|tf32|bf16 (f32; see tg_precision)
  *          --cnn (a small convolutional net instead of the MLP)  --save CKPT (safetensors)
  *          --plot PREFIX (the loss per epoch as PREFIX.csv and PREFIX.svg)
+ *          --export DIR (the trained model as DIR/digits_model.c and .h, plain C that needs only
+ *          libm, and the test rows as DIR/digits_test.csv for examples/classify.c)
  *
  * The data (UCI Optical Recognition of Handwritten Digits, CC BY 4.0, see data/README.md) is a
  * gzipped CSV: 64 pixels 0..16 then the label 0..9 on each line. Pixels are scaled by 1/16, the
@@ -224,11 +226,61 @@ static void print_confusion(int confusion[N_CLASSES][N_CLASSES]) {
  * main
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct { int epochs, cnn; double lr, min_acc; const char *data, *backend, *save, *plot; tg_precision precision; } options;
+/* ---------------------------------------------------------------------------------------------
+ * Export: the trained model as one C file, for a program that links nothing but it.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The test rows as CSV, in the data set's own form (pixels 0..16, then the label). */
+static int write_csv(const dataset *d, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) { fprintf(stderr, "digits: cannot write %s\n", path); return -1; }
+    for (int i = 0; i < d->n; i++) {
+        for (int k = 0; k < N_PIXELS; k++) fprintf(f, "%d,", (int)lround(d->x[(size_t)i * N_PIXELS + k] * 16));
+        fprintf(f, "%d\n", d->y[i]);
+    }
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* Writes DIR/digits_model.c (.h) from a batch-1 forward, prints its size, and the time tg_run
+ * takes per sample one row at a time (classify prints the exported file's). Returns 0 or -1. */
+static int export_model(tg_train *t, const net *model, const dataset *test, const char *dir) {
+    char path[4096], header[4096], csv[4096];
+    snprintf(path, sizeof path, "%s/digits_model.c", dir);
+    snprintf(header, sizeof header, "%s/digits_model.h", dir);
+    snprintf(csv, sizeof csv, "%s/digits_test.csv", dir);
+    tg_error err;
+    tg_forward *one = tg_attach(t, &(tg_forward_spec){ .forward = logits_fn, .ctx = model,
+        .inputs = (tg_input_decl[]){ TG_F32("x", 1, N_PIXELS) }, .n_inputs = 1 }, &err);
+    if (!one) { fprintf(stderr, "digits: tg_attach: %s\n", err.msg); return -1; }
+    if (tg_export_c(one, path, &(tg_export_opts){ .prefix = "digits", .header_path = header }, &err) != TG_OK) {
+        fprintf(stderr, "digits: %s\n", err.msg);
+        return -1;
+    }
+    if (write_csv(test, csv) != 0) return -1;
+    double t0 = now_s();
+    for (int i = 0; i < test->n; i++) {
+        tg_result r = tg_run(one, (tg_data[]){ tg_f32("x", test->x + (size_t)i * N_PIXELS, N_PIXELS) }, 1);
+        if (r.status != TG_OK) { fprintf(stderr, "digits: tg_run: %s\n", r.error); return -1; }
+    }
+    double per_sample = (now_s() - t0) / test->n;
+    FILE *f = fopen(path, "rb");
+    long size = f && fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (f) fclose(f);
+    printf("exported %s (%ld bytes) and %s, the test rows as %s\n", path, size, header, csv);
+    printf("tg_run, one row at a time: %.2f us per sample\n", 1e6 * per_sample);
+    return 0;
+}
+
+typedef struct {
+    int epochs, cnn;
+    double lr, min_acc;
+    const char *data, *backend, *save, *plot, *export_dir;
+    tg_precision precision;
+} options;
 
 static void print_usage(FILE *out, const char *prog) {
     fprintf(out, "usage: %s [--epochs N] [--lr X] [--data PATH] [--backend NAME] [--min-acc X] [--cnn]\n"
-                 "       [--save CKPT] [--plot PREFIX] [--precision f32|tf32|bf16]\n", prog);
+                 "       [--save CKPT] [--plot PREFIX] [--export DIR] [--precision f32|tf32|bf16]\n", prog);
 }
 
 /* Returns 0 to run, 1 after printing --help, -1 after printing the usage for a bad argument. */
@@ -248,6 +300,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--save")) o->save = v;
         else if (!strcmp(a, "--plot")) o->plot = v;
         else if (!strcmp(a, "--precision")) { if (!(o->precision = parse_precision(v))) goto usage; }
+        else if (!strcmp(a, "--export")) o->export_dir = v;
         else goto usage;
         if (end && *end) goto usage;
     }
@@ -311,6 +364,7 @@ int main(int argc, char **argv) {
     if (acc < 0) goto out;
     printf("test accuracy %.2f%% (%d/%d)\n", 100 * acc, (int)lround(acc * test.n), test.n);
     print_confusion(confusion);
+    if (opt.export_dir && export_model(t, &model, &test, opt.export_dir) != 0) goto out;
     if (acc < opt.min_acc) fprintf(stderr, "digits: test accuracy %.4f is below --min-acc %.4f\n", acc, opt.min_acc);
     else rc = 0;
 

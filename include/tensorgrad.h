@@ -606,6 +606,37 @@ TG_API tg_status tg_save(tg_train *t, const char *path, int with_optimizer, tg_e
 TG_API tg_status tg_load(tg_train *t, const char *path, int with_optimizer, tg_error *err);
 
 /* ---------------------------------------------------------------------------------------------
+ * Export: a trained forward as one C file that needs nothing but libm.
+ * ------------------------------------------------------------------------------------------- */
+
+/* tg_export_c(f, "model.c", &opts, &err) writes f's function, traced at f's input shapes, with
+ * the parameters' current values, as one C99 file (plus, optionally, a header) that compiles on
+ * its own (cc -std=c99 -O2 model.c main.c -lm) and computes what tg_run(f) computes on the cpu
+ * backend: the same schedule, fusion and buffer plan, with plain portable kernels in place of
+ * the library's. With prefix "digits" and one f32 input "x" the file defines
+ *   #define DIGITS_ARENA_FLOATS n, DIGITS_IN_X_SIZE n, DIGITS_OUT_SIZE n
+ *   void digits_forward(const float *in_x, float *out);     one static arena: not reentrant
+ *   void digits_forward_arena(float *arena, const float *in_x, float *out);   reentrant
+ * Inputs come in declaration order, i32 ones as const int32_t *; out gets the forward's one
+ * output (several outputs: return them flattened and concatenated with tg_concat). No dynamic
+ * allocation (the arena is sized by the buffer plan), no threads unless openmp. With
+ * external_weights the weights are static arrays that int digits_init(const char *path) fills
+ * from a safetensors file (0 or a DIGITS_E_* code; digits_init_error() says why): the file
+ * written to weights_path, or any tg_save checkpoint of the model; otherwise they are embedded
+ * as static const arrays. TG_FAILED with err set for a NULL or destroyed forward, a bad prefix,
+ * an open input dimension (TG_ANY) without open_size, an op that draws random numbers per call
+ * (dropout, randn), a path that cannot be written (each file is written whole or not at all). */
+typedef struct {
+    const char *prefix;          /* a C identifier for the API's names; NULL: "model" */
+    const char *header_path;     /* also write a header declaring the API there; NULL: none */
+    int external_weights;        /* read the weights at <prefix>_init(path) instead of embedding them */
+    const char *weights_path;    /* with external_weights: write them there now (NULL: don't) */
+    int openmp;                  /* keep the CPU backend's OpenMP pragmas (then -fopenmp gives threads) */
+    int64_t open_size;           /* the size of open (TG_ANY) input dimensions; 0: none may be open */
+} tg_export_opts;
+TG_API tg_status tg_export_c(tg_forward *f, const char *path, const tg_export_opts *opts, tg_error *err);
+
+/* ---------------------------------------------------------------------------------------------
  * Inspection
  * ------------------------------------------------------------------------------------------- */
 

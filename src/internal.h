@@ -9,6 +9,7 @@
 #include "reference/reference.h"
 #include "cpu/cpu.h"
 #include "cuda/cuda.h"
+#include "export/export.h"
 #include "runtime/backend.h"
 #include "runtime/probe.h"
 #include "io/cache.h"

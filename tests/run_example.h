@@ -20,10 +20,9 @@ static inline void example_dir_init(const char *argv0) {
     else snprintf(example_dir, sizeof example_dir, "build/examples");
 }
 
-/* Runs example NAME with args; returns its exit code, or -1 if it did not exit normally. */
-static inline int run_example(const char *name, const char *args) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s/%s' %s 2>&1", example_dir, name, args);
+/* Runs a shell command, its output (stdout and stderr) kept in example_output; returns its exit
+ * code, or -1 if it did not exit normally. */
+static inline int run_command(const char *cmd) {
     example_output[0] = '\0';
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
@@ -32,6 +31,13 @@ static inline int run_example(const char *name, const char *args) {
     while (fgetc(p) != EOF) {}   /* drain anything past the buffer */
     int status = pclose(p);
     return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Runs example NAME with args; returns its exit code, or -1 if it did not exit normally. */
+static inline int run_example(const char *name, const char *args) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s/%s' %s 2>&1", example_dir, name, args);
+    return run_command(cmd);
 }
 
 /* The line after `line` in the output, or NULL after the last:

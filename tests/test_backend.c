@@ -1,7 +1,8 @@
 /* Every backend against the reference interpreter, op by op (ggml's test-backend-ops is the
  * model): each case runs forward and all gradients on the reference (f32) and on the compiled
- * CPU backend, fused and unfused, on the same random inputs; outputs and gradients must agree to
- * 1e-4 relative. Then the kernel cache (miss, hit, corrupt file), compiler failures, and whole
+ * CPU backend, fused and unfused (and on the library kernels' portable paths, and on the
+ * portable kernels exported files carry), on the same random inputs; outputs and gradients must
+ * agree to 1e-4 relative. Then the kernel cache (miss, hit, corrupt file), compiler failures, and whole
  * training runs compared step by step. */
 #include "check.h"
 #include "internal.h"
@@ -577,6 +578,17 @@ int main(void) {
     }
     unsetenv("TG_NO_FUSE");
     test_isa_paths();
+    /* The kernels every exported file carries (src/export/portable_kernels.h), run by the CPU
+     * backend's generated code: every op, forward and backward, fused and unfused. */
+    cpu_set_kernel_table(export_kernels);
+    for (int fused = 1; fused >= 0; fused--) {
+        if (fused) unsetenv("TG_NO_FUSE");
+        else setenv("TG_NO_FUSE", "1", 1);
+        for (int i = 0; i < N_CASES; i++)
+            compare_case("cpu", TG_PRECISION_F32, &CASES[i], fused ? "export kernels" : "export kernels, unfused");
+    }
+    unsetenv("TG_NO_FUSE");
+    cpu_set_kernel_table(NULL);
     test_cache(dir);
     test_compile_failure();
     char why[256];

@@ -3,7 +3,12 @@
  * checks their exit status, that the losses they print fall, and what --plot writes. sin runs on
  * the library's default backend; chargpt, the heavier one, on --backend cpu given explicitly
  * (which checks that --backend is passed on), training on a small file of a repeating phrase
- * written to a fresh /tmp directory. */
+ * written to a fresh /tmp directory. Then export: digits --export (MLP and CNN) and
+ * examples/classify.c built against nothing but the exported file (tests run from the repo
+ * root: the data set and classify.c are read from there), which must classify the held-out
+ * rows as digits did. */
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +158,59 @@ static void test_chargpt(const char *tmp) {
     remove(text);
 }
 
+/* The number after `label` in the output (NAN if absent). */
+static double number_after(const char *label) {
+    const char *s = strstr(example_output, label);
+    double v = NAN;
+    if (s) sscanf(s + strlen(label), "%lf", &v);
+    return v;
+}
+
+/* digits trains briefly and exports; classify, built with only the exported file and libm under
+ * -std=c99 -Wall -Wextra -Werror, gets the same held-out accuracy (both take the largest logit; a
+ * row may flip where two logits are within rounding of each other). */
+static void test_export(const char *tmp, const char *model) {
+    char args[8600], cmd[17000];
+    snprintf(args, sizeof args, "%s --export '%s'", strcmp(model, "CNN") == 0 ? "--cnn --epochs 2" : "--epochs 3", tmp);
+    int rc = run_example("digits", args);
+    double acc = number_after("test accuracy "), bytes = number_after("digits_model.c (");
+    CHECK(rc == 0 && strstr(example_output, model), "digits %s exited %d\n%s", args, rc, example_output);
+    CHECK(bytes > 1000 && number_after("tg_run, one row at a time: ") > 0, "digits --export printed no size or time:\n%s",
+          example_output);
+    snprintf(cmd, sizeof cmd, "cc -std=c99 -O2 -Wall -Wextra -Werror -I'%s' examples/classify.c '%s/digits_model.c' -lm "
+             "-o '%s/classify' 2>&1", tmp, tmp, tmp);
+    rc = run_command(cmd);
+    CHECK(rc == 0, "%s: %s", cmd, example_output);
+    if (rc != 0) return;
+    snprintf(cmd, sizeof cmd, "'%s/classify' '%s/digits_test.csv' 2>&1", tmp, tmp);
+    rc = run_command(cmd);
+    double got = number_after("accuracy "), per_row = 100.0 / 360;
+    CHECK(rc == 0 && fabs(got - acc) <= per_row * 1.01, "%s classify: exit %d, accuracy %g%% vs digits' %g%%\n%s", model, rc,
+          got, acc, example_output);
+    double rows = NAN, us = NAN;
+    for (const char *line = example_output; line && *line; line = next_line(line)) {
+        double v;
+        int end = 0;
+        if (sscanf(line, "classify: %lf rows%n", &v, &end) == 1 && end) rows = v;
+        end = 0;
+        if (sscanf(line, "classify: %lf us per sample%n", &v, &end) == 1 && end) us = v;
+    }
+    CHECK(rows == 360 && us > 0, "classify read %g rows, took %g us per sample:\n%s", rows, us, example_output);
+    /* Unlabelled rows on standard input: a prediction each; a bad row: a message and exit 1. */
+    snprintf(cmd, sizeof cmd, "head -n 3 '%s/digits_test.csv' | cut -d, -f1-64 | '%s/classify' 2>&1", tmp, tmp);
+    rc = run_command(cmd);
+    CHECK(rc == 0 && strstr(example_output, "row 1: ") && strstr(example_output, "row 3: ") && !strstr(example_output, "accuracy"),
+          "classify on unlabelled rows: exit %d\n%s", rc, example_output);
+    snprintf(cmd, sizeof cmd, "echo '1,2,3' | '%s/classify' 2>&1", tmp);
+    rc = run_command(cmd);
+    CHECK(rc == 1 && strstr(example_output, "pixel 4"), "classify on a short row: exit %d\n%s", rc, example_output);
+    static const char *const files[] = { "digits_model.c", "digits_model.h", "digits_test.csv", "classify" };
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s/%s", tmp, files[i]);
+        remove(cmd);
+    }
+}
+
 int main(int argc, char **argv) {
     example_dir_init(argv[0]);
     char sin_path[4200], gpt_path[4200];
@@ -167,6 +225,12 @@ int main(int argc, char **argv) {
 
     test_sin(tmp);
     test_chargpt(tmp);
+    bool data = access("data/digits.csv.gz", R_OK) == 0 && access("examples/classify.c", R_OK) == 0;
+    CHECK(data, "need data/digits.csv.gz and examples/classify.c (run from the repo root)");
+    if (data) {
+        test_export(tmp, "MLP");
+        test_export(tmp, "CNN");
+    }
     rmdir(tmp);
     return check_report("test_examples");
 }

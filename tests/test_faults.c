@@ -140,7 +140,7 @@ static void test_nonfinite_gradients(void) {
 /* ---------------------------------------------------------------------------------------------
  * Allocation failures. tg__fail_allocs(n, k) lets n allocations through and fails the k after
  * them (k < 0: all later ones); sweeping n over a whole sequence (model, compile, step, attach,
- * run, download, save, destroy) fails each allocation of it in turn, once alone (the calls
+ * run, download, save, export, destroy) fails each allocation of it in turn, once alone (the calls
  * after it must work again) and once for good (every cleanup path runs short of memory). Every
  * call must succeed or fail with a message that says memory ran out, a failed step must leave
  * the parameters as they were, and everything must still be freed (LeakSanitizer checks that
@@ -206,7 +206,16 @@ static bool oom_sequence(const char *backend, oom_tally *t) {
         tg_status st = tg_save(tr, path, 1, &err);
         tally(t, st == TG_OK, err.msg);
         remove(path);
-        all &= have && r.status == TG_OK && f && st == TG_OK;
+        tg_status ex = TG_FAILED;
+        if (f) {   /* the forward as a C file with external weights, written to a safetensors file */
+            char c_path[64];
+            snprintf(c_path, sizeof c_path, "/tmp/tg_faults_oom_%d.c", (int)getpid());
+            ex = tg_export_c(f, c_path, &(tg_export_opts){ .external_weights = 1, .weights_path = path }, &err);
+            tally(t, ex == TG_OK, err.msg);
+            remove(c_path);
+            remove(path);
+        }
+        all &= have && r.status == TG_OK && f && st == TG_OK && ex == TG_OK;
         tg_destroy(tr);
     }
     tg_model_free(m);

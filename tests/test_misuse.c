@@ -698,13 +698,13 @@ static tg_tensor attach_forward(const void *ctx, const tg_tensor *in) {
 static void test_attach_misuse(void) {
     const tg_input_decl dup[] = { TG_F32("x", 2, 3), TG_F32("x", 2, 3) };
     struct { const char *label; tg_forward_spec spec; int kind; const char *part; } cases[] = {
-        { "attach: NULL forward", { NULL, NULL, IN, 1, 0 }, 0, "forward" },
-        { "attach: inputs NULL", { attach_forward, NULL, NULL, 1, 0 }, 0, "inputs" },
-        { "attach: duplicate inputs", { attach_forward, NULL, dup, 2, 0 }, 0, "twice" },
-        { "attach: i32 output", { attach_forward, NULL, IN, 1, 0 }, 0, "f32" },
-        { "attach: output of another graph", { attach_forward, NULL, IN, 1, 0 }, 1, "another graph" },
-        { "attach: shape error", { attach_forward, NULL, IN, 1, 0 }, 2, "matmul" },
-        { "attach: overflowing broadcast", { attach_forward, NULL, IN, 1, 0 }, 3, "too large" },
+        { "attach: NULL forward", { NULL, NULL, IN, 1, 0, TG_PRECISION_DEFAULT }, 0, "forward" },
+        { "attach: inputs NULL", { attach_forward, NULL, NULL, 1, 0, TG_PRECISION_DEFAULT }, 0, "inputs" },
+        { "attach: duplicate inputs", { attach_forward, NULL, dup, 2, 0, TG_PRECISION_DEFAULT }, 0, "twice" },
+        { "attach: i32 output", { attach_forward, NULL, IN, 1, 0, TG_PRECISION_DEFAULT }, 0, "f32" },
+        { "attach: output of another graph", { attach_forward, NULL, IN, 1, 0, TG_PRECISION_DEFAULT }, 1, "another graph" },
+        { "attach: shape error", { attach_forward, NULL, IN, 1, 0, TG_PRECISION_DEFAULT }, 2, "matmul" },
+        { "attach: overflowing broadcast", { attach_forward, NULL, IN, 1, 0, TG_PRECISION_DEFAULT }, 3, "too large" },
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         attach_kind = cases[k].kind;

@@ -14,6 +14,14 @@ char *codegen_c(const tg_graph *g, const bool *materialized, const tg_plan *plan
 void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *materialized, int *alias, int *inplace);
 char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min,
                         const int *inplace, int *unsupported);
+/* The same kernels as one self-contained C file for tg_export_c (src/export/): library kernels
+ * called by name (tgk_matmul, ...) instead of through the R table, the entry point tg_entry
+ * static. For forward graphs (no in-place write-backs). */
+char *codegen_c_standalone(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min,
+                           int *unsupported);
+/* Pointwise ops of fewer elements than this run on one thread: an OpenMP fork and join costs
+ * about 3 us here, what a memory-bound pass over ~100K floats saves on a second core. */
+#define CPU_PARALLEL_MIN 131072
 
 /* cpu_kernels.c: the library kernels generated C calls, indexed by its TGK_* ids; threads. */
 extern void *const cpu_kernels[];
@@ -39,5 +47,9 @@ cpu_isa cpu_kernels_isa(void);
 /* cpu_attention.c: library kernels (TGK_ATTENTION, TGK_ATTENTION_BWD). */
 void cpu_attention(const int64_t *a, void *const *p);
 void cpu_attention_bwd(const int64_t *a, void *const *p);
+/* cpu_backend.c, for tests: the library-kernel table generated code runs with (indexed by TGK_*),
+ * e.g. export_kernels (src/export/) to test the exported files' kernels on every op; NULL
+ * restores cpu_kernels. Applies to the runs that follow. */
+void cpu_set_kernel_table(void *const *table);
 
 #endif

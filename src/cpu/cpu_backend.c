@@ -229,10 +229,6 @@ static void cpu_release(void *h) {
     free(e);
 }
 
-/* Pointwise ops of fewer elements than this run on one thread: an OpenMP fork and join costs
- * about 3 us here, what a memory-bound pass over ~100K floats saves on a second core. */
-#define PARALLEL_MIN 131072
-
 static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
     cpu_blas_single_threaded();
     cpu_exec *e = tg_alloc(sizeof *e);
@@ -256,7 +252,7 @@ static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_erro
     }
     free(alias);
     int unsupported = -1;
-    if (ok) e->source = codegen_c_inplace(g, e->mat, &e->plan, PARALLEL_MIN, e->inplace, &unsupported);
+    if (ok) e->source = codegen_c_inplace(g, e->mat, &e->plan, CPU_PARALLEL_MIN, e->inplace, &unsupported);
     if (unsupported >= 0) {
         tg_seterr(err, "the CPU backend has no kernel for op '%s' (node %d)", op_name(g->nodes[unsupported].op), unsupported);
         cpu_release(e);
@@ -289,10 +285,15 @@ static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_erro
 static size_t cpu_planned_bytes(void *h) { return ((cpu_exec *)h)->plan.arena * sizeof(float); }
 static void cpu_bind(void *h, int node, void *buf) { ((cpu_exec *)h)->bound[node] = buf; }
 
+/* The library kernels generated code calls: cpu_kernels, or a test's table (cpu_set_kernel_table). */
+static void *const *kernel_table;
+void cpu_set_kernel_table(void *const *table) { kernel_table = table; }
+
 static bool cpu_run(void *h, const double *hyper, tg_error *err) {
     cpu_exec *e = h;
     cpu_kernels_select(e->isa);
-    e->entry(e->arena, e->bound, hyper, cpu_kernels);
+    void *const *table = kernel_table;
+    e->entry(e->arena, e->bound, hyper, table ? table : cpu_kernels);
     /* A kernel without scratch memory left its output wrong; the entry then skipped the in-place
      * updates (see codegen_c_inplace), and the runtime, seeing false, copies nothing back. */
     if (cpu_kernels_failed()) {
