@@ -1,7 +1,7 @@
 /* The benchmark workloads of bench/peers/torch_workloads.py, in tensorgrad: the same models,
- * shapes, batch sizes, f32, Adam and learning rates. Prints one line per workload in the peer's
- * format (ms/step median and min over 5 repeats after warm-up), plus compile times and peak
- * resident memory.
+ * shapes, batch sizes, precision, Adam and learning rates. Prints one line per workload in the
+ * peer's format (ms/step median and min over 5 repeats after warm-up), plus compile times, peak
+ * resident memory, launches per step (CUDA) and the TFLOP/s of its products and attention.
  *
  *   bench [--backend cpu|cuda|reference] [--precision f32|tf32|bf16] [--steps-scale X] [--kernels DIR]
  *         [workload ...]
@@ -268,6 +268,27 @@ static tg_train *compile(workload *w, const char *backend, double *seconds) {
     return t;
 }
 
+/* The FLOPs of a step's matrix products and attention, from the graph's shapes: 2 M N K per
+ * product; attention 4 T S D forward (two products) and 10 T S D for its three gradients (five),
+ * counted dense (a causal mask halves the useful work; the graph API does not say which are
+ * causal). */
+static double step_flops(const tg_graph *g) {
+    double flops = 0;
+    for (int i = 0; i < tg_graph_n_nodes(g); i++) {
+        tg_node_info n = tg_graph_node(g, i);
+        if (!strcmp(n.op, "matmul")) {
+            tg_shape a = tg_graph_node(g, n.inputs[0]).shape;
+            int64_t M = n.shape.d[n.shape.ndim - 2], a0 = a.d[a.ndim - 2], a1 = a.d[a.ndim - 1];
+            flops += 2.0 * (double)tg_numel(n.shape) * (double)(a0 == M ? a1 : a0);
+        } else if (!strcmp(n.op, "attention") || !strcmp(n.op, "attention_backward")) {
+            tg_shape q = tg_graph_node(g, n.inputs[0]).shape, k = tg_graph_node(g, n.inputs[1]).shape;
+            double tsd = (double)tg_numel(q) * (double)k.d[k.ndim - 2];   /* batch T D times S */
+            flops += !strcmp(n.op, "attention") ? 4 * tsd : 10.0 / 3 * tsd;
+        }
+    }
+    return flops;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -275,6 +296,7 @@ static int cmp_double(const void *a, const void *b) {
 
 /* The generated kernels of a compiled workload, to DIR/<workload>.<backend>.txt. */
 static int dump_kernels(tg_train *t, const char *dir, const char *name, const char *backend) {
+    printf("%s: %.1f GFLOP per step in products and attention\n", name, step_flops(tg_train_graph(t)) / 1e9);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.%s.txt", dir, name, backend);
     const char *src = tg_train_kernel_source(t);
@@ -349,11 +371,12 @@ static int run(const char *name, const char *backend, double scale, const char *
     double state_mb = (tg_train_planned_bytes(t) + 4.0 * (3 * tg_train_param_total(t) + bt + by)) / 1048576.0;
     char kernels[32] = "";
     if (tg_train_launch_count(t) >= 0) snprintf(kernels, sizeof kernels, " kernels=%d", tg_train_launch_count(t));
+    double tflops = step_flops(tg_train_graph(t)) / (sorted[2] * 1e-3) / 1e12;
     printf("%-16s %-4s %-8s params=%9lld ms/step median=%8.3f min=%8.3f loss=%.4f compile cold=%.2fs warm=%.3fs "
-           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f%s precision=%s\n",
+           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f%s precision=%s tflops=%.1f\n",
            name, backend, "tg", (long long)tg_train_param_total(t), sorted[2], sorted[0], r.loss, cold, warm,
            tg_train_planned_bytes(t) / 1048576.0, state_mb, ru.ru_maxrss / 1024.0, cpu[2], kernels,
-           tg_precision_name(tg_train_precision(t)));
+           tg_precision_name(tg_train_precision(t)), tflops);
     fflush(stdout);
     tg_destroy(t);
     release(&w);
