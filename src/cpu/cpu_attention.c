@@ -1,12 +1,14 @@
 /* Fused attention on the CPU (OP_ATTENTION, _LSE, _BWD; contracts in graph/graph.h): q [.., T, D],
- * k [.., S, D], v [.., S, E], one head (leading index) at a time. Scores exist a block of rows
- * at a time, never as the [T, S] matrix: the forward keeps a block of RB rows' scores, the
- * backward one row's, recomputed from the row's saved log-sum-exp.
+ * k [.., S, D], v [.., S, E], one head (leading index) at a time. Scores exist one block of RB
+ * query rows at a time, in per-thread scratch, never as the [T, S] matrix of every head: the
+ * backward recomputes a block's probabilities from the rows' saved log-sum-exp.
  *
- * Every inner loop is an axpy over a contiguous row (k and v are transposed per head into
- * scratch first), so the compiler vectorizes it without reassociating a sum. Threads split heads
- * and row blocks in the forward, heads in the backward (each head's dk and dv rows are written
- * by one thread: no atomics, and the same result on any thread count). */
+ * The products of a block (scores = q kᵀ, then p v; in the backward also d_out vᵀ, ds k, dsᵀ q,
+ * pᵀ d_out) run in the packed product kernel (kernel_gemm, the run's ISA); what lies between them
+ * (mask, exp, row sums, ds = p (dp - delta)) is a pass over the block's rows, the exponentials
+ * through libmvec's vector expf. Threads split heads and row blocks in the forward, heads in the
+ * backward (a head's dk and dv are written by one thread: no atomics, and the same result on any
+ * thread count). */
 #include "cpu/cpu_kernels.h"
 
 #include <math.h>
@@ -14,6 +16,9 @@
 
 /* Below this many multiply-adds a kernel runs on one thread (as products: cpu_kernels.c). */
 #define PARALLEL_MACS (1 << 21)
+
+/* Query rows per block: the block's scores [RB, S] stay in cache between its products. */
+#define RB 64
 
 /* a = {batch, T, S, D, E, causal, scale as the bits of a double}. */
 typedef struct { int64_t batch, T, S, D, E; bool causal; float scale; } attn;
@@ -24,104 +29,124 @@ static attn attn_of(const int64_t *a) {
     return (attn){ a[0], a[1], a[2], a[3], a[4], a[5] != 0, (float)scale };
 }
 
+/* The columns row r attends to, and the most any row of the block [r0, r1) does. */
 static int64_t kept(const attn *A, int64_t r) { return A->causal ? (r + 1 < A->S ? r + 1 : A->S) : A->S; }
 
-/* dst [cols, rows] = src [rows, cols]ᵀ */
-static void transpose(const float *src, int64_t rows, int64_t cols, float *dst) {
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
+/* ----- s[c] = exp(s[c] - m) for c < n, returning the sum in double ----- */
+
+static double exp_sub_portable(float *s, int64_t n, float m) {
+    double sum = 0;
+    for (int64_t c = 0; c < n; c++) sum += (s[c] = expf(s[c] - m));
+    return sum;
 }
 
-/* s[c] = scale * q_r . k_c for c < n, with kt = kᵀ [D, S]. */
-static void scores(const attn *A, const float *qr, const float *kt, int64_t n, float *s) {
-    for (int64_t c = 0; c < n; c++) s[c] = 0;
-    for (int64_t d = 0; d < A->D; d++) {
-        const float qd = qr[d] * A->scale, *kd = kt + d * A->S;
-        #pragma omp simd
-        for (int64_t c = 0; c < n; c++) s[c] += qd * kd[c];
+#ifdef CPU_X86
+#include <immintrin.h>
+__m256 _ZGVdN8v_expf(__m256 x);    /* glibc's libmvec (through libm's linker script) */
+__m512 _ZGVeN16v_expf(__m512 x);
+
+TARGET_AVX2 static double exp_sub_avx2(float *s, int64_t n, float m) {
+    int64_t c = 0;
+    double sum = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m256 e = _ZGVdN8v_expf(_mm256_sub_ps(_mm256_loadu_ps(s + c), _mm256_set1_ps(m)));
+        _mm256_storeu_ps(s + c, e);
+        __m256d t = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e)), _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+        __m128d u = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
+        sum += _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
     }
+    return sum + exp_sub_portable(s + c, n - c, m);
 }
 
-/* Rows of scores to a block of the forward: enough work per block to amortize the transposes. */
-#define RB 16
+TARGET_AVX512 static double exp_sub_avx512(float *s, int64_t n, float m) {
+    double sum = 0;
+    for (int64_t c = 0; c < n; c += 16) {
+        __mmask16 k = (__mmask16)(n - c >= 16 ? 0xffff : (1u << (n - c)) - 1);
+        __m512 e = _mm512_maskz_mov_ps(k, _ZGVeN16v_expf(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + c), _mm512_set1_ps(m))));
+        _mm512_mask_storeu_ps(s + c, k, e);
+        sum += _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)),
+                                                  _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1))));
+    }
+    return sum;
+}
+#endif
+
+typedef double (*exp_sub_fn)(float *s, int64_t n, float m);
+
+static exp_sub_fn exp_sub_for(cpu_isa isa) {
+#ifdef CPU_X86
+    if (isa == CPU_ISA_AVX512) return exp_sub_avx512;
+    if (isa == CPU_ISA_AVX2) return exp_sub_avx2;
+#endif
+    return exp_sub_portable;
+}
+
+/* ----- forward ----- */
+
+/* Rows [r0, r1) of one head: s [RB, S] scratch. Row r's probabilities over its kept columns,
+ * zeros past them (so the block's p v product needs no mask). */
+static void forward_block(const attn *A, exp_sub_fn exp_sub, const float *q, const float *k, const float *v, float *out,
+                          float *lse, int64_t r0, int64_t r1, float *s) {
+    const int64_t rows = r1 - r0, cols = kept(A, r1 - 1);   /* the block's widest row */
+    kernel_gemm(0, 1, rows, cols, A->D, q + r0 * A->D, A->D, k, A->D, s, A->S, 0);
+    for (int64_t i = 0; i < rows; i++) {
+        float *si = s + i * A->S, mx = -INFINITY;
+        const int64_t n = kept(A, r0 + i);
+        for (int64_t c = 0; c < n; c++) mx = fmaxf(mx, si[c] *= A->scale);
+        double sum = exp_sub(si, n, mx);
+        const float inv = (float)(1.0 / sum);
+        for (int64_t c = 0; c < n; c++) si[c] *= inv;
+        for (int64_t c = n; c < cols; c++) si[c] = 0;
+        if (lse) lse[r0 + i] = mx + (float)log(sum);
+    }
+    if (out) kernel_gemm(0, 0, rows, A->E, cols, s, A->S, v, A->E, out + r0 * A->E, A->E, 0);
+}
 
 /* p = {q, k, v, out (or NULL), lse (or NULL)} */
 void cpu_attention(const int64_t *a, void *const *p) {
     const attn A = attn_of(a);
     const float *q = p[0], *k = p[1], *v = p[2];
     float *out = p[3], *lse = p[4];
+    const exp_sub_fn exp_sub = exp_sub_for(cpu_kernels_isa());
     const int64_t blocks = (A.T + RB - 1) / RB, work = A.batch * A.T * A.S * (A.D + A.E);
     #pragma omp parallel for schedule(dynamic) if (work >= PARALLEL_MACS)
     for (int64_t bb = 0; bb < A.batch * blocks; bb++) {
         const int64_t b = bb / blocks, r0 = bb % blocks * RB, r1 = r0 + RB < A.T ? r0 + RB : A.T;
-        float *kt = kernel_scratch((size_t)(A.D * A.S + A.S));
-        if (!kt) continue;   /* recorded: the step fails */
-        float *s = kt + A.D * A.S;
-        transpose(k + b * A.S * A.D, A.S, A.D, kt);
-        for (int64_t r = r0; r < r1; r++) {
-            const int64_t n = kept(&A, r);
-            scores(&A, q + (b * A.T + r) * A.D, kt, n, s);
-            float mx = -INFINITY;
-            for (int64_t c = 0; c < n; c++) mx = fmaxf(mx, s[c]);
-            double sum = 0;
-            for (int64_t c = 0; c < n; c++) sum += (s[c] = expf(s[c] - mx));
-            if (lse) lse[b * A.T + r] = mx + (float)log(sum);
-            if (!out) continue;
-            float *o = out + (b * A.T + r) * A.E, inv = (float)(1.0 / sum);
-            for (int64_t e = 0; e < A.E; e++) o[e] = 0;
-            for (int64_t c = 0; c < n; c++) {
-                const float pc = s[c] * inv, *vc = v + (b * A.S + c) * A.E;
-                #pragma omp simd
-                for (int64_t e = 0; e < A.E; e++) o[e] += pc * vc[e];
-            }
-        }
+        float *s = kernel_scratch((size_t)(RB * A.S));
+        if (s)   /* else recorded: the step fails */
+            forward_block(&A, exp_sub, q + b * A.T * A.D, k + b * A.S * A.D, v + b * A.S * A.E,
+                          out ? out + b * A.T * A.E : NULL, lse ? lse + b * A.T : NULL, r0, r1, s);
     }
 }
 
-/* One head of the backward (pointers offset to it): with p_c = exp(s_c - lse_r) and delta_r =
- * d_out_r . out_r: dp_c = d_out_r . v_c, ds_c = scale p_c (dp_c - delta_r); dq_r = sum_c ds_c
- * k_c, dk_c += ds_c q_r, dv_c += p_c d_out_r. dq, dk, dv may be NULL (not wanted). */
-static void backward_head(const attn *A, const float *q, const float *k, const float *v, const float *o,
-                          const float *dout, const float *lse, float *dq, float *dk, float *dv, float *buf) {
-    float *kt = buf, *vt = kt + A->D * A->S, *s = vt + A->E * A->S, *dp = s + A->S;
-    transpose(k, A->S, A->D, kt);
-    transpose(v, A->S, A->E, vt);
+/* ----- backward ----- */
+
+/* One head (pointers offset to it), a block of query rows at a time: with p_c = exp(s_c - lse_r)
+ * and delta_r = d_out_r . out_r, dp = d_out vᵀ, ds = scale p (dp - delta); dq = ds k, dk += dsᵀ q,
+ * dv += pᵀ d_out. dq, dk, dv may be NULL (not wanted). buf: 2 RB S floats. */
+static void backward_head(const attn *A, exp_sub_fn exp_sub, const float *q, const float *k, const float *v,
+                          const float *o, const float *dout, const float *lse, float *dq, float *dk, float *dv,
+                          float *buf) {
+    float *pb = buf, *ds = buf + RB * A->S;
     if (dk) memset(dk, 0, sizeof(float) * (size_t)(A->S * A->D));
     if (dv) memset(dv, 0, sizeof(float) * (size_t)(A->S * A->E));
-    for (int64_t r = 0; r < A->T; r++) {
-        const int64_t n = kept(A, r);
-        const float *qr = q + r * A->D, *gr = dout + r * A->E;
-        float delta = 0;
-        for (int64_t e = 0; e < A->E; e++) delta += gr[e] * o[r * A->E + e];
-        scores(A, qr, kt, n, s);
-        for (int64_t c = 0; c < n; c++) s[c] = expf(s[c] - lse[r]), dp[c] = 0;
-        for (int64_t e = 0; e < A->E; e++) {
-            const float ge = gr[e], *ve = vt + e * A->S;
+    for (int64_t r0 = 0; r0 < A->T; r0 += RB) {
+        const int64_t r1 = r0 + RB < A->T ? r0 + RB : A->T, rows = r1 - r0, cols = kept(A, r1 - 1);
+        kernel_gemm(0, 1, rows, cols, A->D, q + r0 * A->D, A->D, k, A->D, pb, A->S, 0);
+        kernel_gemm(0, 1, rows, cols, A->E, dout + r0 * A->E, A->E, v, A->E, ds, A->S, 0);
+        for (int64_t i = 0; i < rows; i++) {
+            float *pi = pb + i * A->S, *di = ds + i * A->S, delta = 0;
+            const int64_t r = r0 + i, n = kept(A, r);
+            for (int64_t e = 0; e < A->E; e++) delta += dout[r * A->E + e] * o[r * A->E + e];
+            for (int64_t c = 0; c < n; c++) pi[c] *= A->scale;
+            exp_sub(pi, n, lse[r]);
             #pragma omp simd
-            for (int64_t c = 0; c < n; c++) dp[c] += ge * ve[c];
+            for (int64_t c = 0; c < n; c++) di[c] = A->scale * pi[c] * (di[c] - delta);
+            for (int64_t c = n; c < cols; c++) pi[c] = di[c] = 0;
         }
-        for (int64_t c = 0; c < n; c++) dp[c] = A->scale * s[c] * (dp[c] - delta);   /* ds */
-        if (dq) {
-            float *dqr = dq + r * A->D;
-            for (int64_t d = 0; d < A->D; d++) dqr[d] = 0;
-            for (int64_t c = 0; c < n; c++) {
-                const float dsc = dp[c], *kc = k + c * A->D;
-                #pragma omp simd
-                for (int64_t d = 0; d < A->D; d++) dqr[d] += dsc * kc[d];
-            }
-        }
-        for (int64_t c = 0; dk && c < n; c++) {
-            const float dsc = dp[c];
-            float *dkc = dk + c * A->D;
-            #pragma omp simd
-            for (int64_t d = 0; d < A->D; d++) dkc[d] += dsc * qr[d];
-        }
-        for (int64_t c = 0; dv && c < n; c++) {
-            const float pc = s[c];
-            float *dvc = dv + c * A->E;
-            #pragma omp simd
-            for (int64_t e = 0; e < A->E; e++) dvc[e] += pc * gr[e];
-        }
+        if (dq) kernel_gemm(0, 0, rows, A->D, cols, ds, A->S, k, A->D, dq + r0 * A->D, A->D, 0);
+        if (dk) kernel_gemm(1, 0, cols, A->D, rows, ds, A->S, q + r0 * A->D, A->D, dk, A->D, 1);
+        if (dv) kernel_gemm(1, 0, cols, A->E, rows, pb, A->S, dout + r0 * A->E, A->E, dv, A->E, 1);
     }
 }
 
@@ -130,14 +155,14 @@ void cpu_attention_bwd(const int64_t *a, void *const *p) {
     const attn A = attn_of(a);
     const float *q = p[0], *k = p[1], *v = p[2], *o = p[3], *dout = p[4], *lse = p[5];
     float *dq = p[6], *dk = p[7], *dv = p[8];
+    const exp_sub_fn exp_sub = exp_sub_for(cpu_kernels_isa());
     const int64_t work = A.batch * A.T * A.S * (2 * A.D + 2 * A.E);
     #pragma omp parallel for schedule(dynamic) if (work >= PARALLEL_MACS)
     for (int64_t b = 0; b < A.batch; b++) {
-        float *buf = kernel_scratch((size_t)((A.D + A.E + 2) * A.S));
-        if (!buf) continue;   /* recorded: the step fails */
-        backward_head(&A, q + b * A.T * A.D, k + b * A.S * A.D, v + b * A.S * A.E, o + b * A.T * A.E,
-                      dout + b * A.T * A.E, lse + b * A.T, dq ? dq + b * A.T * A.D : NULL,
-                      dk ? dk + b * A.S * A.D : NULL, dv ? dv + b * A.S * A.E : NULL, buf);
+        float *buf = kernel_scratch((size_t)(2 * RB * A.S));
+        if (buf)   /* else recorded: the step fails */
+            backward_head(&A, exp_sub, q + b * A.T * A.D, k + b * A.S * A.D, v + b * A.S * A.E, o + b * A.T * A.E,
+                          dout + b * A.T * A.E, lse + b * A.T, dq ? dq + b * A.T * A.D : NULL,
+                          dk ? dk + b * A.S * A.D : NULL, dv ? dv + b * A.S * A.E : NULL, buf);
     }
 }
-

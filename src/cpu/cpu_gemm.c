@@ -306,6 +306,11 @@ static void gemm(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, in
     free(m);
 }
 
+void kernel_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
+                 float *C, int64_t ldc, int acc) {
+    gemm(gemm_kernel_now(), ta, tb, M, N, K, A, lda, B, ldb, NULL, 0, C, ldc, acc, NULL, NULL);
+}
+
 /* Part t of T of one product: a block of rows (in whole register tiles) when there are enough,
  * else a block of columns. */
 static void gemm_part(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, const float *B,

@@ -50,6 +50,11 @@ void im2col_segment(const im2col_view *v, int64_t r, int64_t j0, int64_t n, floa
 
 /* TGK_MATMUL (arguments in cpu_gemm.c). */
 void k_matmul(const int64_t *a, void *const *p);
+/* One product on the calling thread, at the run's ISA: C (+ when acc)= op(A) op(B), op(A) [M, K],
+ * op(B) [K, N], row-major with row strides lda, ldb (as stored) and ldc (the attention kernels'
+ * per-head products). */
+void kernel_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
+                 float *C, int64_t ldc, int acc);
 
 /* One instruction set's part of the packed product: the register tile's size, the cache blocks
  * sized for it, the tile itself and the few row helpers the driver needs. The driver and the
