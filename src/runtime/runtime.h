@@ -9,6 +9,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+typedef struct dist_state dist_state;
+
 /* async.c: queued calls on a worker thread per training handle. A job_fn runs one call for
  * `handle` of `family` (locking it, aborting when its model generation moved on); a run puts a
  * malloc'd copy of its output in *out. */
@@ -99,6 +101,10 @@ struct tg_train {
     void **wb_dst;            /* the backend's step hook: write-back targets by assign */
     tg_forward_fn loss_fn;
     const void *loss_ctx;
+    /* Data parallel (src/dist/replicas.c): the other replicas, the communicator, the declared
+     * inputs; NULL for one replica. Then c is replica 0's forward and backward, param and state
+     * its buffers, and be its device's table. */
+    dist_state *dp;
 };
 
 /* handles.c: results, live handles and the family lock. */

@@ -2,6 +2,7 @@
  * optimizer-state store a handle shares with its forwards, the step, live changes (learning
  * rate, schedule, reset, a new model) and destruction. */
 #include "runtime/runtime.h"
+#include "dist/dist.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -156,7 +157,7 @@ static void destroy_unregistered(tg_train *t);
 
 tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
     if (!spec) { tg_seterr(err, "tg_compile: no spec"); return NULL; }
-    tg_train *t = train_build(spec, err);
+    tg_train *t = dist_requested(spec) ? dist_train_build(spec, err) : train_build(spec, err);
     if (!t) return NULL;
     pthread_mutexattr_t attr;   /* recursive: tg_eval_loss attaches and runs under the lock it holds */
     pthread_mutexattr_init(&attr);
@@ -255,6 +256,7 @@ tg_result rt_step_finish(tg_train *t, double loss, double guard) {
 }
 
 tg_result rt_step_locked(tg_train *t, const tg_data *inputs, int n_inputs) {
+    if (t->dp) return dist_step(t, inputs, n_inputs);
     tg_result r;
     memset(&r, 0, sizeof r);
     if (!rt_bind_inputs(&t->c, inputs, n_inputs, r.error, sizeof r.error)) { r.status = TG_FAILED; return r; }
@@ -299,6 +301,12 @@ tg_status tg_replace_model(tg_train *t, tg_model *m, const tg_optimizer *opt, tg
     async_abort(t->queue, NULL, "the model was replaced");
     tg_train *l = rt_lock_train(t);
     if (!l) { tg_seterr(err, "tg_replace_model: %s training handle", rt_dead(t)); return TG_FAILED; }
+    if (l->dp) {   /* its replicas and communicator are built for one model: compile a new handle */
+        tg_seterr(err, "tg_replace_model: not supported on a data-parallel handle (devices or dist set); destroy it "
+                       "and compile one for the new model");
+        rt_unlock(l);
+        return TG_FAILED;
+    }
     tg_train_spec spec = { .model = m, .loss = l->loss_fn, .ctx = l->loss_ctx, .inputs = l->c.decls,
                            .n_inputs = l->c.n_inputs, .optimizer = opt ? *opt : l->opt, .backend = l->be->name,
                            .precision = l->precision };
@@ -337,6 +345,7 @@ static void destroy_unregistered(tg_train *t) {
     rt_free_store(t);
     free(t->wb_dst);
     rt_compiled_free(&t->c);
+    dist_free(t->dp);   /* last: NCCL's communicators outlive every CUDA graph that captured them */
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
@@ -368,6 +377,7 @@ static tg_status reset(tg_train *t, int params, int optimizer) {
         t->sched_base = 0;
     }
     free(zeros);
+    if (t->dp) dist_sync(t);   /* data parallel: every replica */
     return TG_OK;
 }
 
