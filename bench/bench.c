@@ -4,7 +4,13 @@
  * resident memory, launches per step (CUDA) and the TFLOP/s of its products and attention.
  *
  *   bench [--backend cpu|cuda|reference] [--precision f32|tf32|bf16] [--steps-scale X] [--kernels DIR]
- *         [workload ...]
+ *         [--devices 0,1] [--dist] [workload ...]
+ *
+ * Data parallel: --devices 0,1 trains on those GPUs in this process, each with the workload's
+ * batch (the global batch is that times the device count); --dist makes this process one rank of
+ * a job launched like torchrun (torchrun --nproc_per_node 2 --no-python build/bench/bench --dist
+ * ...), each rank with the workload's batch per device. Rank 0 prints, with the job's replica
+ * count and samples (sequences or images) per second over the whole job.
  *
  * --kernels DIR writes each workload's generated kernel source to DIR/<workload>.<backend>.txt
  * and its graph's nodes (id, op, shape) beside it, and times nothing (to compare the code
@@ -187,17 +193,24 @@ static void make_gpt(workload *w, int V, int T, int d, int h, int L, int B) {
     w->lr = 1e-3;
 }
 
+/* Data parallel: this process's devices, a rank of a multi-process job, and its batch multiple
+ * (every workload's batch is per replica). */
+static int devices[16], n_devices;
+static bool distributed;
+static int batch_mult = 1;
+
 static bool make(workload *w, const char *name) {
     memset(w, 0, sizeof *w);
     w->name = name;
+    const int m = batch_mult;
     if (strcmp(name, "sin_mlp") == 0) {
         make_mlp(w, (int[]){ 1, 64, 64, 1 }, 4);
         w->loss = sin_loss;
-        w->in[0] = (tg_input_decl)TG_F32("x", 256, 1);
-        w->in[1] = (tg_input_decl)TG_F32("y", 256, 1);
-        w->x = malloc(sizeof(float) * 256);
-        w->yf = malloc(sizeof(float) * 256);
-        for (int i = 0; i < 256; i++) {
+        w->in[0] = (tg_input_decl)TG_F32("x", 256 * m, 1);
+        w->in[1] = (tg_input_decl)TG_F32("y", 256 * m, 1);
+        w->x = malloc(sizeof(float) * 256 * m);
+        w->yf = malloc(sizeof(float) * 256 * m);
+        for (int i = 0; i < 256 * m; i++) {
             w->x[i] = (float)(uniform() * 2 * M_PI - M_PI);
             w->yf[i] = sinf(w->x[i]);
         }
@@ -207,12 +220,12 @@ static bool make(workload *w, const char *name) {
     } else if (strcmp(name, "mnist_mlp") == 0) {
         make_mlp(w, (int[]){ 784, 512, 512, 10 }, 4);
         w->loss = mnist_loss;
-        w->in[0] = (tg_input_decl)TG_F32("x", 128, 784);
-        w->in[1] = (tg_input_decl)TG_I32("y", 128);
-        w->x = malloc(sizeof(float) * 128 * 784);
-        w->y = malloc(sizeof(int32_t) * 128);
-        for (int i = 0; i < 128 * 784; i++) w->x[i] = (float)gauss();
-        for (int i = 0; i < 128; i++) w->y[i] = (int32_t)(uniform() * 10);
+        w->in[0] = (tg_input_decl)TG_F32("x", 128 * m, 784);
+        w->in[1] = (tg_input_decl)TG_I32("y", 128 * m);
+        w->x = malloc(sizeof(float) * 128 * m * 784);
+        w->y = malloc(sizeof(int32_t) * 128 * m);
+        for (int i = 0; i < 128 * m * 784; i++) w->x[i] = (float)gauss();
+        for (int i = 0; i < 128 * m; i++) w->y[i] = (int32_t)(uniform() * 10);
         w->lr = 1e-3;
         w->steps = 100;
         w->gpu_steps = 500;
@@ -224,21 +237,21 @@ static bool make(workload *w, const char *name) {
         the_cnn.f2 = torch_linear(w->m, "f2", 256, 10);
         w->model = &the_cnn;
         w->loss = cnn_loss;
-        w->in[0] = (tg_input_decl)TG_F32("x", 64, 3, 32, 32);
-        w->in[1] = (tg_input_decl)TG_I32("y", 64);
-        w->x = malloc(sizeof(float) * 64 * 3 * 32 * 32);
-        w->y = malloc(sizeof(int32_t) * 64);
-        for (int i = 0; i < 64 * 3 * 32 * 32; i++) w->x[i] = (float)gauss();
-        for (int i = 0; i < 64; i++) w->y[i] = (int32_t)(uniform() * 10);
+        w->in[0] = (tg_input_decl)TG_F32("x", 64 * m, 3, 32, 32);
+        w->in[1] = (tg_input_decl)TG_I32("y", 64 * m);
+        w->x = malloc(sizeof(float) * 64 * m * 3 * 32 * 32);
+        w->y = malloc(sizeof(int32_t) * 64 * m);
+        for (int i = 0; i < 64 * m * 3 * 32 * 32; i++) w->x[i] = (float)gauss();
+        for (int i = 0; i < 64 * m; i++) w->y[i] = (int32_t)(uniform() * 10);
         w->lr = 1e-3;
         w->steps = 20;
         w->gpu_steps = 200;
     } else if (strcmp(name, "char_gpt_small") == 0) {
-        make_gpt(w, 65, 64, 128, 4, 2, 16);
+        make_gpt(w, 65, 64, 128, 4, 2, 16 * m);
         w->steps = 20;
         w->gpu_steps = 200;
     } else if (strcmp(name, "char_gpt") == 0) {
-        make_gpt(w, 65, 256, 384, 6, 6, 64);
+        make_gpt(w, 65, 256, 384, 6, 6, 64 * m);
         w->steps = 10;
         w->gpu_steps = 50;
     } else {
@@ -262,7 +275,9 @@ static tg_train *compile(workload *w, const char *backend, double *seconds) {
     double t0 = now();
     tg_train *t = tg_compile(&(tg_train_spec){ .model = w->m, .loss = w->loss, .ctx = w->model, .inputs = w->in,
                                                .n_inputs = 2, .optimizer = tg_adam(w->lr), .backend = backend,
-                                               .precision = precision }, &err);
+                                               .precision = precision, .devices = n_devices ? devices : NULL,
+                                               .n_devices = n_devices, .dist = distributed ? &(tg_dist_spec){ 0 } : NULL },
+                             &err);
     *seconds = now() - t0;
     if (!t) fprintf(stderr, "%s: compile failed: %s\n", w->name, err.msg);
     return t;
@@ -369,14 +384,23 @@ static int run(const char *name, const char *backend, double scale, const char *
     /* Everything the step keeps in (device) memory: the planned intermediates, the parameters
      * with Adam's two moments, and the inputs. */
     double state_mb = (tg_train_planned_bytes(t) + 4.0 * (3 * tg_train_param_total(t) + bt + by)) / 1048576.0;
-    char kernels[32] = "";
+    char kernels[32] = "", dp[96] = "";
     if (tg_train_launch_count(t) >= 0) snprintf(kernels, sizeof kernels, " kernels=%d", tg_train_launch_count(t));
     double tflops = step_flops(tg_train_graph(t)) / (sorted[2] * 1e-3) / 1e12;
+    /* samples per second over the whole job: every replica's batch per step */
+    int local = n_devices ? n_devices : 1;
+    snprintf(dp, sizeof dp, " replicas=%d processes=%d samples/s=%.1f", tg_train_replicas(t), tg_train_replicas(t) / local,
+             (double)w.in[0].shape.d[0] / local * tg_train_replicas(t) * 1e3 / sorted[2]);
+    if (tg_train_rank(t) != 0) {   /* every rank measured; rank 0 speaks for the job */
+        tg_destroy(t);
+        release(&w);
+        return 0;
+    }
     printf("%-16s %-4s %-8s params=%9lld ms/step median=%8.3f min=%8.3f loss=%.4f compile cold=%.2fs warm=%.3fs "
-           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f%s precision=%s tflops=%.1f\n",
+           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f%s precision=%s tflops=%.1f%s\n",
            name, backend, "tg", (long long)tg_train_param_total(t), sorted[2], sorted[0], r.loss, cold, warm,
            tg_train_planned_bytes(t) / 1048576.0, state_mb, ru.ru_maxrss / 1024.0, cpu[2], kernels,
-           tg_precision_name(tg_train_precision(t)), tflops);
+           tg_precision_name(tg_train_precision(t)), tflops, dp);
     fflush(stdout);
     tg_destroy(t);
     release(&w);
@@ -393,12 +417,17 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
         else if (strcmp(argv[i], "--steps-scale") == 0 && i + 1 < argc) scale = atof(argv[++i]);
         else if (strcmp(argv[i], "--kernels") == 0 && i + 1 < argc) kernels_dir = argv[++i];
+        else if (strcmp(argv[i], "--dist") == 0) distributed = true;
+        else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc) {
+            for (char *p = argv[++i]; *p && n_devices < 16; p += *p == ',') devices[n_devices++] = (int)strtol(p, &p, 10);
+        }
         else if (strcmp(argv[i], "--precision") == 0 && i + 1 < argc) {
             const char *p = argv[++i];
             precision = !strcmp(p, "tf32") ? TG_PRECISION_TF32 : !strcmp(p, "bf16") ? TG_PRECISION_BF16 : TG_PRECISION_F32;
         }
         else if (n < 8) names[n++] = argv[i];
     }
+    batch_mult = n_devices ? n_devices : 1;
     if (n == 0) {
         static const char *all[] = { "sin_mlp", "mnist_mlp", "cifar_cnn", "char_gpt_small" };
         for (n = 0; n < 4; n++) names[n] = all[n];

@@ -466,6 +466,22 @@ typedef tg_tensor (*tg_forward_fn)(const void *ctx, const tg_tensor *inputs);
  * freely between precisions. */
 typedef enum { TG_PRECISION_DEFAULT = 0, TG_PRECISION_F32, TG_PRECISION_TF32, TG_PRECISION_BF16 } tg_precision;
 
+/* One process of a multi-process data-parallel job (see "Data-parallel training" below). Zero
+ * fields take their values from the environment, as torchrun sets it: each TG_ variable first,
+ * then torchrun's name without the prefix. */
+typedef struct {
+    int world_size;              /* processes in the job; 0: $TG_WORLD_SIZE / $WORLD_SIZE, and rank
+                                  * and local rank from the environment too (none set: a job of 1) */
+    int rank;                    /* with world_size set: this process, 0 .. world_size - 1 */
+    int local_rank;              /* with world_size set: its index on its host (the GPU it uses
+                                  * when .devices is not given) */
+    const char *master_addr;     /* rank 0's host name or address; NULL: $TG_MASTER_ADDR /
+                                  * $MASTER_ADDR, else "127.0.0.1" */
+    int master_port;             /* rank 0's TCP port; 0: $TG_MASTER_PORT / $MASTER_PORT, else 29500 */
+    double timeout_s;            /* joining, and each step's wait for the other ranks; 0:
+                                  * $TG_DIST_TIMEOUT (seconds), else 600 */
+} tg_dist_spec;
+
 typedef struct {
     tg_model *model;
     tg_forward_fn loss;          /* must return a scalar (one element) */
@@ -475,6 +491,10 @@ typedef struct {
     tg_optimizer optimizer;
     const char *backend;         /* "cpu" (default, or $TG_BACKEND), "cuda", "reference" */
     tg_precision precision;      /* DEFAULT: f32 */
+    /* Data parallel (see below); both unset: one replica, as before. */
+    const int *devices;          /* CUDA ordinals this process trains on, a replica on each */
+    int n_devices;
+    const tg_dist_spec *dist;    /* set: this process is one rank of a multi-process job */
 } tg_train_spec;
 
 /* A forward's inputs may leave dimensions open: TG_F32("x", TG_ANY, 784). The graph is then
@@ -509,6 +529,51 @@ typedef struct {
 
 /* NULL on failure, with err->msg set (trace-time shape errors name the caller's file:line). */
 TG_API tg_train *tg_compile(const tg_train_spec *spec, tg_error *err);
+
+/* Data-parallel training, as PyTorch's DistributedDataParallel: every replica holds the whole
+ * model and runs forward and backward on its share of the batch; the loss and the gradients are
+ * then averaged over all replicas, and every replica applies that same update, so parameters
+ * stay identical.
+ *
+ * One process, several GPUs: .devices = (int[]){ 0, 1 }, .n_devices = 2. Inputs are declared and
+ * passed at the global batch: tg_step splits every input's first dimension evenly over the
+ * devices in order (device k gets rows [k B/n, (k+1) B/n)); a first dimension the device count
+ * does not divide is a tg_compile error that says so.
+ * Several processes (one or more GPUs each, on one host or many): .dist = &(tg_dist_spec){ 0 }
+ * in every process, launched as torchrun launches them (torchrun --nproc_per_node 2 --no-python
+ * ./train, or your own launcher setting TG_RANK, TG_WORLD_SIZE, TG_LOCAL_RANK, TG_MASTER_ADDR,
+ * TG_MASTER_PORT). Each process declares and passes its own local batch. tg_compile meets the
+ * other ranks: rank 0 listens on master_port (every interface), the others connect to
+ * master_addr, and all check that they run the same job (world size, replicas per process, the
+ * parameters' names and sizes); it fails, naming what disagrees or who did not come, within
+ * timeout_s. Without .devices a process uses GPU local_rank.
+ *
+ *  - The loss tg_step returns is the mean of the replicas' losses: with a mean-reduced loss
+ *    (TG_MEAN) and an even split, the loss of the whole batch, and its gradient; a loss summed
+ *    over the batch (TG_SUM) comes out as the whole batch's divided by the replica count.
+ *  - Gradient clipping and the non-finite guard see the averaged gradients, so every replica of
+ *    every rank skips a bad step together and leaves its parameters unchanged.
+ *  - A rank that exits or hangs makes the others' step fail within timeout_s naming it (never a
+ *    hang); such a handle refuses further steps: destroy it.
+ *  - Random ops (dropout, randn) draw differently on each replica.
+ *  - Attached forwards, tg_eval_loss (at the declared shapes), captures and
+ *    tg_download_param_grad (the averaged gradient) use replica 0: the first device.
+ *  - tg_upload_params, tg_load and tg_reset change every replica of this process: in a
+ *    multi-process job make the same calls on every rank (e.g. load the same checkpoint;
+ *    tg_save from rank 0 only, all ranks hold the same values). Checkpoints are the same files
+ *    as one replica's and move freely between replica counts. tg_replace_model is refused.
+ *  - "cuda": replicas are GPUs; the averaging is an NCCL all-reduce of the gradients, captured
+ *    inside the step's CUDA graph when a process drives one GPU. NCCL is loaded with dlopen
+ *    ($TG_NCCL_LIB, else libnccl.so.2) and NCCL_NVLS_ENABLE is set to 0 unless already set.
+ *    "cpu" and "reference": replicas run one after another in this process (.devices only
+ *    counts them) and processes average over TCP: the same logic, without any GPU. */
+/* Whether data-parallel training with more than one replica can run on backend `name` here: 1,
+ * or 0 with the reason (e.g. NCCL or the CUDA driver missing) in why. */
+TG_API int tg_distributed_available(const char *name, char *why, size_t why_len);
+/* This process's rank (0 when alone) and the replicas of the whole job (1 without data
+ * parallelism); -1 for a dead handle. */
+TG_API int tg_train_rank(const tg_train *t);
+TG_API int tg_train_replicas(const tg_train *t);
 /* A step whose loss or any gradient element is NaN or infinite fails, naming the first parameter
  * (in declaration order) whose gradient is not finite, and leaves parameters, optimizer state
  * and the step count as they were. */

@@ -10,6 +10,13 @@
  * step's guard node (finite only when the loss and every gradient are), and the copies of the
  * loss and the guard into pinned memory: one graph launch and one synchronisation per step.
  *
+ * Each device is set up at its first use (primary context, stream, cuBLAS). Data parallelism
+ * (src/dist/) gets a backend table per device (cuda_on_device) and runs a step of every local
+ * replica through dp_step: each replica's gradient graph, the communicator's NCCL all-reduce
+ * (captured at the end of that graph when the process drives one GPU, else enqueued after the
+ * graphs as one NCCL group), a wait the communicator's watchdog can cut short, then each
+ * replica's update graph, which only runs once the average is complete.
+ *
  * TG_CUDA_PROFILE=1 runs each step's launches one by one, synchronised, and prints the time spent
  * per op (the op of the node each launch writes) when the handle is released.
  * "cuda-nvrtc" is a compile-only variant for tests on machines without a GPU: it generates and
@@ -39,6 +46,7 @@ typedef void *cublasHandle_t;
 #define CU_ATTR_CC_MINOR 76
 #define CU_CAPTURE_THREAD_LOCAL 1
 #define CU_FUNC_MAX_DYNAMIC_SHARED 8
+#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 
 static struct {
     CUresult (*Init)(unsigned);
@@ -74,6 +82,7 @@ static struct {
     CUresult (*GraphExecDestroy)(CUgraphExec);
     CUresult (*GraphDestroy)(CUgraph);
     CUresult (*GetErrorString)(CUresult, const char **);
+    CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
 } cu;
 
 static struct {
@@ -125,7 +134,7 @@ static const char *const CU_NAMES[] = {
     "cuMemcpyDtoH_v2", "cuMemcpyDtoD_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemsetD32_v2",
     "cuMemsetD32Async", "cuModuleLoadData", "cuModuleUnload", "cuModuleGetFunction", "cuFuncSetAttribute",
     "cuLaunchKernel", "cuStreamCreate", "cuStreamSynchronize", "cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
-    "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy", "cuGetErrorString",
+    "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy", "cuGetErrorString", "cuPointerGetAttribute",
 };
 static const char *const NVRTC_NAMES[] = {
     "nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize", "nvrtcGetProgramLog",
@@ -141,18 +150,31 @@ static const char *const CUBLAS_LIBS[] = { "libcublas.so.13", "libcublas.so.12",
 
 #define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-/* ----- process-wide state: loaded once ----- */
+/* ----- process-wide state: the libraries loaded once, each device set up at first use ----- */
 
-static struct {
-    pthread_once_t nvrtc_once, device_once;
-    bool nvrtc_ok, device_ok;
-    char nvrtc_why[256], device_why[256];
+#define MAX_DEVICES 16
+
+/* One GPU: its primary context, the stream every handle on it enqueues on, its cuBLAS. */
+typedef struct {
+    bool tried, ok;
+    char why[256];
+    int ordinal;
     CUcontext ctx;
     CUstream stream;
     cublasHandle_t blas;
     char arch[16];          /* "sm_90" */
     char name[128];
-} g_cuda = { PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, false, false, "", "", 0, 0, 0, "", "" };
+} cuda_device;
+
+static struct {
+    pthread_once_t nvrtc_once, driver_once;
+    bool nvrtc_ok, driver_ok;
+    char nvrtc_why[256], driver_why[256];
+    int count;              /* devices the driver sees */
+    pthread_mutex_t mu;     /* device setup */
+    cuda_device dev[MAX_DEVICES];
+    int n_ready, only;      /* devices set up; the one, while there is one */
+} g_cuda = { .nvrtc_once = PTHREAD_ONCE_INIT, .driver_once = PTHREAD_ONCE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER };
 
 static void load_nvrtc(void) {
     void *lib = open_any(NVRTC_LIBS);
@@ -169,40 +191,46 @@ static const char *cu_error(CUresult r) {
     return s ? s : "unknown CUDA error";
 }
 
-#define WHY(...) snprintf(g_cuda.device_why, sizeof g_cuda.device_why, __VA_ARGS__)
+#define WHY(...) snprintf(g_cuda.driver_why, sizeof g_cuda.driver_why, __VA_ARGS__)
 
-static void load_device(void) {
+/* The driver, cuBLAS and the device count; no context yet (a process may use only device 3). */
+static void load_driver(void) {
     pthread_once(&g_cuda.nvrtc_once, load_nvrtc);
     if (!g_cuda.nvrtc_ok) { WHY("%s", g_cuda.nvrtc_why); return; }
     void *lib = open_any(CUDA_LIBS);
     if (!lib) { WHY("the CUDA driver (libcuda.so.1) is not installed"); return; }
-    if (!resolve(lib, (void **)&cu, CU_NAMES, N_OF(CU_NAMES), g_cuda.device_why, sizeof g_cuda.device_why)) return;
+    if (!resolve(lib, (void **)&cu, CU_NAMES, N_OF(CU_NAMES), g_cuda.driver_why, sizeof g_cuda.driver_why)) return;
     void *blas = open_any(CUBLAS_LIBS);
     if (!blas) { WHY("cuBLAS (libcublas.so) is not installed"); return; }
-    if (!resolve(blas, (void **)&cublas, CUBLAS_NAMES, N_OF(CUBLAS_NAMES), g_cuda.device_why, sizeof g_cuda.device_why))
+    if (!resolve(blas, (void **)&cublas, CUBLAS_NAMES, N_OF(CUBLAS_NAMES), g_cuda.driver_why, sizeof g_cuda.driver_why))
         return;
-    int count = 0, major = 0, minor = 0;
-    CUdevice dev;
     CUresult r = cu.Init(0);
-    if (r == 0) r = cu.DeviceGetCount(&count);
-    if (r != 0 || count == 0) { WHY("no CUDA device (%s)", r ? cu_error(r) : "none found"); return; }
-    if ((r = cu.DeviceGet(&dev, 0)) || (r = cu.DeviceGetAttribute(&major, CU_ATTR_CC_MAJOR, dev)) ||
-        (r = cu.DeviceGetAttribute(&minor, CU_ATTR_CC_MINOR, dev)) || (r = cu.DeviceGetName(g_cuda.name, 127, dev)) ||
-        (r = cu.DevicePrimaryCtxRetain(&g_cuda.ctx, dev)) || (r = cu.CtxSetCurrent(g_cuda.ctx)) ||
-        (r = cu.StreamCreate(&g_cuda.stream, 0))) {
-        WHY("CUDA device setup failed: %s", cu_error(r));
-        return;
+    if (r == 0) r = cu.DeviceGetCount(&g_cuda.count);
+    if (r != 0 || g_cuda.count == 0) { WHY("no CUDA device (%s)", r ? cu_error(r) : "none found"); return; }
+    g_cuda.driver_ok = true;
+}
+
+/* Context, stream and cuBLAS (with its own workspace, so nothing allocates during graph
+ * capture) of device d; false with v->why. */
+static bool setup_device(int d, cuda_device *v) {
+    int major = 0, minor = 0;
+    CUdevice dev;
+    CUresult r;
+    v->ordinal = d;
+    if ((r = cu.DeviceGet(&dev, d)) || (r = cu.DeviceGetAttribute(&major, CU_ATTR_CC_MAJOR, dev)) ||
+        (r = cu.DeviceGetAttribute(&minor, CU_ATTR_CC_MINOR, dev)) || (r = cu.DeviceGetName(v->name, 127, dev)) ||
+        (r = cu.DevicePrimaryCtxRetain(&v->ctx, dev)) || (r = cu.CtxSetCurrent(v->ctx)) || (r = cu.StreamCreate(&v->stream, 0))) {
+        snprintf(v->why, sizeof v->why, "CUDA device %d setup failed: %s", d, cu_error(r));
+        return false;
     }
-    snprintf(g_cuda.arch, sizeof g_cuda.arch, "sm_%d%d", major, minor);
-    /* cuBLAS gets its own workspace, so nothing allocates during graph capture. */
+    snprintf(v->arch, sizeof v->arch, "sm_%d%d", major, minor);
     CUdeviceptr ws;
-    if (cublas.Create(&g_cuda.blas) || cublas.SetStream(g_cuda.blas, g_cuda.stream) ||
-        cublas.SetMathMode(g_cuda.blas, 0) || cu.MemAlloc(&ws, 32u << 20) ||
-        cublas.SetWorkspace(g_cuda.blas, (void *)ws, 32u << 20)) {
-        WHY("cuBLAS setup failed");
-        return;
+    if (cublas.Create(&v->blas) || cublas.SetStream(v->blas, v->stream) || cublas.SetMathMode(v->blas, 0) ||
+        cu.MemAlloc(&ws, 32u << 20) || cublas.SetWorkspace(v->blas, (void *)ws, 32u << 20)) {
+        snprintf(v->why, sizeof v->why, "cuBLAS setup failed on device %d", d);
+        return false;
     }
-    g_cuda.device_ok = true;
+    return true;
 }
 
 static bool nvrtc_ready(tg_error *err) {
@@ -211,13 +239,36 @@ static bool nvrtc_ready(tg_error *err) {
     return g_cuda.nvrtc_ok;
 }
 
-static bool device_ready(tg_error *err) {
-    pthread_once(&g_cuda.device_once, load_device);
-    if (!g_cuda.device_ok) { tg_seterr(err, "CUDA is not available: %s", g_cuda.device_why); return false; }
-    cu.CtxSetCurrent(g_cuda.ctx);   /* the calling thread may be new */
-    return true;
+static bool driver_ready(tg_error *err) {
+    pthread_once(&g_cuda.driver_once, load_driver);
+    if (!g_cuda.driver_ok) tg_seterr(err, "CUDA is not available: %s", g_cuda.driver_why);
+    return g_cuda.driver_ok;
 }
 
+/* Device d, set up at its first use and made current on the calling thread (which may be new);
+ * NULL with err set. */
+static cuda_device *device_at(int d, tg_error *err) {
+    if (!driver_ready(err)) return NULL;
+    if (d < 0 || d >= g_cuda.count || d >= MAX_DEVICES) {
+        tg_seterr(err, "CUDA is not available: no device %d (this machine has %d%s)", d, g_cuda.count,
+                  d >= MAX_DEVICES ? "; at most 16 are used" : "");
+        return NULL;
+    }
+    pthread_mutex_lock(&g_cuda.mu);
+    cuda_device *v = &g_cuda.dev[d];
+    if (!v->tried) {
+        v->tried = true;
+        v->ok = setup_device(d, v);
+        if (v->ok && g_cuda.n_ready++ == 0) g_cuda.only = d;
+    }
+    pthread_mutex_unlock(&g_cuda.mu);
+    if (!v->ok) { tg_seterr(err, "CUDA is not available: %s", v->why); return NULL; }
+    cu.CtxSetCurrent(v->ctx);
+    return v;
+}
+
+/* Whether the backend can run here: the libraries and a device (set up when first used). */
+static bool device_ready(tg_error *err) { return driver_ready(err); }
 
 /* ----- compiling kernels ----- */
 
@@ -265,21 +316,28 @@ static void *compile_cubin(const char *source, const char *arch, size_t *len, tg
 
 /* ----- buffers ----- */
 
-/* Every entry point makes the context current first: the calling thread may be new (an async
- * worker, a caller's own thread). */
-static void current(void) { cu.CtxSetCurrent(g_cuda.ctx); }
+/* The device a buffer lives on, its context made current: every entry point does this first,
+ * since the calling thread may be new (an async worker, a caller's own thread) and, with data
+ * parallelism, buffers live on several devices. */
+static cuda_device *device_of(CUdeviceptr p) {
+    int d = g_cuda.only;
+    if (g_cuda.n_ready > 1) cu.PointerGetAttribute(&d, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p);
+    cuda_device *v = &g_cuda.dev[d >= 0 && d < MAX_DEVICES ? d : 0];
+    cu.CtxSetCurrent(v->ctx);
+    return v;
+}
 
-static void *cuda_alloc(size_t numel) {
-    current();
+static void *cuda_alloc(int d, size_t numel) {
+    cuda_device *v = device_at(d, NULL);
     CUdeviceptr p = 0;
     size_t bytes = (numel ? numel : 1) * 4;
-    if (cu.MemAlloc(&p, bytes) != 0) return NULL;
+    if (!v || cu.MemAlloc(&p, bytes) != 0) return NULL;
     cu.MemsetD32(p, 0, bytes / 4);
     return (void *)p;
 }
 
 static void cuda_free(void *buf) {
-    current();
+    device_of((CUdeviceptr)buf);
     cu.MemFree((CUdeviceptr)buf);
 }
 
@@ -288,7 +346,7 @@ static void cuda_free(void *buf) {
 #define XFER_CHUNK 4096
 
 static void cuda_write(void *buf, tg_dtype dt, const double *src, size_t n) {
-    current();
+    device_of((CUdeviceptr)buf);
     union { float f[XFER_CHUNK]; int32_t i[XFER_CHUNK]; } tmp;
     for (size_t at = 0; at < n; at += XFER_CHUNK) {
         size_t k = n - at < XFER_CHUNK ? n - at : XFER_CHUNK;
@@ -301,9 +359,9 @@ static void cuda_write(void *buf, tg_dtype dt, const double *src, size_t n) {
 }
 
 static void cuda_read(const void *buf, tg_dtype dt, double *dst, size_t n) {
-    current();
+    cuda_device *v = device_of((CUdeviceptr)buf);
     union { float f[XFER_CHUNK]; int32_t i[XFER_CHUNK]; } tmp;
-    cu.StreamSynchronize(g_cuda.stream);
+    cu.StreamSynchronize(v->stream);
     for (size_t at = 0; at < n; at += XFER_CHUNK) {
         size_t k = n - at < XFER_CHUNK ? n - at : XFER_CHUNK;
         cu.MemcpyDtoH(&tmp, (CUdeviceptr)buf + at * 4, k * 4);
@@ -312,12 +370,12 @@ static void cuda_read(const void *buf, tg_dtype dt, double *dst, size_t n) {
 }
 
 static void cuda_upload(void *buf, tg_dtype dt, const void *src, size_t n) {
-    current();
+    device_of((CUdeviceptr)buf);
     cu.MemcpyHtoD((CUdeviceptr)buf, src, n * 4);
 }
 
 static void cuda_copy(void *dst, const void *src, size_t n) {
-    current();
+    device_of((CUdeviceptr)dst);
     cu.MemcpyDtoD((CUdeviceptr)dst, (CUdeviceptr)src, n * 4);
 }
 
@@ -326,6 +384,7 @@ static void cuda_copy(void *dst, const void *src, size_t n) {
 typedef struct { const float *src; float *dst; long long n; } wb_entry;   /* = tgk_copy on the device */
 
 typedef struct {
+    cuda_device *dev;        /* where its buffers live and its launches run (NULL: cuda-nvrtc) */
     const tg_graph *g;
     tg_plan plan;
     cuda_plan launches;
@@ -340,6 +399,7 @@ typedef struct {
     int n_hyper;             /* slots of hyper_host and hyper_dev */
     float *loss_host;        /* pinned */
     CUgraphExec run_graph, step_graph;
+    CUgraphExec dp_graph;    /* data parallel: the run, with the all-reduce captured after it when alone */
     int n_wb;
     double *profile;         /* TG_CUDA_PROFILE: seconds per op (OP_COUNT: memsets) */
     /* tf32, bf16: product operands rounded into two slots of scratch (rounded_operands) */
@@ -364,13 +424,14 @@ static void print_profile(const cuda_exec *e) {
 static void cuda_release(void *h) {
     cuda_exec *e = h;
     if (!e) return;
-    current();
+    cu.CtxSetCurrent(e->dev->ctx);
     if (e->profile) {
         print_profile(e);
         free(e->profile);
     }
     if (e->run_graph) cu.GraphExecDestroy(e->run_graph);
     if (e->step_graph) cu.GraphExecDestroy(e->step_graph);
+    if (e->dp_graph) cu.GraphExecDestroy(e->dp_graph);
     if (e->module) cu.ModuleUnload(e->module);
     if (e->arena) cu.MemFree(e->arena);
     if (e->table) cu.MemFree(e->table);
@@ -415,12 +476,14 @@ static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_kee
 
 #define TRY(call, what) do { CUresult r_ = (call); if (r_) { tg_seterr(err, "%s: %s", what, cu_error(r_)); goto fail; } } while (0)
 
-static void *cuda_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
-    if (!device_ready(err)) return NULL;
+static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
+    cuda_device *dev = device_at(d, err);
+    if (!dev) return NULL;
     cuda_exec *e = tg_alloc(sizeof *e);
     if (!e) { tg_seterr(err, "out of memory preparing the CUDA kernels"); return NULL; }
+    e->dev = dev;
     size_t len = 0;
-    void *cubin = generate(e, g, keep, n_keep, g_cuda.arch, err) ? compile_cubin(e->source, g_cuda.arch, &len, err) : NULL;
+    void *cubin = generate(e, g, keep, n_keep, dev->arch, err) ? compile_cubin(e->source, dev->arch, &len, err) : NULL;
     if (!cubin) goto fail;
     CUresult r = cu.ModuleLoadData(&e->module, cubin);
     free(cubin);
@@ -508,7 +571,7 @@ static bool rounded_operands(cuda_exec *e, const cuda_launch *l, const void **A,
         long long n = e->g->nodes[node[k]].numel;
         void *args[] = { &src, &dst, &n };
         unsigned grid = (unsigned)(n / 1024 + 1 < 4096 ? n / 1024 + 1 : 4096);
-        TRY(cu.LaunchKernel(e->to_rounded, grid, 1, 1, 256, 1, 1, 0, g_cuda.stream, args, NULL), "operand rounding");
+        TRY(cu.LaunchKernel(e->to_rounded, grid, 1, 1, 256, 1, 1, 0, e->dev->stream, args, NULL), "operand rounding");
         e->slot_holds[slot[k]] = node[k];
         e->conversions++;
     }
@@ -541,13 +604,13 @@ static bool gemm(cuda_exec *e, const cuda_launch *l, tg_error *err) {
         strided = l->aoff[i] - l->aoff[i - 1] == l->aoff[1] - l->aoff[0] && l->boff[i] - l->boff[i - 1] == l->boff[1] - l->boff[0];
     int rc = 0;
     if (l->batch > 1 && strided) {
-        rc = cublas.GemmStridedBatchedEx(g_cuda.blas, l->tb, l->ta, n, m, k, &one, b + l->boff[0] * es, type, ldb,
+        rc = cublas.GemmStridedBatchedEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[0] * es, type, ldb,
                                          l->boff[1] - l->boff[0], a + l->aoff[0] * es, type, lda, l->aoff[1] - l->aoff[0],
                                          &zero, C, CUDA_R_32F, n, (long long)m * n, (int)l->batch, compute,
                                          CUBLAS_GEMM_DEFAULT);
     } else {
         for (int64_t i = 0; i < l->batch && rc == 0; i++)
-            rc = cublas.GemmEx(g_cuda.blas, l->tb, l->ta, n, m, k, &one, b + l->boff[i] * es, type, ldb, a + l->aoff[i] * es,
+            rc = cublas.GemmEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[i] * es, type, ldb, a + l->aoff[i] * es,
                                type, lda, &zero, C + i * m * n, CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT);
     }
     if (rc) tg_seterr(err, "cuBLAS product failed (status %d) for node %d", rc, l->node);
@@ -565,23 +628,23 @@ static double now_s(void) {
 static bool enqueue(cuda_exec *e, tg_error *err) {
     e->slot_holds[0] = e->slot_holds[1] = -1;
     e->conversions = 0;
-    TRY(cu.MemcpyHtoDAsync(e->hyper_dev, e->hyper_host, sizeof(double) * (size_t)e->n_hyper, g_cuda.stream), "hyper upload");
+    TRY(cu.MemcpyHtoDAsync(e->hyper_dev, e->hyper_host, sizeof(double) * (size_t)e->n_hyper, e->dev->stream), "hyper upload");
     CUdeviceptr table = e->table, hyper = e->hyper_dev;
     for (int i = 0; i < e->launches.n; i++) {
         const cuda_launch *l = &e->launches.launch[i];
-        double t0 = e->profile ? (cu.StreamSynchronize(g_cuda.stream), now_s()) : 0;
+        double t0 = e->profile ? (cu.StreamSynchronize(e->dev->stream), now_s()) : 0;
         if (l->kind == CL_MEMSET) {
-            TRY(cu.MemsetD32Async(node_ptr(e, l->node), 0, (size_t)l->n, g_cuda.stream), "memset");
+            TRY(cu.MemsetD32Async(node_ptr(e, l->node), 0, (size_t)l->n, e->dev->stream), "memset");
         } else if (l->kind == CL_GEMM) {
             if (!gemm(e, l, err)) return false;
         } else {
             void *args[] = { &e->arena, &table, &hyper };
             TRY(cu.LaunchKernel(e->fn[i], (unsigned)l->grid, (unsigned)l->grid_y, 1, (unsigned)l->block, 1, 1, (unsigned)l->shared,
-                                g_cuda.stream, args, NULL),
+                                e->dev->stream, args, NULL),
                 l->name);
         }
         if (e->profile) {
-            cu.StreamSynchronize(g_cuda.stream);
+            cu.StreamSynchronize(e->dev->stream);
             tg_op op = e->g->nodes[l->node].op;
             e->profile[l->kind == CL_MEMSET ? OP_COUNT : op] += now_s() - t0;
         }
@@ -594,9 +657,9 @@ fail:
 /* Capture the launch list (plus `tail`, for steps) into an instantiated graph. */
 static bool capture(cuda_exec *e, CUgraphExec *out, bool (*tail)(cuda_exec *, void *, tg_error *), void *ctx, tg_error *err) {
     CUgraph graph = NULL;
-    TRY(cu.StreamBeginCapture(g_cuda.stream, CU_CAPTURE_THREAD_LOCAL), "beginning graph capture");
+    TRY(cu.StreamBeginCapture(e->dev->stream, CU_CAPTURE_THREAD_LOCAL), "beginning graph capture");
     bool ok = enqueue(e, err) && (!tail || tail(e, ctx, err));
-    CUresult r = cu.StreamEndCapture(g_cuda.stream, &graph);
+    CUresult r = cu.StreamEndCapture(e->dev->stream, &graph);
     if (!ok) goto fail;
     TRY(r, "ending graph capture");
     r = cu.GraphInstantiate(out, graph, 0);
@@ -617,11 +680,19 @@ fail:
     return false;
 }
 
-static bool launch_graph(cuda_exec *e, CUgraphExec graph, const double *hyper, tg_error *err) {
+/* Launch an instantiated graph with this call's hyper scalars; start_graph does not wait. */
+static bool start_graph(cuda_exec *e, CUgraphExec graph, const double *hyper, tg_error *err) {
     int n = e->g->n_hyper > 1 ? e->g->n_hyper : 1;   /* forward graphs may have only the seed */
     memcpy(e->hyper_host, hyper, sizeof(double) * (size_t)n);
-    TRY(cu.GraphLaunch(graph, g_cuda.stream), "launching the CUDA graph");
-    TRY(cu.StreamSynchronize(g_cuda.stream), "running the CUDA graph");
+    TRY(cu.GraphLaunch(graph, e->dev->stream), "launching the CUDA graph");
+    return true;
+fail:
+    return false;
+}
+
+static bool launch_graph(cuda_exec *e, CUgraphExec graph, const double *hyper, tg_error *err) {
+    if (!start_graph(e, graph, hyper, err)) return false;
+    TRY(cu.StreamSynchronize(e->dev->stream), "running the CUDA graph");
     return true;
 fail:
     return false;
@@ -632,12 +703,12 @@ static bool run_eager(cuda_exec *e, const double *hyper, bool (*tail)(cuda_exec 
                       tg_error *err) {
     memcpy(e->hyper_host, hyper, sizeof(double) * (size_t)(e->g->n_hyper > 1 ? e->g->n_hyper : 1));
     if (!enqueue(e, err) || (tail && !tail(e, ctx, err))) return false;
-    return cu.StreamSynchronize(g_cuda.stream) == 0;
+    return cu.StreamSynchronize(e->dev->stream) == 0;
 }
 
 static bool cuda_run(void *h, const double *hyper, tg_error *err) {
     cuda_exec *e = h;
-    current();
+    cu.CtxSetCurrent(e->dev->ctx);
     if (!sync_table(e, err)) return false;
     if (e->profile) return run_eager(e, hyper, NULL, NULL, err);
     if (!e->run_graph && !capture(e, &e->run_graph, NULL, NULL, err)) return false;
@@ -651,14 +722,62 @@ typedef struct { int loss; } step_ctx;
 static bool step_tail(cuda_exec *e, void *ctx, tg_error *err) {
     const step_ctx *c = ctx;
     CUdeviceptr loss_ptr = node_ptr(e, c->loss), flag = e->wb_flag, table = e->wb_table;
-    TRY(cu.MemsetD32Async(flag, 0, 1, g_cuda.stream), "the write-back flag");
+    TRY(cu.MemsetD32Async(flag, 0, 1, e->dev->stream), "the write-back flag");
     if (e->n_wb > 0) {
         void *check[] = { &flag, &table }, *copy[] = { &loss_ptr, &flag, &table };
-        TRY(cu.LaunchKernel(e->wb_check, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, g_cuda.stream, check, NULL), "write-back check");
-        TRY(cu.LaunchKernel(e->writeback, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, g_cuda.stream, copy, NULL), "write-backs");
+        TRY(cu.LaunchKernel(e->wb_check, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, e->dev->stream, check, NULL), "write-back check");
+        TRY(cu.LaunchKernel(e->writeback, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, e->dev->stream, copy, NULL), "write-backs");
     }
-    TRY(cu.MemcpyDtoHAsync(e->loss_host, loss_ptr, sizeof(float), g_cuda.stream), "reading the loss");
-    TRY(cu.MemcpyDtoHAsync(e->loss_host + 1, flag, sizeof(float), g_cuda.stream), "reading the write-back flag");
+    TRY(cu.MemcpyDtoHAsync(e->loss_host, loss_ptr, sizeof(float), e->dev->stream), "reading the loss");
+    TRY(cu.MemcpyDtoHAsync(e->loss_host + 1, flag, sizeof(float), e->dev->stream), "reading the write-back flag");
+    return true;
+fail:
+    return false;
+}
+
+/* The device table of a step's write-backs (node -> leaf), built at its first run. */
+static bool writeback_table(cuda_exec *e, const tg_assign *wb, int n_wb, void *const *dst, tg_error *err) {
+    wb_entry *t = tg_alloc(sizeof(wb_entry) * (size_t)(n_wb + 1));
+    if (!t) { tg_seterr(err, "out of memory for the write-back table"); return false; }
+    for (int k = 0; k < n_wb; k++)
+        t[k] = (wb_entry){ (const float *)node_ptr(e, wb[k].src), dst[k], (long long)e->g->nodes[wb[k].src].numel };
+    e->n_wb = n_wb;
+    CUresult r = cu.MemAlloc(&e->wb_table, sizeof(wb_entry) * (size_t)(n_wb + 1));
+    if (!r) r = cu.MemcpyHtoD(e->wb_table, t, sizeof(wb_entry) * (size_t)n_wb);
+    free(t);
+    if (r) { tg_seterr(err, "write-back table: %s", cu_error(r)); return false; }
+    return true;
+}
+
+/* A step started: its graph captured at the first call, then launched without waiting.
+ * Profiling runs it eagerly (and waits) instead, keeping no graph. */
+static bool step_capture(cuda_exec *e, int loss, const tg_assign *wb, int n_wb, void *const *dst, tg_error *err) {
+    cu.CtxSetCurrent(e->dev->ctx);
+    if (!sync_table(e, err)) return false;
+    if (e->step_graph || e->profile) return true;
+    step_ctx ctx = { loss };
+    return writeback_table(e, wb, n_wb, dst, err) && capture(e, &e->step_graph, step_tail, &ctx, err);
+}
+
+static bool step_start(cuda_exec *e, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst,
+                       tg_error *err) {
+    if (!step_capture(e, loss, wb, n_wb, dst, err)) return false;
+    if (e->profile) {
+        step_ctx ctx = { loss };
+        bool ok = writeback_table(e, wb, n_wb, dst, err) && run_eager(e, hyper, step_tail, &ctx, err);
+        if (e->wb_table) cu.MemFree(e->wb_table);   /* rebuilt on the next step: profiling keeps no graph */
+        e->wb_table = 0;
+        return ok;
+    }
+    return start_graph(e, e->step_graph, hyper, err);
+}
+
+/* A started step waited for: its loss, and the guard (non-finite when nothing was written). */
+static bool step_finish(cuda_exec *e, double *loss_out, double *guard_out, tg_error *err) {
+    cu.CtxSetCurrent(e->dev->ctx);
+    TRY(cu.StreamSynchronize(e->dev->stream), "running the CUDA graph");
+    *loss_out = e->loss_host[0];
+    *guard_out = (double)e->loss_host[0] + e->loss_host[1];   /* the flag: 0 or NaN */
     return true;
 fail:
     return false;
@@ -667,32 +786,63 @@ fail:
 static bool cuda_step(void *h, const double *hyper, int loss, int guard, const tg_assign *wb, int n_wb, void *const *dst,
                       double *loss_out, double *guard_out, tg_error *err) {
     cuda_exec *e = h;
-    current();
-    if (!sync_table(e, err)) return false;
-    if (!e->step_graph) {
-        wb_entry *t = tg_alloc(sizeof(wb_entry) * (size_t)(n_wb + 1));
-        if (!t) { tg_seterr(err, "out of memory for the write-back table"); return false; }
-        for (int k = 0; k < n_wb; k++)
-            t[k] = (wb_entry){ (const float *)node_ptr(e, wb[k].src), dst[k], (long long)e->g->nodes[wb[k].src].numel };
-        e->n_wb = n_wb;
-        CUresult r = cu.MemAlloc(&e->wb_table, sizeof(wb_entry) * (size_t)(n_wb + 1));
-        if (!r) r = cu.MemcpyHtoD(e->wb_table, t, sizeof(wb_entry) * (size_t)n_wb);
-        free(t);
-        if (r) { tg_seterr(err, "write-back table: %s", cu_error(r)); return false; }
-        step_ctx ctx = { loss };
+    return step_start(e, hyper, loss, wb, n_wb, dst, err) && step_finish(e, loss_out, guard_out, err);
+}
+
+/* ----- data parallel: several replicas' steps, NCCL between their two graphs ----- */
+
+/* The all-reduce at the end of a replica's grad graph (one replica per process: NCCL's advice). */
+static bool reduce_tail(cuda_exec *e, void *ctx, tg_error *err) {
+    const dp_reduce *red = ctx;
+    void *stream = e->dev->stream;
+    return red->enqueue(red->ctx, &stream, 1, err);
+}
+
+/* Every replica's grad graph launched, the averaging with it or after it. */
+static bool dp_grads(dp_replica *rep, int n, const dp_reduce *red, bool in_graph, void **streams, tg_error *err) {
+    for (int r = 0; r < n; r++) {
+        cuda_exec *e = rep[r].grad;
+        streams[r] = e->dev->stream;
+        cu.CtxSetCurrent(e->dev->ctx);
+        if (!sync_table(e, err)) return false;
         if (e->profile) {
-            bool ok = run_eager(e, hyper, step_tail, &ctx, err);
-            *loss_out = e->loss_host[0];
-            *guard_out = (double)e->loss_host[0] + e->loss_host[1];   /* the flag: 0 or NaN */
-            cu.MemFree(e->wb_table);   /* rebuilt on the next step: profiling keeps no graph */
-            e->wb_table = 0;
-            return ok;
+            if (!run_eager(e, rep[r].hyper, NULL, NULL, err)) return false;
+            continue;
         }
-        if (!capture(e, &e->step_graph, step_tail, &ctx, err)) return false;
+        if (!e->dp_graph && !capture(e, &e->dp_graph, in_graph ? reduce_tail : NULL, (void *)red, err)) return false;
+        if (!start_graph(e, e->dp_graph, rep[r].hyper, err)) return false;
     }
-    if (!launch_graph(e, e->step_graph, hyper, err)) return false;
-    *loss_out = e->loss_host[0];
-    *guard_out = (double)e->loss_host[0] + e->loss_host[1];   /* the flag: 0 or NaN */
+    return in_graph || red->enqueue(red->ctx, streams, n, err);
+}
+
+/* Wait for every replica's gradients and their averaging, under the communicator's watchdog
+ * (which aborts NCCL, ending the wait, when a peer dies or the timeout passes). */
+static bool dp_wait(dp_replica *rep, int n, const dp_reduce *red, tg_error *err) {
+    CUresult first = 0;
+    red->watch(red->ctx, true);
+    for (int r = 0; r < n; r++) {
+        cuda_exec *e = rep[r].grad;
+        cu.CtxSetCurrent(e->dev->ctx);
+        CUresult rc = cu.StreamSynchronize(e->dev->stream);
+        if (rc && !first) first = rc;
+    }
+    red->watch(red->ctx, false);
+    if (!red->ok(red->ctx, err)) return false;
+    if (first) tg_seterr(err, "computing the gradients: %s", cu_error(first));
+    return first == 0;
+}
+
+static bool cuda_dp_step(dp_replica *rep, int n, const dp_reduce *red, tg_error *err) {
+    void *streams[MAX_DEVICES];
+    if (n > MAX_DEVICES) { tg_seterr(err, "%d replicas: at most %d devices per process", n, MAX_DEVICES); return false; }
+    bool in_graph = red->in_graph && n == 1 && !((cuda_exec *)rep[0].grad)->profile;
+    for (int r = 0; r < n; r++)   /* every update graph made before any runs: none may fail halfway */
+        if (!step_capture(rep[r].update, rep[r].loss, rep[r].wb, rep[r].n_wb, rep[r].dst, err)) return false;
+    if (!dp_grads(rep, n, red, in_graph, streams, err) || !dp_wait(rep, n, red, err)) return false;
+    for (int r = 0; r < n; r++)   /* the averages are complete everywhere: the updates may run */
+        if (!step_start(rep[r].update, rep[r].hyper, rep[r].loss, rep[r].wb, rep[r].n_wb, rep[r].dst, err)) return false;
+    for (int r = 0; r < n; r++)
+        if (!step_finish(rep[r].update, &rep[r].loss_out, &rep[r].guard_out, err)) return false;
     return true;
 }
 
@@ -705,19 +855,21 @@ static pthread_mutex_t device_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 #define LOCKED(type, call) { pthread_mutex_lock(&device_mu); type r_ = call; pthread_mutex_unlock(&device_mu); return r_; }
 #define LOCKED_VOID(call) { pthread_mutex_lock(&device_mu); call; pthread_mutex_unlock(&device_mu); }
 
-static void *locked_alloc(size_t numel) LOCKED(void *, cuda_alloc(numel))
+static void *locked_alloc(size_t numel) LOCKED(void *, cuda_alloc(0, numel))
 static void locked_free(void *buf) LOCKED_VOID(cuda_free(buf))
 static void locked_write(void *buf, tg_dtype dt, const double *src, size_t n) LOCKED_VOID(cuda_write(buf, dt, src, n))
 static void locked_upload(void *buf, tg_dtype dt, const void *src, size_t n) LOCKED_VOID(cuda_upload(buf, dt, src, n))
 static void locked_read(const void *buf, tg_dtype dt, double *dst, size_t n) LOCKED_VOID(cuda_read(buf, dt, dst, n))
 static void locked_copy(void *dst, const void *src, size_t n) LOCKED_VOID(cuda_copy(dst, src, n))
 static void *locked_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err)
-    LOCKED(void *, cuda_prepare(g, keep, n_keep, err))
+    LOCKED(void *, cuda_prepare(0, g, keep, n_keep, err))
 static bool locked_run(void *h, const double *hyper, tg_error *err) LOCKED(bool, cuda_run(h, hyper, err))
 static void locked_release(void *h) LOCKED_VOID(cuda_release(h))
 static bool locked_step(void *h, const double *hyper, int loss, int guard, const tg_assign *wb, int n_wb, void *const *dst,
                         double *loss_out, double *guard_out, tg_error *err)
     LOCKED(bool, cuda_step(h, hyper, loss, guard, wb, n_wb, dst, loss_out, guard_out, err))
+static bool locked_dp_step(dp_replica *rep, int n, const dp_reduce *red, tg_error *err) LOCKED(bool, cuda_dp_step(rep, n, red, err))
+static bool locked_set_device(int d, tg_error *err) LOCKED(bool, device_at(d, err) != NULL)
 static const char *cuda_source(void *exec) { return ((cuda_exec *)exec)->source; }
 /* The launch list, the hyper-scalar upload, the write-back check and copy of a step, and (tf32,
  * bf16) the operand roundings of the last captured step. */
@@ -725,13 +877,46 @@ static int cuda_launches(void *exec) { return ((cuda_exec *)exec)->launches.n + 
 
 static tg_precision cuda_precision(tg_precision want) { return want; }
 
+static const tg_backend *cuda_on_device(int ordinal, tg_error *err);
+
+/* Device 0's table; cuda_on_device gives every other device's. */
 const tg_backend backend_cuda = {
     .name = "cuda", .alloc = locked_alloc, .free = locked_free, .write = locked_write, .upload = locked_upload,
     .read = locked_read, .copy = locked_copy, .prepare = locked_prepare, .planned_bytes = cuda_planned_bytes,
     .bind = cuda_bind, .run = locked_run, .node_buf = cuda_node_buf, .release = locked_release, .step = locked_step,
     .source = cuda_source, .checks_writebacks = true, .available = device_ready, .launches = cuda_launches,
-    .precision = cuda_precision,
+    .precision = cuda_precision, .on_device = cuda_on_device, .set_device = locked_set_device, .dp_step = locked_dp_step,
 };
+
+/* ----- a table per device -----
+ * Data parallelism puts a replica on each device; the runtime holds a backend table per replica,
+ * and the two entry points that create things (alloc, prepare) must know the device. The others
+ * find it from the buffer or the executor. */
+#define ON_DEVICE(D)                                                                                                   \
+    static void *alloc_on_##D(size_t numel) LOCKED(void *, cuda_alloc(D, numel))                                        \
+    static void *prepare_on_##D(const tg_graph *g, const int *keep, int n_keep, tg_error *err)                           \
+        LOCKED(void *, cuda_prepare(D, g, keep, n_keep, err))
+ON_DEVICE(0) ON_DEVICE(1) ON_DEVICE(2) ON_DEVICE(3) ON_DEVICE(4) ON_DEVICE(5) ON_DEVICE(6) ON_DEVICE(7)
+ON_DEVICE(8) ON_DEVICE(9) ON_DEVICE(10) ON_DEVICE(11) ON_DEVICE(12) ON_DEVICE(13) ON_DEVICE(14) ON_DEVICE(15)
+#define ON(D) { alloc_on_##D, prepare_on_##D }
+static const struct {
+    void *(*alloc)(size_t);
+    void *(*prepare)(const tg_graph *, const int *, int, tg_error *);
+} ON_DEVICES[MAX_DEVICES] = { ON(0), ON(1), ON(2), ON(3), ON(4), ON(5), ON(6), ON(7),
+                              ON(8), ON(9), ON(10), ON(11), ON(12), ON(13), ON(14), ON(15) };
+static tg_backend device_tables[MAX_DEVICES];
+
+static const tg_backend *cuda_on_device(int ordinal, tg_error *err) {
+    pthread_mutex_lock(&device_mu);
+    bool ok = device_at(ordinal, err) != NULL;   /* set up now: a missing device fails tg_compile */
+    if (ok && ordinal > 0 && !device_tables[ordinal].name) {
+        device_tables[ordinal] = backend_cuda;
+        device_tables[ordinal].alloc = ON_DEVICES[ordinal].alloc;
+        device_tables[ordinal].prepare = ON_DEVICES[ordinal].prepare;
+    }
+    pthread_mutex_unlock(&device_mu);
+    return !ok ? NULL : ordinal == 0 ? &backend_cuda : &device_tables[ordinal];
+}
 
 /* ----- compile-only variant: host buffers, NVRTC for sm_90, nothing runs ----- */
 

@@ -4,6 +4,30 @@
 
 #include "graph/graph.h"
 
+/* Data parallel (src/dist/): the averaging a device backend's dp_step runs between its
+ * replicas' two graphs, given by the communicator. */
+typedef struct {
+    void *ctx;
+    /* Enqueue the averaging of every local replica's gradients; streams[r] is replica r's. */
+    bool (*enqueue)(void *ctx, void *const *streams, int n, tg_error *err);
+    bool in_graph;                    /* it may be captured inside the replica's CUDA graph */
+    void (*watch)(void *ctx, bool on);   /* a watchdog over the wait for it (on before, off after) */
+    bool (*ok)(void *ctx, tg_error *err);   /* after the wait: it completed, else why not */
+} dp_reduce;
+
+/* One local replica's part of a data-parallel step: its `grad` executor (forward and backward
+ * at its share of the batch, loss and gradients kept) and its `update` executor (the optimizer
+ * over leaves bound to grad's loss and gradients), with what `step` takes for the latter. */
+typedef struct {
+    void *grad, *update;
+    const double *hyper;              /* its own random seed; the optimizer's scalars */
+    int loss, guard;                  /* update's nodes */
+    const tg_assign *wb;
+    int n_wb;
+    void *const *dst;
+    double loss_out, guard_out;
+} dp_replica;
+
 /* A backend: where buffers live and how a planned graph runs. The runtime talks only to this
  * table, so the reference interpreter, the compiled CPU backend and CUDA plug in alike.
  * Buffers hold `numel` elements of the backend's own type (doubles in the reference; float or
@@ -43,6 +67,16 @@ typedef struct tg_backend {
     int (*launches)(void *exec);
     /* Optional: the precision it runs when `want` (F32, TF32 or BF16) is asked; NULL: f32 only. */
     tg_precision (*precision)(tg_precision want);
+    /* Optional, data parallel on devices. on_device: the table whose buffers and graphs live on
+     * device `ordinal` (NULL: replicas share this table and run one after another, on the host).
+     * set_device: make the device current on this thread (NCCL creates communicators there).
+     * dp_step: one step of n local replicas: every grad graph, then red's averaging (inside the
+     * graph when red->in_graph and n == 1), the wait for it under red's watchdog, then every
+     * update as `step` runs it; loss_out and guard_out per replica. Without dp_step the runtime
+     * runs the replicas itself and averages on the host. */
+    const struct tg_backend *(*on_device)(int ordinal, tg_error *err);
+    bool (*set_device)(int ordinal, tg_error *err);
+    bool (*dp_step)(dp_replica *rep, int n, const dp_reduce *red, tg_error *err);
 } tg_backend;
 
 /* By name: "cpu" (the default; $TG_BACKEND overrides), "reference" (the interpreter, f32),

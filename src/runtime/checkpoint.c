@@ -1,6 +1,7 @@
 /* Checkpoints: parameters and optimizer state as safetensors files, by name. */
 #include "runtime/runtime.h"
 #include "io/safetensors.h"
+#include "dist/dist.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,6 +113,7 @@ static tg_status load(tg_train *t, const char *path, int with_optimizer, tg_erro
         t->step = step;
         t->sched_base = base;
     }
+    if (ok && t->dp) dist_sync(t);   /* data parallel: every replica takes the file's values */
     st_free(&f);
     return ok ? TG_OK : TG_FAILED;
 }

@@ -1,6 +1,7 @@
 /* Forward handles: forward-only graphs attached to a training handle, sharing its parameter
  * buffers; their compiled variants (per open batch size, plain or patchable) and the call. */
 #include "runtime/runtime.h"
+#include "dist/dist.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -317,7 +318,10 @@ tg_result tg_eval_loss(tg_train *t, const tg_data *inputs, int n_inputs) {
     if (!l) return rt_failed("tg_eval_loss: %s training handle", rt_dead(t));
     if (!l->eval) {
         tg_error err;
-        tg_forward_spec spec = { .forward = l->loss_fn, .ctx = l->loss_ctx, .inputs = l->c.decls, .n_inputs = l->c.n_inputs };
+        /* Data parallel: at the declared shapes (the whole batch), on replica 0's device. */
+        int n = l->c.n_inputs;
+        const tg_input_decl *decls = l->dp ? dist_decls(l->dp, &n) : l->c.decls;
+        tg_forward_spec spec = { .forward = l->loss_fn, .ctx = l->loss_ctx, .inputs = decls, .n_inputs = n };
         l->eval = attach_locked(l, &spec, &err);
         if (!l->eval) {
             rt_unlock(l);

@@ -1,5 +1,7 @@
-/* Inspection: the graph, the planned memory, the variants and the generated kernels of a handle. */
+/* Inspection: the graph, the planned memory, the variants and the generated kernels of a handle,
+ * and its place in a data-parallel job. */
 #include "runtime/runtime.h"
+#include "dist/dist.h"
 
 const tg_graph *tg_train_graph(const tg_train *t) {
     tg_train *l = rt_lock_train(t);
@@ -18,7 +20,7 @@ const tg_graph *tg_forward_graph(const tg_forward *f) {
 
 size_t tg_train_planned_bytes(const tg_train *t) {
     tg_train *l = rt_lock_train(t);
-    size_t bytes = l ? l->be->planned_bytes(l->c.exec) : 0;
+    size_t bytes = l ? l->be->planned_bytes(l->c.exec) + (l->dp ? dist_update_bytes(l->dp) : 0) : 0;
     if (l) rt_unlock(l);
     return bytes;
 }
@@ -41,7 +43,7 @@ const char *tg_train_kernel_source(const tg_train *t) {
 
 int tg_train_launch_count(const tg_train *t) {
     tg_train *l = rt_lock_train(t);
-    int n = l && l->be->launches ? l->be->launches(l->c.exec) : -1;
+    int n = l && l->be->launches ? l->be->launches(l->c.exec) + (l->dp ? dist_update_launches(l->dp) : 0) : -1;
     if (l) rt_unlock(l);
     return n;
 }
@@ -58,4 +60,18 @@ const char *tg_forward_kernel_source(const tg_forward *f) {
     const char *src = l && f->last ? source_of(&f->last->c) : NULL;
     if (l) rt_unlock(l);
     return src;
+}
+
+int tg_train_rank(const tg_train *t) {
+    tg_train *l = rt_lock_train(t);
+    int r = !l ? -1 : l->dp ? dist_rank(l->dp) : 0;
+    if (l) rt_unlock(l);
+    return r;
+}
+
+int tg_train_replicas(const tg_train *t) {
+    tg_train *l = rt_lock_train(t);
+    int n = !l ? -1 : l->dp ? dist_replicas(l->dp) : 1;
+    if (l) rt_unlock(l);
+    return n;
 }

@@ -1,5 +1,6 @@
 /* A training handle's parameters by name: counts, shapes, values and gradients in and out. */
 #include "runtime/runtime.h"
+#include "dist/dist.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -93,6 +94,7 @@ static tg_status upload_params(tg_train *t, const tg_data *params, int n, tg_err
     }
     for (int k = 0; k < n; k++)
         t->be->upload(t->param[model_find(t->model, params[k].name)], TG_FLOAT32, params[k].data, params[k].n);
+    if (t->dp) dist_sync(t);   /* data parallel: every replica takes them */
     return TG_OK;
 }
 

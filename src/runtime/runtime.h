@@ -9,6 +9,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+typedef struct dist_state dist_state;
+
 /* async.c: queued calls on a worker thread per training handle. A job_fn runs one call for
  * `handle` of `family` (locking it, aborting when its model generation moved on); a run puts a
  * malloc'd copy of its output in *out. */
@@ -99,6 +101,10 @@ struct tg_train {
     void **wb_dst;            /* the backend's step hook: write-back targets by assign */
     tg_forward_fn loss_fn;
     const void *loss_ctx;
+    /* Data parallel (src/dist/replicas.c): the other replicas, the communicator, the declared
+     * inputs; NULL for one replica. Then c is replica 0's forward and backward, param and state
+     * its buffers, and be its device's table. */
+    dist_state *dp;
 };
 
 /* handles.c: results, live handles and the family lock. */
@@ -150,6 +156,24 @@ int *rt_keep_list(const tg_graph *g, const int *first, int n_first, int *n_keep)
 
 /* train.c */
 tg_result rt_step_locked(tg_train *t, const tg_data *inputs, int n_inputs);
+/* Trace spec's loss at `inputs` (precision `runs`) and append the gradient of every parameter it
+ * uses (g->grad_of_param); NULL with err set. */
+tg_graph *rt_trace_grads(const tg_train_spec *spec, const tg_input_decl *inputs, tg_precision runs, tg_error *err);
+/* What a training graph keeps readable: its gradients in parameter order, then `extra`, then its
+ * captures (rt_keep_list). NULL when memory runs out. */
+int *rt_grad_keep(const tg_graph *g, const int *extra, int n_extra, int *n_keep);
+/* The parts of a handle the data-parallel build shares: the parameter and state store (sized by
+ * t->c.g), parameters from the model's init, the schedule copied in. */
+bool rt_alloc_store(tg_train *t, tg_error *err);
+void rt_free_store(tg_train *t);
+bool rt_init_params(tg_train *t);
+void rt_copy_schedule(tg_train *t, const tg_schedule *s);
+/* A step's scalars (learning rate, bias corrections, seed) into t->hyper; false with the error
+ * in r for a learning rate that is negative or not finite. */
+bool rt_step_hyper(tg_train *t, tg_result *r);
+/* The end of a step: a non-finite guard fails it naming the first non-finite gradient (read from
+ * t->c), else the step counts. */
+tg_result rt_step_finish(tg_train *t, double loss, double guard);
 /* The random seed of one call (kind 0: a step, 1: a forward call), below 2^53. */
 double rt_call_seed(const tg_model *m, uint64_t kind, int64_t call);
 

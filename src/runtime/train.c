@@ -2,6 +2,7 @@
  * optimizer-state store a handle shares with its forwards, the step, live changes (learning
  * rate, schedule, reset, a new model) and destruction. */
 #include "runtime/runtime.h"
+#include "dist/dist.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -9,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void copy_schedule(tg_train *t, const tg_schedule *s) {
+void rt_copy_schedule(tg_train *t, const tg_schedule *s) {
     int k = 0;
     for (const tg_schedule *p = s; p && k < MAX_SCHEDULE_CHAIN; p = p->after) t->chain[k++] = *p;
     for (int i = 0; i < k; i++) t->chain[i].after = i + 1 < k ? &t->chain[i + 1] : NULL;
@@ -17,7 +18,7 @@ static void copy_schedule(tg_train *t, const tg_schedule *s) {
 }
 
 /* Persistent buffers for parameters (from the model's init) and optimizer state (zeros). */
-static bool alloc_store(tg_train *t, tg_error *err) {
+bool rt_alloc_store(tg_train *t, tg_error *err) {
     const tg_graph *g = t->c.g;
     t->param = tg_alloc(sizeof(void *) * (size_t)(t->n_params + 1));
     t->state = tg_alloc(sizeof(void *) * (size_t)(g->n_state + 1));
@@ -33,7 +34,7 @@ static bool alloc_store(tg_train *t, tg_error *err) {
     return true;
 }
 
-static void free_store(tg_train *t) {
+void rt_free_store(tg_train *t) {
     for (int i = 0; t->state && i < t->c.g->n_state; i++)
         if (t->state[i]) t->be->free(t->state[i]);
     free(t->state);
@@ -54,7 +55,7 @@ static size_t max_param_numel(const tg_train *t) {
 }
 
 /* Parameters from the model's init; false (nothing changed) when memory runs out. */
-static bool init_params(tg_train *t) {
+bool rt_init_params(tg_train *t) {
     double *v = tg_alloc(sizeof(double) * max_param_numel(t));
     if (!v) return false;
     for (int i = 0; i < t->n_params; i++) {
@@ -66,65 +67,82 @@ static bool init_params(tg_train *t) {
     return true;
 }
 
+tg_graph *rt_trace_grads(const tg_train_spec *spec, const tg_input_decl *inputs, tg_precision runs, tg_error *err) {
+    tg_graph *g = rt_trace(spec->model, spec->loss, spec->ctx, inputs, spec->n_inputs, false, err);
+    if (!g) return NULL;
+    g->precision = runs;
+    int *wrt = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
+    int *grads = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
+    int n_wrt = 0;
+    for (int i = 0; wrt && i < g->n_params; i++)
+        if (g->param_node[i] >= 0) wrt[n_wrt++] = g->param_node[i];
+    if (!wrt || !grads) ir_fail(g, TG_HERE, "out of memory deriving gradients");
+    bool ok = ir_ok(g) && grad_build(g, g->output, wrt, n_wrt, grads);
+    for (int i = 0, k = 0; ok && i < g->n_params; i++)
+        if (g->param_node[i] >= 0) g->grad_of_param[i] = grads[k++];
+    free(wrt);
+    free(grads);
+    if (!ok) {
+        tg_seterr(err, "%s", g->error);
+        ir_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+int *rt_grad_keep(const tg_graph *g, const int *extra, int n_extra, int *n_keep) {
+    int *first = tg_alloc(sizeof(int) * (size_t)(g->n_params + n_extra + 1)), n = 0;
+    if (!first) return NULL;
+    for (int i = 0; i < g->n_params; i++)
+        if (g->grad_of_param[i] >= 0) first[n++] = g->grad_of_param[i];
+    for (int k = 0; k < n_extra; k++) first[n++] = extra[k];
+    int *keep = rt_keep_list(g, first, n, n_keep);
+    free(first);
+    return keep;
+}
+
 /* Everything of a training handle but its lock, queue and forwards: trace, gradients, optimizer,
  * compile, parameters initialized. NULL with err set on failure. */
 static tg_train *train_build(const tg_train_spec *spec, tg_error *err) {
     const tg_backend *be = backend_find(spec->backend, err);
     tg_precision runs;
     if (!be || !rt_precision(be, spec->precision, &runs, err)) return NULL;
-    tg_graph *g = rt_trace(spec->model, spec->loss, spec->ctx, spec->inputs, spec->n_inputs, false, err);
+    tg_graph *g = rt_trace_grads(spec, spec->inputs, runs, err);
     if (!g) return NULL;
-    g->precision = runs;
-    int loss = g->output;
-    int *wrt = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
-    int *grads = tg_alloc(sizeof(int) * (size_t)(g->n_params + 2));
-    int n_wrt = 0;
-    for (int i = 0; wrt && i < g->n_params; i++)
-        if (g->param_node[i] >= 0) wrt[n_wrt++] = g->param_node[i];
-    if (!wrt || !grads) ir_fail(g, TG_HERE, "out of memory deriving gradients");
-    bool ok = ir_ok(g) && grad_build(g, loss, wrt, n_wrt, grads);
-    for (int i = 0, k = 0; ok && i < g->n_params; i++)
-        if (g->param_node[i] >= 0) g->grad_of_param[i] = grads[k++];
-    ok = ok && optim_build(g, &spec->optimizer, !be->checks_writebacks);
-    free(wrt);
-    if (!ok) {
+    if (!optim_build(g, &spec->optimizer, !be->checks_writebacks)) {
         tg_seterr(err, "%s", g->error);
-        free(grads);
         ir_free(g);
         return NULL;
     }
     tg_train *t = tg_alloc(sizeof *t);
     if (!t) {
         tg_seterr(err, "out of memory for the training handle");
-        free(grads);
         ir_free(g);
         return NULL;
     }
     t->model = spec->model;
     t->be = be;
-    t->loss = loss;
+    t->loss = g->output;
     t->loss_fn = spec->loss;
     t->loss_ctx = spec->ctx;
     t->opt = spec->optimizer;
     t->precision = spec->precision ? spec->precision : TG_PRECISION_F32;
     t->n_params = g->n_params;
-    copy_schedule(t, &spec->optimizer.lr);
-    grads[n_wrt] = loss;
-    grads[n_wrt + 1] = g->guard;   /* read after every step: kept to the end */
-    int n_keep, *keep = rt_keep_list(g, grads, n_wrt + 2, &n_keep);
-    ok = keep && rt_compile_graph(&t->c, be, g, spec->n_inputs, keep, n_keep, err) && alloc_store(t, err);
+    rt_copy_schedule(t, &spec->optimizer.lr);
+    int extra[2] = { g->output, g->guard };   /* the guard is read after every step: kept to the end */
+    int n_keep, *keep = rt_grad_keep(g, extra, 2, &n_keep);
+    bool ok = keep && rt_compile_graph(&t->c, be, g, spec->n_inputs, keep, n_keep, err) && rt_alloc_store(t, err);
     if (!keep) {
         tg_seterr(err, "out of memory compiling the graph");
         t->c.g = g;   /* for compiled_free below */
     }
     free(keep);
-    free(grads);
-    if (ok && !init_params(t)) {
+    if (ok && !rt_init_params(t)) {
         tg_seterr(err, "out of memory initialising the parameters");
         ok = false;
     }
     if (!ok) {
-        free_store(t);
+        rt_free_store(t);
         rt_compiled_free(&t->c);
         free(t);
         return NULL;
@@ -139,7 +157,7 @@ static void destroy_unregistered(tg_train *t);
 
 tg_train *tg_compile(const tg_train_spec *spec, tg_error *err) {
     if (!spec) { tg_seterr(err, "tg_compile: no spec"); return NULL; }
-    tg_train *t = train_build(spec, err);
+    tg_train *t = dist_requested(spec) ? dist_train_build(spec, err) : train_build(spec, err);
     if (!t) return NULL;
     pthread_mutexattr_t attr;   /* recursive: tg_eval_loss attaches and runs under the lock it holds */
     pthread_mutexattr_init(&attr);
@@ -214,15 +232,35 @@ static tg_result nonfinite_step(tg_train *t, double loss) {
                   what ? what : "NaN", step);
 }
 
+bool rt_step_hyper(tg_train *t, tg_result *r) {
+    double lr = tg_schedule_at(&t->opt.lr, sched_step(t));   /* tg_set_lr / tg_set_schedule take any double */
+    if (!(lr >= 0 && isfinite(lr))) {
+        *r = rt_failed("learning rate %g at step %lld is negative or not finite; nothing was changed", lr,
+                       (long long)t->step + 1);
+        return false;
+    }
+    optim_hyper(&t->opt, t->step + 1, lr, t->hyper);
+    t->hyper[HYPER_SEED] = rt_call_seed(t->model, 0, t->step + 1);
+    return true;
+}
+
+tg_result rt_step_finish(tg_train *t, double loss, double guard) {
+    if (!isfinite(guard)) return nonfinite_step(t, loss);
+    t->step++;
+    tg_result r;
+    memset(&r, 0, sizeof r);
+    r.status = TG_OK;
+    r.loss = (float)loss;
+    r.step = t->step;
+    return r;
+}
+
 tg_result rt_step_locked(tg_train *t, const tg_data *inputs, int n_inputs) {
+    if (t->dp) return dist_step(t, inputs, n_inputs);
     tg_result r;
     memset(&r, 0, sizeof r);
     if (!rt_bind_inputs(&t->c, inputs, n_inputs, r.error, sizeof r.error)) { r.status = TG_FAILED; return r; }
-    double lr = tg_schedule_at(&t->opt.lr, sched_step(t));   /* tg_set_lr / tg_set_schedule take any double */
-    if (!(lr >= 0 && isfinite(lr)))
-        return rt_failed("learning rate %g at step %lld is negative or not finite; nothing was changed", lr, (long long)t->step + 1);
-    optim_hyper(&t->opt, t->step + 1, lr, t->hyper);
-    t->hyper[HYPER_SEED] = rt_call_seed(t->model, 0, t->step + 1);
+    if (!rt_step_hyper(t, &r)) return r;
     tg_error err;
     double loss, guard;
     const tg_graph *g = t->c.g;
@@ -243,12 +281,7 @@ tg_result rt_step_locked(tg_train *t, const tg_data *inputs, int n_inputs) {
             t->be->copy(leaf_storage(t, dst), t->be->node_buf(t->c.exec, g->assigns[k].src), (size_t)dst->numel);
         }
     }
-    if (!isfinite(guard)) return nonfinite_step(t, loss);
-    t->step++;
-    r.status = TG_OK;
-    r.loss = (float)loss;
-    r.step = t->step;
-    return r;
+    return rt_step_finish(t, loss, guard);
 }
 
 tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs) {
@@ -268,6 +301,12 @@ tg_status tg_replace_model(tg_train *t, tg_model *m, const tg_optimizer *opt, tg
     async_abort(t->queue, NULL, "the model was replaced");
     tg_train *l = rt_lock_train(t);
     if (!l) { tg_seterr(err, "tg_replace_model: %s training handle", rt_dead(t)); return TG_FAILED; }
+    if (l->dp) {   /* its replicas and communicator are built for one model: compile a new handle */
+        tg_seterr(err, "tg_replace_model: not supported on a data-parallel handle (devices or dist set); destroy it "
+                       "and compile one for the new model");
+        rt_unlock(l);
+        return TG_FAILED;
+    }
     tg_train_spec spec = { .model = m, .loss = l->loss_fn, .ctx = l->loss_ctx, .inputs = l->c.decls,
                            .n_inputs = l->c.n_inputs, .optimizer = opt ? *opt : l->opt, .backend = l->be->name,
                            .precision = l->precision };
@@ -281,7 +320,7 @@ tg_status tg_replace_model(tg_train *t, tg_model *m, const tg_optimizer *opt, tg
     /* Calls queued since, or in flight, belong to the old model: they abort too. */
     atomic_fetch_add(&l->generation, 1);
     async_abort(l->queue, NULL, "the model was replaced");
-    free_store(l);
+    rt_free_store(l);
     rt_compiled_free(&l->c);
     free(l->wb_dst);
     l->model = n->model;
@@ -291,7 +330,7 @@ tg_status tg_replace_model(tg_train *t, tg_model *m, const tg_optimizer *opt, tg
     l->c = n->c;
     l->loss = n->loss;
     l->opt = n->opt;
-    copy_schedule(l, &n->opt.lr);
+    rt_copy_schedule(l, &n->opt.lr);
     l->sched_base = l->step = 0;
     l->wb_dst = NULL;
     free(n);
@@ -303,9 +342,10 @@ static void destroy_unregistered(tg_train *t) {
     async_free(t->queue, "the training handle was destroyed");
     for (int i = 0; i < t->n_fwd; i++) rt_forward_free(t->fwd[i]);
     free(t->fwd);
-    free_store(t);
+    rt_free_store(t);
     free(t->wb_dst);
     rt_compiled_free(&t->c);
+    dist_free(t->dp);   /* last: NCCL's communicators outlive every CUDA graph that captured them */
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
@@ -325,7 +365,7 @@ void tg_destroy(tg_train *t) {
 static tg_status reset(tg_train *t, int params, int optimizer) {
     /* All or nothing: the host buffers first (state slots have their parameters' shapes). */
     double *zeros = optimizer ? tg_alloc(sizeof(double) * max_param_numel(t)) : NULL;
-    if ((optimizer && !zeros) || (params && !init_params(t))) {
+    if ((optimizer && !zeros) || (params && !rt_init_params(t))) {
         free(zeros);
         return TG_FAILED;
     }
@@ -337,12 +377,13 @@ static tg_status reset(tg_train *t, int params, int optimizer) {
         t->sched_base = 0;
     }
     free(zeros);
+    if (t->dp) dist_sync(t);   /* data parallel: every replica */
     return TG_OK;
 }
 
 static void set_schedule(tg_train *t, const tg_schedule *s) {
     if (!s) return;
-    copy_schedule(t, s);
+    rt_copy_schedule(t, s);
     t->sched_base = t->step;
 }
 
