@@ -348,22 +348,9 @@ static void k_col2im(const int64_t *a, void *const *p) {
         col2im_image(cols + nc * kh * kw * ho * wo, out + nc * H * W, 1, H, W, kh, kw, s, pad);
 }
 
-/* The first maximum (row-major) of the window at (oy, ox) of one image plane, as an offset. */
-static int64_t window_argmax(const float *img, int64_t H, int64_t W, int64_t k, int64_t s, int64_t pad, int64_t oy,
-                             int64_t ox) {
-    int64_t best = -1;
-    for (int64_t i = 0; i < k; i++) {
-        int64_t y = oy * s - pad + i;
-        if (y < 0 || y >= H) continue;
-        for (int64_t j = 0; j < k; j++) {
-            int64_t x = ox * s - pad + j;
-            if (x < 0 || x >= W) continue;
-            float v = img[y * W + x];
-            if (best < 0 || v > img[best] || (v != v && img[best] == img[best])) best = y * W + x;
-        }
-    }
-    return best;
-}
+/* The first maximum (row-major) of a window: the exported files' own (one source). */
+#define TGK_USE_WINDOW_ARGMAX
+#include "export/portable_kernels.h"
 
 #ifdef CPU_X86
 /* 2x2 windows, stride 2, of one row pair (r0, r1), sixteen windows per step; out (forward) or
@@ -505,7 +492,7 @@ static void maxpool(const int64_t *a, void *const *p, bool backward) {
         }
         for (int64_t oy = 0; oy < ho; oy++)
             for (int64_t ox = 0; ox < wo; ox++) {
-                int64_t at = window_argmax(img, H, W, k, s, pad, oy, ox), o = (nc * ho + oy) * wo + ox;
+                int64_t at = tgk_window_argmax(img, H, W, k, s, pad, oy, ox), o = (nc * ho + oy) * wo + ox;
                 if (backward) {
                     if (at >= 0) ((float *)p[2])[nc * H * W + at] += ((const float *)p[1])[o];
                 } else {

@@ -321,9 +321,10 @@ static void tgk_col2im(const int64_t *a, void *const *p) {
 }
 #endif
 
-#if defined(TGK_USE_MAXPOOL) || defined(TGK_USE_MAXPOOL_BWD)
+#if defined(TGK_USE_MAXPOOL) || defined(TGK_USE_MAXPOOL_BWD) || defined(TGK_USE_WINDOW_ARGMAX)
 /* The first maximum (row-major) of the k x k window at (oy, ox) of one image plane, as an offset
- * into it; a NaN beats a number; -1 when the window lies wholly in the padding. */
+ * into it; a NaN beats a number; -1 when the window lies wholly in the padding. The library's
+ * max pooling (cpu_kernels.c, TGK_USE_WINDOW_ARGMAX) uses it too. */
 static int64_t tgk_window_argmax(const float *img, int64_t H, int64_t W, int64_t k, int64_t s, int64_t pad, int64_t oy,
                                  int64_t ox) {
     int64_t best = -1;
@@ -339,7 +340,9 @@ static int64_t tgk_window_argmax(const float *img, int64_t H, int64_t W, int64_t
     }
     return best;
 }
+#endif
 
+#if defined(TGK_USE_MAXPOOL) || defined(TGK_USE_MAXPOOL_BWD)
 /* a = {N, C, H, W, k, k, stride, pad}; p = {x, out} or, backward, {x, grad out, grad in}: the
  * max of each window, or its gradient added at the window's first maximum (zero-filled first;
  * padding counts as -inf). */
