@@ -15,6 +15,8 @@ typedef struct {
     size_t *offset;     /* per node */
     size_t arena;       /* elements */
     int *alias;         /* per node: the node whose buffer it shares (no kernel of its own), or -1 */
+    int *last;          /* per node: the step (node index) of its buffer's last reader; n: kept */
+    size_t *shadow;     /* NULL, or per node: the offset of its rounded copy (plan_shadows), or PLAN_BOUND */
 } tg_plan;
 /* False (nothing allocated) when memory runs out or the arena would pass PLAN_MAX_ARENA.
  * `materialized` (NULL: every node) marks the nodes that get memory; the others are computed
@@ -22,9 +24,18 @@ typedef struct {
  * Nodes not materialized get PLAN_BOUND too. `alias` (NULL: none) names, per node, the node
  * whose buffer it shares; that buffer then stays live as long as either is read. `live_until`
  * (NULL: none): per node, a later node until whose kernel what it reads stays live (a generator
- * that runs several nodes in one kernel must not find their inputs overwritten by its outputs). */
+ * that runs several nodes in one kernel must not find their inputs overwritten by its outputs).
+ * `unplaced` (NULL: none) marks computed nodes that get no buffer (PLAN_BOUND): their values
+ * live only in their shadows (plan_shadows). */
 bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, const int *alias,
-                const int *live_until, tg_plan *out);
+                const int *live_until, const bool *unplaced, tg_plan *out);
+/* Rounded copies ("shadows") of the nodes marked in `want`, each numel * elem_bytes bytes, placed
+ * after the arena (which grows to hold them) with lifetimes of their own: a leaf's from the start
+ * (a kernel rounds the leaves first), any other node's from its own step, each to its node's
+ * last reader. The kernel that computes a node writes its shadow beside it (tf32 and bf16
+ * products read shadows instead of rounding their operands in a pass of their own). False when
+ * memory runs out or the arena would pass PLAN_MAX_ARENA (p->shadow may be set: plan_free). */
+bool plan_shadows(const tg_graph *g, tg_plan *p, const bool *want, int elem_bytes);
 /* The node whose buffer holds node id's values (itself unless it is an alias). */
 static inline int plan_home(const tg_plan *p, int id) { return p->alias && p->alias[id] >= 0 ? p->alias[id] : id; }
 void plan_free(tg_plan *p);

@@ -115,9 +115,15 @@ static const char *memo_find(cg *c, int id, const char *key) {
     return NULL;
 }
 
+bool cg_unplaced(const cg *c, int id) {
+    int home = plan_home(c->plan, id);
+    return c->plan->offset[home] == PLAN_BOUND && !cg_is_bound(c->g->nodes[home].op) && c->mat[home];
+}
+
 void cg_root_line(cg *c, int r) {
     c->root = r;
-    cg_line(c, "P%d[i] = %s;", r, cg_root_value(c, "i"));
+    const char *v = cg_root_value(c, "i");
+    if (!cg_unplaced(c, r)) cg_line(c, "P%d[i] = %s;", r, v);
     if (c->n_memo > 0) cg_memo_add(c, r, "fi", c->memo[c->n_memo - 1].name);
 }
 

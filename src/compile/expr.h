@@ -56,6 +56,9 @@ const char *cg_root_value(cg *c, const char *flat);
  * kernel may have it (c->used then says what the kernel reads from memory), else takes it back
  * out and returns false. */
 void cg_root_line(cg *c, int r);
+/* A computed node without a buffer of its own (plan_build's `unplaced`): its kernel stores only
+ * its shadow, and nothing reads P<id>. */
+bool cg_unplaced(const cg *c, int id);
 bool cg_try_root(cg *c, int r, bool (*fits)(void *ctx), void *ctx);
 /* The same for any node: loaded from memory when materialized, computed when inlined. */
 const char *cg_value(cg *c, int node, const char *flat);

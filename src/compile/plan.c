@@ -21,16 +21,34 @@ static size_t first_fit(const live_buf *live, int n, size_t size) {
     return at;
 }
 
+/* Place a buffer of `numel` elements, needed from step `at` to step `last`, among the live ones:
+ * its offset, PLAN_BOUND past PLAN_MAX_ARENA. */
+static size_t place(live_buf *live, int *n_live, int at, size_t numel, int last, size_t *arena) {
+    int w = 0;   /* drop buffers whose last reader ran before this step */
+    for (int j = 0; j < *n_live; j++)
+        if (live[j].last >= at) live[w++] = live[j];
+    *n_live = w;
+    size_t size = (numel + ALIGN - 1) / ALIGN * ALIGN;
+    size_t off = first_fit(live, w, size);
+    if (off > PLAN_MAX_ARENA - size) return PLAN_BOUND;   /* no machine has that much memory; sizes stay exact */
+    int pos = w;
+    while (pos > 0 && live[pos - 1].off > off) { live[pos] = live[pos - 1]; pos--; }
+    live[pos] = (live_buf){ off, size, last };
+    (*n_live)++;
+    if (off + size > *arena) *arena = off + size;
+    return off;
+}
+
 bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, const int *alias,
-                const int *live_until, tg_plan *out) {
+                const int *live_until, const bool *unplaced, tg_plan *out) {
     int n = g->n;
-    int *last = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    int *last = out->last = tg_alloc(sizeof(int) * (size_t)(n + 1));
     live_buf *live = tg_alloc(sizeof(live_buf) * (size_t)(n + 1));
     out->offset = tg_alloc(sizeof(size_t) * (size_t)(n + 1));
     out->alias = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    out->shadow = NULL;
     out->arena = 0;
     if (!last || !live || !out->offset || !out->alias) {
-        free(last);
         free(live);
         plan_free(out);
         return false;
@@ -53,28 +71,44 @@ bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *mate
 
     int n_live = 0;
     for (int i = 0; i < n; i++) {
-        if (is_bound(g->nodes[i].op) || (materialized && !materialized[i])) { out->offset[i] = PLAN_BOUND; continue; }
+        bool none = is_bound(g->nodes[i].op) || (materialized && !materialized[i]) || (unplaced && unplaced[i]);
+        if (none) { out->offset[i] = PLAN_BOUND; continue; }
         if (out->alias[i] >= 0) { out->offset[i] = out->offset[out->alias[i]]; continue; }
-        int w = 0;   /* drop buffers whose last reader ran before this node */
-        for (int j = 0; j < n_live; j++)
-            if (live[j].last >= i) live[w++] = live[j];
-        n_live = w;
-        size_t size = ((size_t)g->nodes[i].numel + ALIGN - 1) / ALIGN * ALIGN;
-        size_t off = first_fit(live, n_live, size);
-        if (off > PLAN_MAX_ARENA - size) {   /* no machine has that much memory; sizes stay exact */
-            free(last);
+        out->offset[i] = place(live, &n_live, i, (size_t)g->nodes[i].numel, last[i], &out->arena);
+        if (out->offset[i] == PLAN_BOUND) {
             free(live);
             plan_free(out);
             return false;
         }
-        int pos = n_live;
-        while (pos > 0 && live[pos - 1].off > off) { live[pos] = live[pos - 1]; pos--; }
-        live[pos] = (live_buf){ off, size, last[i] };
-        n_live++;
-        out->offset[i] = off;
-        if (off + size > out->arena) out->arena = off + size;
     }
-    free(last);
+    free(live);
+    return true;
+}
+
+bool plan_shadows(const tg_graph *g, tg_plan *p, const bool *want, int elem_bytes) {
+    int n = g->n;
+    live_buf *live = tg_alloc(sizeof(live_buf) * (size_t)(n + 1));
+    p->shadow = tg_alloc(sizeof(size_t) * (size_t)(n + 1));
+    if (!live || !p->shadow) {
+        free(live);
+        return false;
+    }
+    size_t base = p->arena, top = 0;
+    int n_live = 0;
+    for (int pass = 0; pass < 2; pass++)   /* leaves first: they are rounded before the first kernel */
+        for (int i = 0; i < n; i++) {
+            if (is_bound(g->nodes[i].op) != (pass == 0)) continue;
+            p->shadow[i] = PLAN_BOUND;
+            if (!want[i]) continue;
+            size_t off = place(live, &n_live, pass ? i : 0, ((size_t)g->nodes[i].numel * (size_t)elem_bytes + 3) / 4,
+                               p->last[i], &top);
+            if (off == PLAN_BOUND || base > PLAN_MAX_ARENA - top) {
+                free(live);
+                return false;
+            }
+            p->shadow[i] = base + off;
+        }
+    p->arena = base + top;
     free(live);
     return true;
 }
@@ -82,6 +116,10 @@ bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *mate
 void plan_free(tg_plan *p) {
     free(p->offset);
     free(p->alias);
+    free(p->last);
+    free(p->shadow);
     p->offset = NULL;
     p->alias = NULL;
+    p->last = NULL;
+    p->shadow = NULL;
 }

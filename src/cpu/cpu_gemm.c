@@ -301,8 +301,8 @@ static void gemm(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, in
         ldb = v->ho * v->wo;
         B = tb ? m + vj * ldb : m + vj;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N,
-                (blasint)K, 1.0f, A, (blasint)lda, B, (blasint)ldb, acc ? 1.0f : 0.0f, C, (blasint)ldc);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
+                (int)K, 1.0f, A, (int)lda, B, (int)ldb, acc ? 1.0f : 0.0f, C, (int)ldc);
     free(m);
 }
 

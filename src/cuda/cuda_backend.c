@@ -38,7 +38,7 @@
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphExec;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphExec, *CUevent;
 typedef void *nvrtcProgram;
 typedef void *cublasHandle_t;
 
@@ -83,6 +83,10 @@ static struct {
     CUresult (*GraphDestroy)(CUgraph);
     CUresult (*GetErrorString)(CUresult, const char **);
     CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
+    CUresult (*EventCreate)(CUevent *, unsigned);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
+    CUresult (*EventDestroy)(CUevent);
 } cu;
 
 static struct {
@@ -135,6 +139,7 @@ static const char *const CU_NAMES[] = {
     "cuMemsetD32Async", "cuModuleLoadData", "cuModuleUnload", "cuModuleGetFunction", "cuFuncSetAttribute",
     "cuLaunchKernel", "cuStreamCreate", "cuStreamSynchronize", "cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
     "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy", "cuGetErrorString", "cuPointerGetAttribute",
+    "cuEventCreate", "cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2",
 };
 static const char *const NVRTC_NAMES[] = {
     "nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize", "nvrtcGetProgramLog",
@@ -401,7 +406,10 @@ typedef struct {
     CUgraphExec run_graph, step_graph;
     CUgraphExec dp_graph;    /* data parallel: the run, with the all-reduce captured after it when alone */
     int n_wb;
-    double *profile;         /* TG_CUDA_PROFILE: seconds per op (OP_COUNT: memsets) */
+    /* TG_CUDA_PROFILE=1: every launch between two events, run eagerly; seconds per launch */
+    double *profile;
+    CUevent *marks;          /* n launches + 1 */
+    int profiled_runs;
     /* tf32, bf16: product operands rounded into two slots of scratch (rounded_operands) */
     CUfunction to_rounded;
     CUdeviceptr slot[2];
@@ -411,14 +419,36 @@ typedef struct {
 
 #define N_HYPER_SLOTS 8   /* at least: the optimizer's; patch sites may add more */
 
+/* Where the time went: per op (the op of the node each launch writes; a product's operand
+ * roundings count as matmul), then the launches that took most, per run. */
 static void print_profile(const cuda_exec *e) {
-    double total = 0;
-    for (int op = 0; op <= OP_COUNT; op++) total += e->profile[op];
-    fprintf(stderr, "tensorgrad cuda profile (%d nodes, %.3f s in launches):\n", e->g->n, total);
+    double by_op[OP_COUNT + 1] = { 0 }, total = 0;
+    for (int i = 0; i < e->launches.n; i++) {
+        const cuda_launch *l = &e->launches.launch[i];
+        by_op[l->kind == CL_MEMSET ? OP_COUNT : (int)e->g->nodes[l->node].op] += e->profile[i];
+        total += e->profile[i];
+    }
+    int runs = e->profiled_runs ? e->profiled_runs : 1;
+    fprintf(stderr, "tensorgrad cuda profile (%d nodes, %d launches, %d runs, %.3f ms per run in launches):\n", e->g->n,
+            e->launches.n, runs, 1e3 * total / runs);
     for (int op = 0; op <= OP_COUNT; op++)
-        if (e->profile[op] > 0.01 * total)
-            fprintf(stderr, "  %-20s %8.3f s  %5.1f%%\n", op == OP_COUNT ? "memset" : op_name((tg_op)op), e->profile[op],
-                    100 * e->profile[op] / total);
+        if (by_op[op] > 0.005 * total)
+            fprintf(stderr, "  %-20s %8.3f ms  %5.1f%%\n", op == OP_COUNT ? "memset" : op_name((tg_op)op), 1e3 * by_op[op] / runs,
+                    100 * by_op[op] / total);
+    bool *shown = tg_alloc(sizeof(bool) * (size_t)(e->launches.n + 1));
+    for (int k = 0; k < 40 && shown; k++) {
+        int best = -1;
+        for (int i = 0; i < e->launches.n; i++)
+            if (!shown[i] && (best < 0 || e->profile[i] > e->profile[best])) best = i;
+        if (best < 0) break;
+        shown[best] = true;
+        const cuda_launch *l = &e->launches.launch[best];
+        const tg_node *n = &e->g->nodes[l->node];
+        fprintf(stderr, "  #%-4d %-8s %-16s [%lld elements] %8.3f ms\n", best,
+                l->kind == CL_GEMM ? "gemm" : l->kind == CL_MEMSET ? "memset" : l->name, op_name(n->op), (long long)n->numel,
+                1e3 * e->profile[best] / runs);
+    }
+    free(shown);
 }
 
 static void cuda_release(void *h) {
@@ -429,6 +459,9 @@ static void cuda_release(void *h) {
         print_profile(e);
         free(e->profile);
     }
+    for (int i = 0; e->marks && i <= e->launches.n; i++)
+        if (e->marks[i]) cu.EventDestroy(e->marks[i]);
+    free(e->marks);
     if (e->run_graph) cu.GraphExecDestroy(e->run_graph);
     if (e->step_graph) cu.GraphExecDestroy(e->step_graph);
     if (e->dp_graph) cu.GraphExecDestroy(e->dp_graph);
@@ -453,15 +486,20 @@ static void cuda_release(void *h) {
 /* Schedule, plan and generate; true with e->source set, false (err set) when memory runs out. */
 static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_keep, const char *arch, tg_error *err) {
     e->g = g;
-    bool *mat = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
+    bool *mat = tg_alloc(sizeof(bool) * (size_t)(g->n + 1)), *want = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
+    bool *only = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
     int *alias = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), *runs = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
-    bool ok = mat && alias && runs;
+    bool ok = mat && want && only && alias && runs;
     if (ok) {
         fuse_schedule(g, keep, n_keep, true, mat, alias);
         cuda_refine(g, keep, n_keep, mat);
         cuda_kernel_runs(g, mat, alias, runs);
+        cuda_shadow_wanted(g, mat, alias, keep, n_keep, want, only);
     }
-    ok = ok && plan_build(g, keep, n_keep, mat, alias, runs, &e->plan);
+    ok = ok && plan_build(g, keep, n_keep, mat, alias, runs, only, &e->plan);
+    if (ok && g->precision != TG_PRECISION_F32) ok = plan_shadows(g, &e->plan, want, g->precision == TG_PRECISION_BF16 ? 2 : 4);
+    free(want);
+    free(only);
     free(alias);
     free(runs);
     int unsupported = -1;
@@ -498,13 +536,15 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
         if (l->shared > 48 * 1024)   /* past the default limit only on request */
             TRY(cu.FuncSetAttribute(e->fn[i], CU_FUNC_MAX_DYNAMIC_SHARED, l->shared), "the kernel's shared memory (attention: head dimension too large?)");
     }
-    if (g->precision != TG_PRECISION_F32) {   /* operand slots as large as the largest operand */
+    if (g->precision != TG_PRECISION_F32) {   /* operand slots as large as the largest operand without a shadow */
         size_t most = 1;
         for (int i = 0; i < e->launches.n; i++) {
             const cuda_launch *l = &e->launches.launch[i];
-            if (l->kind != CL_GEMM) continue;
-            if ((size_t)g->nodes[l->a].numel > most) most = (size_t)g->nodes[l->a].numel;
-            if ((size_t)g->nodes[l->b].numel > most) most = (size_t)g->nodes[l->b].numel;
+            for (int k = 0; k < 2 && l->kind == CL_GEMM; k++) {
+                int x = k ? l->b : l->a;
+                if (e->plan.shadow[plan_home(&e->plan, x)] == PLAN_BOUND && (size_t)g->nodes[x].numel > most)
+                    most = (size_t)g->nodes[x].numel;
+            }
         }
         const char *fn = g->precision == TG_PRECISION_BF16 ? "tg_to_bf16" : "tg_to_tf32";
         size_t bytes = most * (g->precision == TG_PRECISION_BF16 ? 2 : 4);
@@ -524,9 +564,14 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
     memset(e->hyper_host, 0, sizeof(double) * (size_t)e->n_hyper);
     e->table_dirty = true;
     const char *prof = getenv("TG_CUDA_PROFILE");
-    if (prof && prof[0] == '1' && !(e->profile = tg_alloc(sizeof(double) * (OP_COUNT + 1)))) {
-        tg_seterr(err, "out of memory for the CUDA profile");
-        goto fail;
+    if (prof && prof[0] == '1') {
+        e->profile = tg_alloc(sizeof(double) * (size_t)(e->launches.n + 1));
+        e->marks = tg_alloc(sizeof(CUevent) * (size_t)(e->launches.n + 1));
+        if (!e->profile || !e->marks) {
+            tg_seterr(err, "out of memory for the CUDA profile");
+            goto fail;
+        }
+        for (int i = 0; i <= e->launches.n; i++) TRY(cu.EventCreate(&e->marks[i], 0), "creating profile events");
     }
     return e;
 fail:
@@ -554,29 +599,37 @@ static CUdeviceptr node_ptr(cuda_exec *e, int node) { return (CUdeviceptr)cuda_n
 /* cuBLAS's numbers for the element types and arithmetic of a product. */
 enum { CUDA_R_32F = 0, CUDA_R_16BF = 14, CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77, CUBLAS_GEMM_DEFAULT = -1 };
 
-/* tf32 and bf16 precision: the product's operands rounded exactly as the reference rounds them
- * (precision_round), into the two scratch slots: bf16 values, or f32 values with a tf32
- * mantissa (which the tensor cores then take as they are, whatever their own rounding). An
- * operand a slot already holds this step (the activation feeding the q, k and v products) is
- * not converted again. */
+/* tf32 and bf16 precision: the product reads its operands rounded exactly as the reference rounds
+ * them (precision_round): bf16 values, or f32 values with a tf32 mantissa (which the tensor
+ * cores then take as they are, whatever their own rounding). Most operands have a shadow, the
+ * copy their kernel rounded as it wrote them (plan_shadows); the others (outputs of products,
+ * sums, attention) are rounded here into the two scratch slots. An operand a slot already holds
+ * this step is not converted again. */
 static bool rounded_operands(cuda_exec *e, const cuda_launch *l, const void **A, const void **B, tg_error *err) {
     int node[2] = { l->a, l->b }, slot[2] = { -1, -1 };
-    for (int k = 0; k < 2; k++)
+    const void **ptr[2] = { A, B };
+    for (int k = 0; k < 2; k++) {
+        int h = plan_home(&e->plan, node[k]);
+        if (e->plan.shadow[h] != PLAN_BOUND) {
+            *ptr[k] = (const void *)(e->arena + e->plan.shadow[h] * 4);
+            slot[k] = 2;   /* no slot */
+        }
         for (int s = 0; s < 2; s++)
             if (e->slot_holds[s] == node[k]) slot[k] = s;
-    for (int k = 0; k < 2; k++) {
-        if (slot[k] >= 0) continue;
-        slot[k] = slot[1 - k] == 0 ? 1 : slot[1 - k] == 1 ? 0 : k;
-        CUdeviceptr src = node_ptr(e, node[k]), dst = e->slot[slot[k]];
-        long long n = e->g->nodes[node[k]].numel;
-        void *args[] = { &src, &dst, &n };
-        unsigned grid = (unsigned)(n / 1024 + 1 < 4096 ? n / 1024 + 1 : 4096);
-        TRY(cu.LaunchKernel(e->to_rounded, grid, 1, 1, 256, 1, 1, 0, e->dev->stream, args, NULL), "operand rounding");
-        e->slot_holds[slot[k]] = node[k];
-        e->conversions++;
     }
-    *A = (const void *)e->slot[slot[0]];
-    *B = (const void *)e->slot[slot[1]];
+    for (int k = 0; k < 2; k++) {
+        if (slot[k] < 0) {
+            slot[k] = slot[1 - k] == 0 ? 1 : slot[1 - k] == 1 ? 0 : k;
+            CUdeviceptr src = node_ptr(e, node[k]), dst = e->slot[slot[k]];
+            long long n = e->g->nodes[node[k]].numel;
+            void *args[] = { &src, &dst, &n };
+            unsigned grid = (unsigned)(n / 1024 + 1 < 4096 ? n / 1024 + 1 : 4096);
+            TRY(cu.LaunchKernel(e->to_rounded, grid, 1, 1, 256, 1, 1, 0, e->dev->stream, args, NULL), "operand rounding");
+            e->slot_holds[slot[k]] = node[k];
+            e->conversions++;
+        }
+        if (slot[k] < 2) *ptr[k] = (const void *)e->slot[slot[k]];
+    }
     return true;
 fail:
     return false;
@@ -617,14 +670,8 @@ static bool gemm(cuda_exec *e, const cuda_launch *l, tg_error *err) {
     return rc == 0;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* Enqueue the whole launch list on the stream (captured by the caller; or, profiling, run
- * launch by launch with the time of each added to its op's total). */
+/* Enqueue the whole launch list on the stream (captured by the caller; or, profiling, run with
+ * an event between launches and the time of each added to its total). */
 static bool enqueue(cuda_exec *e, tg_error *err) {
     e->slot_holds[0] = e->slot_holds[1] = -1;
     e->conversions = 0;
@@ -632,7 +679,7 @@ static bool enqueue(cuda_exec *e, tg_error *err) {
     CUdeviceptr table = e->table, hyper = e->hyper_dev;
     for (int i = 0; i < e->launches.n; i++) {
         const cuda_launch *l = &e->launches.launch[i];
-        double t0 = e->profile ? (cu.StreamSynchronize(e->dev->stream), now_s()) : 0;
+        if (e->profile) TRY(cu.EventRecord(e->marks[i], e->dev->stream), "profile event");
         if (l->kind == CL_MEMSET) {
             TRY(cu.MemsetD32Async(node_ptr(e, l->node), 0, (size_t)l->n, e->dev->stream), "memset");
         } else if (l->kind == CL_GEMM) {
@@ -643,11 +690,16 @@ static bool enqueue(cuda_exec *e, tg_error *err) {
                                 e->dev->stream, args, NULL),
                 l->name);
         }
-        if (e->profile) {
-            cu.StreamSynchronize(e->dev->stream);
-            tg_op op = e->g->nodes[l->node].op;
-            e->profile[l->kind == CL_MEMSET ? OP_COUNT : op] += now_s() - t0;
+    }
+    if (e->profile) {   /* the events bracket each launch, without a host round trip between them */
+        TRY(cu.EventRecord(e->marks[e->launches.n], e->dev->stream), "profile event");
+        TRY(cu.StreamSynchronize(e->dev->stream), "profile");
+        for (int i = 0; i < e->launches.n; i++) {
+            float ms = 0;
+            TRY(cu.EventElapsedTime(&ms, e->marks[i], e->marks[i + 1]), "profile event");
+            e->profile[i] += 1e-3 * ms;
         }
+        e->profiled_runs++;
     }
     return true;
 fail:

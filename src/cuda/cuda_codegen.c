@@ -52,6 +52,83 @@ static void memset_launch(cuda_plan *p, int node) { add_launch(p, CL_MEMSET, nod
 
 static void pointer(cg *c, strbuf *decl, int id, bool out) { cg_pointer(c, decl, id, out, "__restrict__"); }
 
+/* ----- rounded copies of product operands (tf32, bf16) -----
+ * A product at tf32 or bf16 reads its operands rounded. Where a kernel of ours computes an operand
+ * element by element, it also writes the rounded value beside the f32 one, into the node's
+ * shadow (plan_shadows), and the product reads the shadow: no rounding pass of its own. Leaves
+ * (parameters, inputs) are rounded by one kernel at the start of the run. */
+
+void cuda_shadow_wanted(const tg_graph *g, const bool *materialized, const int *alias, const int *keep, int n_keep,
+                        bool *want, bool *only) {
+#define HOME(x) (alias[x] >= 0 ? alias[x] : (x))
+    for (int i = 0; i < g->n; i++) want[i] = only[i] = false;
+    if (g->precision == TG_PRECISION_F32) return;
+    for (int i = 0; i < g->n; i++) {
+        const tg_node *n = &g->nodes[i];
+        if (n->op != OP_MATMUL || !materialized[i]) continue;
+        for (int k = 0; k < 2; k++) {
+            int h = HOME(n->src[k]);
+            tg_op op = g->nodes[h].op;
+            bool ours = cg_is_bound(op) || (materialized[h] && alias[h] < 0 && fuse_pointwise(op));
+            want[h] |= ours && g->nodes[h].dtype == TG_FLOAT32;
+        }
+    }
+    /* A computed node that only products read keeps no f32 copy at all. */
+    for (int i = 0; i < g->n; i++) only[i] = want[i] && !cg_is_bound(g->nodes[i].op);
+    for (int k = 0; k < n_keep; k++)
+        if (keep[k] >= 0) only[HOME(keep[k])] = false;
+    for (int k = 0; k < g->n_assigns; k++) only[HOME(g->assigns[k].src)] = false;
+    for (int i = 0; i < g->n; i++) {
+        const tg_node *n = &g->nodes[i];
+        if (alias[i] >= 0 || (n->op == OP_MATMUL && materialized[i])) continue;   /* relabels, and products */
+        for (int k = 0; k < n->nsrc; k++) only[HOME(n->src[k])] = false;
+    }
+#undef HOME
+}
+
+static bool has_shadow(const cg *c, int id) { return c->plan->shadow && c->plan->shadow[id] != PLAN_BOUND; }
+
+static const char *shadow_type(const cg *c) { return c->g->precision == TG_PRECISION_BF16 ? "unsigned short" : "float"; }
+
+static void shadow_pointer(const cg *c, strbuf *decl, int id) {
+    if (has_shadow(c, id))
+        sb_printf(decl, "    %s *__restrict__ S%d = (%s *)(A + %zu);\n", shadow_type(c), id, shadow_type(c), c->plan->shadow[id]);
+}
+
+static const char *round_fn(const cg *c) { return c->g->precision == TG_PRECISION_BF16 ? "tgk_round_bf16" : "tgk_round_tf32"; }
+
+/* After the statement that stores root r's value at index `at` (the value is the newest memo
+ * entry): its rounded copy too. */
+static void shadow_store(cg *c, int r, const char *at) {
+    if (has_shadow(c, r) && c->n_memo > 0) cg_line(c, "S%d[%s] = %s(%s);", r, at, round_fn(c), c->memo[c->n_memo - 1].name);
+}
+
+/* The first kernel of a run, when leaves have shadows: every such leaf rounded, a segment each
+ * (the leaves of the product operands: parameters, and inputs fed straight to a product). */
+static void leaf_kernel(cg *c, cuda_plan *p) {
+    strbuf body = { 0 }, decl = { 0 };
+    int64_t total = 0;
+    int first = -1;
+    for (int i = 0; i < c->g->n; i++) {
+        if (!cg_is_bound(N(c, i)->op) || !has_shadow(c, i)) continue;
+        if (first < 0) first = i;
+        shadow_pointer(c, &decl, i);
+        sb_printf(&body, "    %sif (g < %lldll) S%d[g - %lldll] = %s(((const float *)B[%d])[g - %lldll]);\n",
+                  total ? "else " : "", (long long)(total + N(c, i)->numel), i, (long long)total, round_fn(c), i,
+                  (long long)total);
+        total += N(c, i)->numel;
+    }
+    if (first >= 0) {
+        sb_printf(c->out, "extern \"C\" __global__ void kleaves(float *A, void *const *B, const double *H) {\n%s"
+                          "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n%s}\n\n",
+                  sb_str(&decl), BLOCK, sb_str(&body));
+        kernel_launch(p, first, total, BLOCK);
+        snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "kleaves");
+    }
+    free(body.s);
+    free(decl.s);
+}
+
 /* The kernel k<roots[0]>: pointer declarations for every buffer the body read (plus extra ones)
  * and for its outputs, then the head, the body, the tail. */
 static void end_kernel_roots(cg *c, const int *roots, int n_roots, const int *extra, int n_extra, const char *head,
@@ -61,7 +138,10 @@ static void end_kernel_roots(cg *c, const int *roots, int n_roots, const int *ex
     for (int r = 0; r < n_roots; r++) c->used[roots[r]] = false;
     for (int i = 0; i < c->g->n; i++)
         if (c->used[i]) pointer(c, &decl, i, false);
-    for (int r = 0; r < n_roots; r++) pointer(c, &decl, roots[r], true);
+    for (int r = 0; r < n_roots; r++) {
+        if (!cg_unplaced(c, roots[r])) pointer(c, &decl, roots[r], true);
+        shadow_pointer(c, &decl, roots[r]);
+    }
     sb_printf(c->out, "extern \"C\" __global__ void k%d(float *A, void *const *B, const double *H) {\n%s%s%s%s}\n\n",
               roots[0], sb_str(&decl), head, sb_str(&c->body), tail);
     free(decl.s);
@@ -109,6 +189,7 @@ static bool join(cg *c, group *gr, int *roots, int r) {
         gr->n_roots--;
         return false;
     }
+    shadow_store(c, r, "i");
     memcpy(gr->seen, c->used, sizeof(bool) * (size_t)c->g->n);
     return true;
 }
@@ -184,6 +265,7 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
         if (gr.n_roots == 0) {   /* the first root: nothing to race with */
             roots[gr.n_roots++] = order[q];
             cg_root_line(c, order[q]);
+            shadow_store(c, order[q], "i");
             memcpy(gr.seen, c->used, sizeof(bool) * (size_t)c->g->n);
         } else if (!join(c, &gr, roots, order[q])) {
             break;
@@ -239,6 +321,7 @@ static void sum_kernel(cg *c, cuda_plan *p, int id) {
                  "    if (w >= %lldll) return;\n"
                  "    const int64_t o = w / %lld, k0 = (w %% %lld) * %lld, k1 = k0 + %lld < %lldll ? k0 + %lld : %lldll;\n"
                  "    double acc = 0;\n"
+                 "#pragma unroll 4\n"
                  "    for (int64_t k = k0 + (threadIdx.x & 31); k < k1; k += 32) {\n",
                  BLOCK, (long long)(outs * chunks), (long long)chunks, (long long)chunks, (long long)chunk, (long long)chunk,
                  (long long)len, (long long)chunk, (long long)len);
@@ -263,6 +346,7 @@ static void sum_kernel(cg *c, cuda_plan *p, int id) {
              "    const int64_t o = oj / %lld, j = oj %% %lld, k0 = (int64_t)blockIdx.y * %lld;\n"
              "    const int64_t k1 = k0 + %lld < %lldll ? k0 + %lld : %lldll;\n"
              "    double acc = 0;\n"
+             "#pragma unroll 8\n"   /* loads in flight: a thread's are independent, only its sum is not */
              "    for (int64_t k = k0; k < k1; k++) {\n",
              BLOCK, (long long)outs, (long long)inner, (long long)inner, (long long)chunk, (long long)chunk,
              (long long)len, (long long)chunk, (long long)len);
@@ -328,11 +412,15 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
                           (long long)L, sb_str(&c->body), id, cg_ctype(N(c, id)));
             } else if (roles[m] == ROW_ELEMS) {
                 cg_line(c, "const int64_t i = r * %lldll + j;", (long long)L);
-                cg_line(c, "P%d[i] = %s;", id, cg_root_value(c, "i"));
+                const char *v = cg_root_value(c, "i");
+                if (!cg_unplaced(c, id)) cg_line(c, "P%d[i] = %s;", id, v);
+                shadow_store(c, id, "i");
                 sb_printf(&text, "    for (int64_t j = lane; j < %lldll; j += 32) {\n%s    }\n", (long long)L, sb_str(&c->body));
             } else {
                 cg_line(c, "const %s v = %s;", cg_ctype(N(c, id)), cg_root_value(c, "r"));
-                sb_printf(&text, "    {\n%s    if (lane == 0) P%d[r] = v;\n    __syncwarp();\n    }\n", sb_str(&c->body), id);
+                shadow_store(c, id, "r");   /* every lane stores the same value */
+                if (!cg_unplaced(c, id)) cg_line(c, "if (lane == 0) P%d[r] = v;", id);
+                sb_printf(&text, "    {\n%s    __syncwarp();\n    }\n", sb_str(&c->body));
             }
         }
         bool ok = true;
@@ -620,16 +708,18 @@ static const char DEVICE_KERNELS[] =
     "    if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *flag = NAN;\n}\n"
     /* Operands of a product rounded as the reference's precision_round rounds them: tf32 to
      * nearest, ties away (an f32 with 13 low bits clear); bf16 to nearest even. */
+    "static __device__ inline float tgk_round_tf32(float x) {\n"
+    "    const unsigned u = __float_as_uint(x);\n"
+    "    return (u & 0x7f800000u) == 0x7f800000u ? x : __uint_as_float((u + 0x1000u) & 0xffffe000u);\n}\n"
+    "static __device__ inline unsigned short tgk_round_bf16(float x) {\n"
+    "    const unsigned u = __float_as_uint(x);\n"
+    "    return (unsigned short)(((u & 0x7f800000u) == 0x7f800000u ? u : u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}\n"
     "extern \"C\" __global__ void tg_to_tf32(const float *src, float *dst, long long n) {\n"
-    "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n"
-    "        const unsigned u = __float_as_uint(src[i]);\n"
-    "        dst[i] = (u & 0x7f800000u) == 0x7f800000u ? src[i] : __uint_as_float((u + 0x1000u) & 0xffffe000u);\n"
-    "    }\n}\n"
+    "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)\n"
+    "        dst[i] = tgk_round_tf32(src[i]);\n}\n"
     "extern \"C\" __global__ void tg_to_bf16(const float *src, unsigned short *dst, long long n) {\n"
-    "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n"
-    "        const unsigned u = __float_as_uint(src[i]);\n"
-    "        dst[i] = (unsigned short)(((u & 0x7f800000u) == 0x7f800000u ? u : u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n"
-    "    }\n}\n"
+    "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)\n"
+    "        dst[i] = tgk_round_bf16(src[i]);\n}\n"
     "extern \"C\" __global__ void tg_writeback(const float *loss, const float *flag, const tgk_copy *table) {\n"
     "    if (!isfinite(*loss + *flag)) return;\n"
     "    const tgk_copy c = table[blockIdx.y];\n"
@@ -661,6 +751,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
             sb_printf(&out, "%s%s", CUDA_ATTENTION_SOURCE, sm >= 80 && g->precision == TG_PRECISION_BF16 ? CUDA_ATTENTION_MMA_SOURCE : "");
             break;
         }
+    leaf_kernel(&c, launches);
     int *order = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
     for (int i = 0; order && i < g->n; i++)
         if (materialized[i] && plan->alias[i] < 0) order[n_order++] = i;   /* aliases share a buffer: no kernel */
