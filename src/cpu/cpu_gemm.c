@@ -311,14 +311,15 @@ void kernel_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A
     gemm(gemm_kernel_now(), ta, tb, M, N, K, A, lda, B, ldb, NULL, 0, C, ldc, acc, NULL, NULL);
 }
 
-/* Part t of T of one product: a block of rows (in whole register tiles) when there are enough,
- * else a block of columns. */
+/* Part t of T of one product: a block of rows or of columns (in whole register tiles). Each part
+ * packs the whole of the other operand (B for a block of rows, A for a block of columns), so the
+ * larger side is split and the packing repeated in every part is the smaller one. */
 static void gemm_part(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
                       const im2col_view *v, float *C, int acc, const float *brow, const float *bcol, int t, int T) {
     int64_t lda = ta ? M : K, ldb = tb ? K : N, mr = gk ? gk->mr : 8, nr = gk ? gk->nr : 32;
     if (T == 1) {
         gemm(gk, ta, tb, M, N, K, A, lda, B, ldb, v, 0, C, N, acc, brow, bcol);
-    } else if (M >= 2 * mr * T || M >= N) {
+    } else if (M >= 2 * mr * T ? M >= N || N < 2 * nr * T : M >= N) {
         int64_t tiles = (M + mr - 1) / mr, r0 = tiles * t / T * mr, r1 = tiles * (t + 1) / T * mr;
         if (r1 > M) r1 = M;
         if (r1 > r0)
