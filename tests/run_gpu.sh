@@ -3,11 +3,14 @@
 # op, forward and gradients, CUDA against the reference interpreter, fused attention included),
 # the model, session and fault tests on CUDA, the digits demo with --backend cuda, then the
 # benchmark and the PyTorch peer in the same run.
-#   tests/run_gpu.sh [tests|bench|peer|all]   (default all; binaries from `make`; logs under $OUT)
+#   tests/run_gpu.sh [tests|bench|peer|bench+peer|all]   (default all; binaries from `make`; logs under $OUT)
 #     tests  the CUDA suite at every precision, the training-quality runs (digits CNN and chargpt
 #            in f32 and bf16; chargpt reads .devlibs/fortunes.txt.xz where present) and the demo
 #     bench  ours: the five workloads at f32, tf32 and bf16, then a per-op profile of the GPT ones
-#     peer   PyTorch at each precision, every mode; --sdpa too for the GPT workloads
+#     peer   PyTorch at each precision, every mode (PEER_MODES=graph,cgraph: those only); --sdpa
+#            too for the GPT workloads
+# PRECISIONS="f32 bf16" limits bench and peer to those (a whole table in one call of 10 minutes:
+# `PRECISIONS=f32 PEER_MODES=graph,cgraph tests/run_gpu.sh bench+peer`).
 # The GPU machines lack OpenBLAS: where .devlibs/devlibs.tar.xz holds its shared libraries (from
 # a Debian machine: libopenblas.so.0, libgfortran.so.5, libquadmath.so.0), they are used.
 set -u
@@ -29,21 +32,23 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     run build/tests/test_precision
     run build/examples/digits --backend cuda
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
+if [ "$what" = bench ] || [ "$what" = bench+peer ] || [ "$what" = all ]; then
     echo "== tensorgrad (empty kernel cache: cold compiles)"
     rm -rf "$TG_CACHE_DIR"
-    for p in f32 tf32 bf16; do
+    for p in ${PRECISIONS:-f32 tf32 bf16}; do
         build/bench/bench --backend cuda --precision $p sin_mlp mnist_mlp cifar_cnn char_gpt_small char_gpt 2>&1 | tee -a "$out/log.txt"
     done
-    TG_CUDA_PROFILE=1 build/bench/bench --backend cuda --steps-scale 0.2 char_gpt_small char_gpt 2>&1 | tee "$out/profile.txt" | grep -v "^char_gpt"
-    TG_CUDA_PROFILE=1 build/bench/bench --backend cuda --precision bf16 --steps-scale 0.2 char_gpt 2>&1 | tee -a "$out/profile.txt" | grep -v "^char_gpt"
+    for p in ${PRECISIONS:-f32 bf16}; do   # launches timed between events: where the time goes
+        TG_CUDA_PROFILE=1 build/bench/bench --backend cuda --precision $p --steps-scale 0.2 char_gpt_small char_gpt 2>&1 |
+            tee -a "$out/profile.txt" | grep -v "^char_gpt"
+    done
 fi
-if [ "$what" = peer ] || [ "$what" = all ]; then
+if [ "$what" = peer ] || [ "$what" = bench+peer ] || [ "$what" = all ]; then
     export PYTHONUNBUFFERED=1
-    for p in ${PEER_PRECISIONS:-f32 tf32 bf16}; do
+    for p in ${PRECISIONS:-f32 tf32 bf16}; do
         echo "== PyTorch peer ($p)"
         python3 bench/peers/torch_workloads.py cuda --precision $p ${PEER_MODES:+--modes $PEER_MODES} 2>&1 | grep -v Warning | tee -a "$out/log.txt"
         python3 bench/peers/torch_workloads.py cuda --precision $p --sdpa ${PEER_MODES:+--modes $PEER_MODES} char_gpt_small char_gpt 2>&1 | grep -v Warning | tee -a "$out/log.txt"
     done
-    for p in f32 tf32 bf16; do python3 bench/peers/compare.py "$out/log.txt" --precision $p; done | tee "$out/ratios.txt"
+    for p in ${PRECISIONS:-f32 tf32 bf16}; do python3 bench/peers/compare.py "$out/log.txt" --precision $p; done | tee "$out/ratios.txt"
 fi

@@ -19,7 +19,13 @@ typedef struct {
     int64_t M, N, K, batch, *aoff, *boff;
     int64_t n;                       /* CL_MEMSET: elements */
 } cuda_launch;
-typedef struct { const tg_graph *g; cuda_launch *launch; int n, cap; int sm; } cuda_plan;
+typedef struct {
+    const tg_graph *g;
+    cuda_launch *launch;
+    int n, cap;
+    int sm;
+    size_t prelude;   /* bytes of the source before the first kernel of a node: what every part repeats */
+} cuda_plan;
 /* cuda_attention.c: the device source of flash attention, instantiated by generated kernels. */
 extern const char CUDA_ATTENTION_SOURCE[];
 /* The bf16 tensor-core kernels (head sizes multiples of 16), after CUDA_ATTENTION_SOURCE. */

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 /* ----- the pieces of the CUDA APIs used, declared here so no CUDA header is needed ----- */
@@ -47,6 +48,7 @@ typedef void *cublasHandle_t;
 #define CU_CAPTURE_THREAD_LOCAL 1
 #define CU_FUNC_MAX_DYNAMIC_SHARED 8
 #define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define CUDA_ERROR_NOT_FOUND 500
 
 static struct {
     CUresult (*Init)(unsigned);
@@ -319,6 +321,82 @@ static void *compile_cubin(const char *source, const char *arch, size_t *len, tg
     return cubin;
 }
 
+/* ----- compiling in parallel -----
+ * NVRTC compiles a program on one thread, and a step's kernels are independent: the source is cut
+ * into parts (the shared prelude, then a share of the kernels each), compiled on threads of their
+ * own (each part through the cache) and loaded as modules of their own. An attention kernel
+ * costs NVRTC about as much as a few dozen pointwise ones, which the shares account for. */
+#define MAX_PARTS 8
+
+typedef struct {
+    strbuf source;
+    const char *arch;
+    int cost;
+    void *cubin;
+    size_t len;
+    tg_error err;
+} cuda_part;
+
+static void parts_free(cuda_part *parts, int n) {
+    for (int p = 0; p < n; p++) {
+        free(parts[p].source.s);
+        free(parts[p].cubin);
+    }
+}
+
+/* What a kernel (its text from k up to next, or to the end) costs NVRTC, roughly. */
+static int kernel_cost(const char *k, const char *next) {
+    return memmem(k, next ? (size_t)(next - k) : strlen(k), "tgk_attention", 13) ? 25 : 1;
+}
+
+static void *compile_part(void *arg) {
+    cuda_part *p = arg;
+    if (p->source.oom) tg_seterr(&p->err, "out of memory cutting the CUDA source into parts");
+    else p->cubin = compile_cubin(p->source.s, p->arch, &p->len, &p->err);
+    return NULL;
+}
+
+/* The kernels after the prelude, each to the part with the least cost so far; then every part
+ * compiled, on threads. The number of parts (returned; 0 with err set on failure) grows with the
+ * cost, up to the machine's processors. */
+static int compile_parts(const char *source, size_t prelude, const char *arch, cuda_part *parts, tg_error *err) {
+    static const char KERNEL[] = "extern \"C\" __global__ void ";
+    int total = 0;
+    for (const char *k = strstr(source + prelude, KERNEL); k; k = strstr(k + 1, KERNEL)) total += kernel_cost(k, strstr(k + 1, KERNEL));
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = 1 + total / 24;
+    if (n > MAX_PARTS) n = MAX_PARTS;
+    if (n > cpus) n = cpus > 1 ? (int)cpus : 1;
+    for (int p = 0; p < n; p++) {
+        parts[p] = (cuda_part){ .arch = arch };
+        sb_printf(&parts[p].source, "%.*s", (int)prelude, source);
+    }
+    for (const char *k = strstr(source + prelude, KERNEL); k;) {
+        const char *next = strstr(k + 1, KERNEL);
+        int best = 0;
+        for (int p = 1; p < n; p++)
+            if (parts[p].cost < parts[best].cost) best = p;
+        parts[best].cost += kernel_cost(k, next);
+        sb_printf(&parts[best].source, "%.*s", (int)(next ? next - k : (long)strlen(k)), k);
+        k = next;
+    }
+    pthread_t th[MAX_PARTS];
+    bool started[MAX_PARTS] = { false };
+    for (int p = 1; p < n; p++) started[p] = pthread_create(&th[p], NULL, compile_part, &parts[p]) == 0;
+    compile_part(&parts[0]);
+    for (int p = 1; p < n; p++) {
+        if (started[p]) pthread_join(th[p], NULL);
+        else compile_part(&parts[p]);   /* no thread to be had: here, in turn */
+    }
+    for (int p = 0; p < n; p++)
+        if (!parts[p].cubin) {
+            *err = parts[p].err;
+            parts_free(parts, n);
+            return 0;
+        }
+    return n;
+}
+
 /* ----- buffers ----- */
 
 /* The device a buffer lives on, its context made current: every entry point does this first,
@@ -394,7 +472,8 @@ typedef struct {
     tg_plan plan;
     cuda_plan launches;
     char *source;
-    CUmodule module;
+    CUmodule module[MAX_PARTS];   /* the kernels, compiled in parts (compile_parts) */
+    int n_modules;
     CUfunction *fn;          /* per launch (CL_KERNEL) */
     CUfunction writeback, wb_check;
     CUdeviceptr arena, table, hyper_dev, wb_table, wb_flag;
@@ -465,7 +544,7 @@ static void cuda_release(void *h) {
     if (e->run_graph) cu.GraphExecDestroy(e->run_graph);
     if (e->step_graph) cu.GraphExecDestroy(e->step_graph);
     if (e->dp_graph) cu.GraphExecDestroy(e->dp_graph);
-    if (e->module) cu.ModuleUnload(e->module);
+    for (int m = 0; m < e->n_modules; m++) cu.ModuleUnload(e->module[m]);
     if (e->arena) cu.MemFree(e->arena);
     if (e->table) cu.MemFree(e->table);
     if (e->hyper_dev) cu.MemFree(e->hyper_dev);
@@ -520,11 +599,13 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
     cuda_exec *e = tg_alloc(sizeof *e);
     if (!e) { tg_seterr(err, "out of memory preparing the CUDA kernels"); return NULL; }
     e->dev = dev;
-    size_t len = 0;
-    void *cubin = generate(e, g, keep, n_keep, dev->arch, err) ? compile_cubin(e->source, dev->arch, &len, err) : NULL;
-    if (!cubin) goto fail;
-    CUresult r = cu.ModuleLoadData(&e->module, cubin);
-    free(cubin);
+    cuda_part parts[MAX_PARTS];
+    int n_parts = generate(e, g, keep, n_keep, dev->arch, err) ? compile_parts(e->source, e->launches.prelude, dev->arch, parts, err) : 0;
+    if (!n_parts) goto fail;
+    CUresult r = 0;
+    for (; e->n_modules < n_parts && !r; e->n_modules++) r = cu.ModuleLoadData(&e->module[e->n_modules], parts[e->n_modules].cubin);
+    if (r) e->n_modules--;   /* the one that failed holds nothing */
+    parts_free(parts, n_parts);
     if (r) { tg_seterr(err, "loading the compiled kernels: %s", cu_error(r)); goto fail; }
     e->fn = tg_alloc(sizeof(CUfunction) * (size_t)(e->launches.n + 1));
     e->bound = tg_alloc(sizeof(void *) * (size_t)(g->n + 1));
@@ -532,7 +613,9 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
     for (int i = 0; i < e->launches.n; i++) {
         const cuda_launch *l = &e->launches.launch[i];
         if (l->kind != CL_KERNEL) continue;
-        TRY(cu.ModuleGetFunction(&e->fn[i], e->module, l->name), l->name);
+        r = CUDA_ERROR_NOT_FOUND;   /* in the part it went to */
+        for (int m = 0; m < e->n_modules && r == CUDA_ERROR_NOT_FOUND; m++) r = cu.ModuleGetFunction(&e->fn[i], e->module[m], l->name);
+        TRY(r, l->name);
         if (l->shared > 48 * 1024)   /* past the default limit only on request */
             TRY(cu.FuncSetAttribute(e->fn[i], CU_FUNC_MAX_DYNAMIC_SHARED, l->shared), "the kernel's shared memory (attention: head dimension too large?)");
     }
@@ -548,12 +631,12 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
         }
         const char *fn = g->precision == TG_PRECISION_BF16 ? "tg_to_bf16" : "tg_to_tf32";
         size_t bytes = most * (g->precision == TG_PRECISION_BF16 ? 2 : 4);
-        TRY(cu.ModuleGetFunction(&e->to_rounded, e->module, fn), fn);
+        TRY(cu.ModuleGetFunction(&e->to_rounded, e->module[0], fn), fn);
         TRY(cu.MemAlloc(&e->slot[0], bytes), "allocating rounded operands");
         TRY(cu.MemAlloc(&e->slot[1], bytes), "allocating rounded operands");
     }
-    TRY(cu.ModuleGetFunction(&e->writeback, e->module, "tg_writeback"), "tg_writeback");
-    TRY(cu.ModuleGetFunction(&e->wb_check, e->module, "tg_wb_check"), "tg_wb_check");
+    TRY(cu.ModuleGetFunction(&e->writeback, e->module[0], "tg_writeback"), "tg_writeback");   /* every part has them */
+    TRY(cu.ModuleGetFunction(&e->wb_check, e->module[0], "tg_wb_check"), "tg_wb_check");
     TRY(cu.MemAlloc(&e->wb_flag, sizeof(float)), "allocating the write-back flag");
     TRY(cu.MemAlloc(&e->arena, (e->plan.arena ? e->plan.arena : 1) * 4), "allocating the arena");
     TRY(cu.MemAlloc(&e->table, sizeof(void *) * (size_t)(g->n + 1)), "allocating the buffer table");
@@ -988,12 +1071,12 @@ static void host_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n
 static void *nvrtc_prepare(const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
     cuda_exec *e = tg_alloc(sizeof *e);
     if (!e) { tg_seterr(err, "out of memory preparing the CUDA kernels"); return NULL; }
-    size_t len = 0;
-    void *cubin = generate(e, g, keep, n_keep, "sm_90", err) ? compile_cubin(e->source, "sm_90", &len, err) : NULL;
+    cuda_part parts[MAX_PARTS];
+    int n_parts = generate(e, g, keep, n_keep, "sm_90", err) ? compile_parts(e->source, e->launches.prelude, "sm_90", parts, err) : 0;
+    parts_free(parts, n_parts);
     e->bound = tg_alloc(sizeof(void *) * (size_t)(g->n + 1));
-    if (!cubin || !e->bound) {
-        if (cubin && !e->bound) tg_seterr(err, "out of memory preparing the CUDA kernels");
-        free(cubin);
+    if (!n_parts || !e->bound) {
+        if (n_parts && !e->bound) tg_seterr(err, "out of memory preparing the CUDA kernels");
         plan_free(&e->plan);
         cuda_plan_free(&e->launches);
         free(e->bound);
@@ -1001,7 +1084,6 @@ static void *nvrtc_prepare(const tg_graph *g, const int *keep, int n_keep, tg_er
         free(e);
         return NULL;
     }
-    free(cubin);
     return e;
 }
 

@@ -751,6 +751,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
             sb_printf(&out, "%s%s", CUDA_ATTENTION_SOURCE, sm >= 80 && g->precision == TG_PRECISION_BF16 ? CUDA_ATTENTION_MMA_SOURCE : "");
             break;
         }
+    launches->prelude = out.len;
     leaf_kernel(&c, launches);
     int *order = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
     for (int i = 0; order && i < g->n; i++)
