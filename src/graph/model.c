@@ -2,9 +2,11 @@
 #include "graph/graph.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_SCOPE_DEPTH 32
 
@@ -154,10 +156,42 @@ static uint64_t fnv1a(const char *s) {
 }
 
 /* A standard normal by Box-Muller from two uniforms in (0, 1]. */
-static double normal(uint64_t *state) {
-    double u1 = ((splitmix64(state) >> 11) + 1) * (1.0 / 9007199254740992.0);
-    double u2 = (splitmix64(state) >> 11) * (1.0 / 9007199254740992.0);
+/* The normal drawn by the i-th call on a stream that started at `state`: splitmix64 is a counter
+ * (each call adds the constant first), so element i is computed alone, and a large parameter is
+ * filled by every thread with the values one thread would give. */
+static double normal_at(uint64_t state, int64_t i) {
+    uint64_t s1 = state + 2 * (uint64_t)i * 0x9E3779B97F4A7C15ull, s2 = s1 + 0x9E3779B97F4A7C15ull;
+    double u1 = ((splitmix64(&s1) >> 11) + 1) * (1.0 / 9007199254740992.0);
+    double u2 = (splitmix64(&s2) >> 11) * (1.0 / 9007199254740992.0);
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+typedef struct { double *dst; int64_t i0, i1; uint64_t state; double std; } normal_range;
+
+static void *fill_range(void *arg) {
+    const normal_range *r = arg;
+    for (int64_t i = r->i0; i < r->i1; i++) r->dst[i] = (double)(float)(r->std * normal_at(r->state, i));
+    return NULL;
+}
+
+/* dst[i] = std * the stream's i-th normal, rounded to f32; a large parameter (a transformer's
+ * millions of weights: a second on one thread) on one thread per processor, up to 16. */
+static void fill_normal(double *dst, int64_t n, uint64_t state, double std) {
+    enum { MAX_THREADS = 16 };
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int k = n < 65536 || cpus < 2 ? 1 : cpus < MAX_THREADS ? (int)cpus : MAX_THREADS;
+    normal_range part[MAX_THREADS];
+    pthread_t th[MAX_THREADS];
+    bool started[MAX_THREADS] = { false };
+    for (int t = 0; t < k; t++) {
+        part[t] = (normal_range){ dst, n * t / k, n * (t + 1) / k, state, std };
+        if (t > 0) started[t] = pthread_create(&th[t], NULL, fill_range, &part[t]) == 0;
+    }
+    fill_range(&part[0]);
+    for (int t = 1; t < k; t++) {
+        if (started[t]) pthread_join(th[t], NULL);
+        else fill_range(&part[t]);   /* no thread to be had: here */
+    }
 }
 
 void model_init_param(const tg_model *m, int id, double *dst) {
@@ -172,5 +206,5 @@ void model_init_param(const tg_model *m, int id, double *dst) {
     case TG_INIT_RANDN: std = p->init.scale > 0 ? p->init.scale : 0.02; break;
     case TG_INIT_KAIMING: std = (p->init.scale > 0 ? p->init.scale : sqrt(2.0)) / sqrt((double)p->shape.d[0]); break;
     }
-    for (int64_t i = 0; i < n; i++) dst[i] = (double)(float)(std * normal(&state));
+    fill_normal(dst, n, state, std);
 }
