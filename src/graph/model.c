@@ -155,10 +155,9 @@ static uint64_t fnv1a(const char *s) {
     return h;
 }
 
-/* A standard normal by Box-Muller from two uniforms in (0, 1]. */
-/* The normal drawn by the i-th call on a stream that started at `state`: splitmix64 is a counter
- * (each call adds the constant first), so element i is computed alone, and a large parameter is
- * filled by every thread with the values one thread would give. */
+/* The stream's i-th standard normal (Box-Muller from its calls 2i + 1 and 2i + 2, two uniforms in
+ * (0, 1]): splitmix64 is a counter (each call adds the constant first), so element i is computed
+ * alone, and a large parameter is filled by several threads with the values one thread gives. */
 static double normal_at(uint64_t state, int64_t i) {
     uint64_t s1 = state + 2 * (uint64_t)i * 0x9E3779B97F4A7C15ull, s2 = s1 + 0x9E3779B97F4A7C15ull;
     double u1 = ((splitmix64(&s1) >> 11) + 1) * (1.0 / 9007199254740992.0);
