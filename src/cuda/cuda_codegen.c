@@ -58,16 +58,17 @@ static void pointer(cg *c, strbuf *decl, int id, bool out) { cg_pointer(c, decl,
  * shadow (plan_shadows), and the product reads the shadow: no rounding pass of its own. Leaves
  * (parameters, inputs) are rounded by one kernel at the start of the run. */
 
+static int home_of(const int *alias, int x) { return alias[x] >= 0 ? alias[x] : x; }
+
 void cuda_shadow_wanted(const tg_graph *g, const bool *materialized, const int *alias, const int *keep, int n_keep,
                         bool *want, bool *only) {
-#define HOME(x) (alias[x] >= 0 ? alias[x] : (x))
     for (int i = 0; i < g->n; i++) want[i] = only[i] = false;
     if (g->precision == TG_PRECISION_F32) return;
     for (int i = 0; i < g->n; i++) {
         const tg_node *n = &g->nodes[i];
         if (n->op != OP_MATMUL || !materialized[i]) continue;
         for (int k = 0; k < 2; k++) {
-            int h = HOME(n->src[k]);
+            int h = home_of(alias, n->src[k]);
             tg_op op = g->nodes[h].op;
             bool ours = cg_is_bound(op) || (materialized[h] && alias[h] < 0 && fuse_pointwise(op));
             want[h] |= ours && g->nodes[h].dtype == TG_FLOAT32;
@@ -76,14 +77,13 @@ void cuda_shadow_wanted(const tg_graph *g, const bool *materialized, const int *
     /* A computed node that only products read keeps no f32 copy at all. */
     for (int i = 0; i < g->n; i++) only[i] = want[i] && !cg_is_bound(g->nodes[i].op);
     for (int k = 0; k < n_keep; k++)
-        if (keep[k] >= 0) only[HOME(keep[k])] = false;
-    for (int k = 0; k < g->n_assigns; k++) only[HOME(g->assigns[k].src)] = false;
+        if (keep[k] >= 0) only[home_of(alias, keep[k])] = false;
+    for (int k = 0; k < g->n_assigns; k++) only[home_of(alias, g->assigns[k].src)] = false;
     for (int i = 0; i < g->n; i++) {
         const tg_node *n = &g->nodes[i];
         if (alias[i] >= 0 || (n->op == OP_MATMUL && materialized[i])) continue;   /* relabels, and products */
-        for (int k = 0; k < n->nsrc; k++) only[HOME(n->src[k])] = false;
+        for (int k = 0; k < n->nsrc; k++) only[home_of(alias, n->src[k])] = false;
     }
-#undef HOME
 }
 
 static bool has_shadow(const cg *c, int id) { return c->plan->shadow && c->plan->shadow[id] != PLAN_BOUND; }
