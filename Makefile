@@ -35,6 +35,9 @@ $(BUILD)/obj/%.o: src/%.c $(HDRS)
 
 $(BUILD)/obj/export/export_text.o: $(GEN_INC)
 
+# The CPU backend's library kernels are loops for the vectorizer, which GCC runs only from -O3.
+$(BUILD)/obj/cpu/%.o: OPT := $(OPT) -O3
+
 # Each line as a C string literal: backslashes, quotes and question marks (trigraphs) escaped.
 $(BUILD)/gen/export/%.inc: src/export/%.h
 	@mkdir -p $(dir $@)

@@ -120,9 +120,9 @@ TARGET_AVX2 static inline __attribute__((always_inline)) void pack_a_mr(int ta, 
         float *dst = ap + ir * kc;
         if (ta) {   /* op(A)[i, k] = A[k * lda + i]: MR contiguous floats per k */
             const float *src = A + p0 * lda + i0 + ir;
-            if (mr == MR) {
-                for (int64_t k = 0; k < kc; k++)
-                    for (int r = 0; r < MR; r++) dst[k * MR + r] = src[k * lda + r];
+            if (mr == MR) {   /* (memcpy of a constant size: inline vector moves, where GCC's -O2 copies
+                                  * the floats one by one) */
+                for (int64_t k = 0; k < kc; k++) memcpy(dst + k * MR, src + k * lda, sizeof(float) * MR);
             } else {
                 for (int64_t k = 0; k < kc; k++)
                     for (int r = 0; r < MR; r++) dst[k * MR + r] = r < mr ? src[k * lda + r] : 0.0f;
@@ -172,7 +172,7 @@ TARGET_AVX2 static inline __attribute__((always_inline)) void pack_b_nr(const ge
             const float *src = B + p0 * ldb + j0 + jr;
             for (int64_t k = 0; k < kc; k++) {
                 if (nr == NR) {
-                    for (int c = 0; c < NR; c++) dst[k * NR + c] = src[k * ldb + c];
+                    memcpy(dst + k * NR, src + k * ldb, sizeof(float) * NR);
                 } else {
                     for (int64_t c = 0; c < NR; c++) dst[k * NR + c] = c < nr ? src[k * ldb + c] : 0.0f;
                 }
