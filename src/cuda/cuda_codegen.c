@@ -486,7 +486,7 @@ static void matmul_launch(cg *c, cuda_plan *p, int id) {
 }
 
 /* Attention nodes of one kernel (cg_attention_joins: ATTENTION with its LSE, or the gradients
- * of one forward), a block of 256 threads per 64-row tile of one batch element (device code in
+ * of one forward), a block per row tile of one batch element (device code and tile sizes in
  * cuda_attention.c). Returns how many of next[] it took. */
 static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_next) {
     const tg_node *n = N(c, id);
@@ -513,7 +513,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
                  mma ? "_mma" : "", T, S, D, E, a[5] ? "true" : "false", mma ? "" : bf ? ", true" : ", false", n->src[0],
                  n->src[1], n->src[2], n->src[3], n->src[4], n->src[5], ptr[0], ptr[1], ptr[2], cg_flit(scale, f));
         tiles = (S + 63) / 64;
-        shared = mma ? (int)(4 * 128 + 2 * (64 * (D + 8) + D * 72 + 64 * (E + 8) + E * 72 + D * 72 + 2 * 64 * 72))
+        shared = mma ? (int)(4 * 128 + 2 * (2 * 64 * (D + 8) + 64 * (E + 8) + 2 * 64 * 72))
                      : (int)(4 * (64 * (D + 1) * 2 + 64 * (E + 1) * 2 + 64 * 65 + 128));
     } else {
         bool fwd = n->op == OP_ATTENTION;   /* else ATTENTION_LSE alone: no output rows */
@@ -524,13 +524,14 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
                  mma ? "_mma" : "", T, S, D, E, a[5] ? "true" : "false", fwd ? "true" : "false",
                  mma ? "" : bf ? ", true" : ", false", n->src[0], n->src[1], fwd ? n->src[2] : n->src[1], out, lse,
                  cg_flit(scale * 1.4426950408889634, f));
-        tiles = (T + 63) / 64;
-        shared = mma ? (int)(2 * (64 * (D + 8) + E * 72)) : (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
+        tiles = mma ? (T + 127) / 128 : (T + 63) / 64;
+        shared = mma ? (int)(2 * 64 * (D + 8 + E + 8)) : (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
     }
     char head[600];
     snprintf(head, sizeof head, "    %s;\n", call);
     end_kernel_roots(c, outs, n_out, n->src, n->nsrc, head, "");
-    kernel_launch(p, id, tiles * B * (mma ? 128 : 256), mma ? 128 : 256);
+    int block = mma && n->op == OP_ATTENTION_BWD ? 128 : 256;   /* warps of 16 rows: 4 backward, 8 forward (mma) */
+    kernel_launch(p, id, tiles * B * block, block);
     p->launch[p->n - 1].shared = shared;
     return n_out - 1;
 }
