@@ -513,7 +513,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
                  mma ? "_mma" : "", T, S, D, E, a[5] ? "true" : "false", mma ? "" : bf ? ", true" : ", false", n->src[0],
                  n->src[1], n->src[2], n->src[3], n->src[4], n->src[5], ptr[0], ptr[1], ptr[2], cg_flit(scale, f));
         tiles = (S + 63) / 64;
-        shared = mma ? (int)(4 * 128 + 2 * (2 * 64 * (D + 8) + 64 * (E + 8) + 2 * 64 * 72))
+        shared = mma ? (int)(4 * 128 + 2 * (2 * 64 * (D + 8) + 64 * (E + 8) + 2 * 64 * 72) + 4 * 64 * (D + 2 * E))
                      : (int)(4 * (64 * (D + 1) * 2 + 64 * (E + 1) * 2 + 64 * 65 + 128));
     } else {
         bool fwd = n->op == OP_ATTENTION;   /* else ATTENTION_LSE alone: no output rows */
