@@ -8,6 +8,21 @@
 static const tg_node *N(const cg *c, int id) { return &c->g->nodes[id]; }
 const char *cg_ctype(const tg_node *n) { return n->dtype == TG_INT32 ? "int32_t" : "float"; }
 bool cg_is_bound(tg_op op) { return op == OP_INPUT || op == OP_PARAM || op == OP_STATE; }
+
+static bool has_pad(const cg *c, int node, int root, int depth) {
+    const tg_node *n = N(c, node);
+    if (node != root && (c->mat[node] || cg_is_bound(n->op))) return false;
+    if (n->op == OP_PAD || depth > 64) return true;
+    for (int k = 0; k < n->nsrc; k++)
+        if (has_pad(c, n->src[k], root, depth + 1)) return true;
+    return false;
+}
+
+bool cg_has_pad(const cg *c, int node, int root) { return has_pad(c, node, root, 0); }
+
+const char *cg_index_type(const cg *c, int root, int64_t numel) {
+    return numel < ((int64_t)1 << 31) && !cg_has_pad(c, root, root) ? "uint32_t" : "int64_t";
+}
 static bool in_memory(const cg *c, int id) { return id != c->root && (c->mat[id] || cg_is_bound(N(c, id)->op)); }
 
 void cg_line(cg *c, const char *fmt, ...) {

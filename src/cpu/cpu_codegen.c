@@ -393,23 +393,6 @@ static void begin(gen *G, int root) {
  * no OpenMP region at all (each region is an outlined function the compiler must build). */
 static bool omp(const cg *c, int64_t work) { return work >= c->parallel_min; }
 
-/* Loop indices are 32-bit unsigned where the kernel allows it, so that the divisions and
- * remainders by constants that turn flat indices into coordinates vectorize (there is no 64-bit
- * vector multiply-high). Not where a coordinate equal to the flat index could be offset below
- * zero (pad). */
-static bool has_pad(const cg *c, int node, int root, int depth) {
-    const tg_node *n = N(c, node);
-    if (node != root && (c->mat[node] || cg_is_bound(n->op))) return false;
-    if (n->op == OP_PAD || depth > 64) return true;
-    for (int k = 0; k < n->nsrc; k++)
-        if (has_pad(c, n->src[k], root, depth + 1)) return true;
-    return false;
-}
-
-static const char *index_type(const cg *c, int root, int64_t numel) {
-    return numel < ((int64_t)1 << 31) && !has_pad(c, root, root, 0) ? "uint32_t" : "int64_t";
-}
-
 /* Do two nodes' buffers (as the kernel addresses them) overlap? */
 static bool overlap(gen *G, int a, int b) {
     cg *c = &G->c;
@@ -473,13 +456,13 @@ static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
     cg *c = &G->c;
     const tg_node *n = N(c, first);
     begin(G, first);
-    const char *it = index_type(c, first, n->numel);
+    const char *it = cg_index_type(c, first, n->numel);
     cg_root_line(c, first);
     int joined = 0;
     for (int q = 0; q < n_next && G->n_roots < 64; q++) {
         int r = next[q];
         const tg_node *nr = N(c, r);
-        if (!fuse_pointwise(nr->op) || nr->numel != n->numel || strcmp(index_type(c, r, nr->numel), it) != 0 ||
+        if (!fuse_pointwise(nr->op) || nr->numel != n->numel || strcmp(cg_index_type(c, r, nr->numel), it) != 0 ||
             bias_product(c, r) >= 0)
             break;
         G->roots[G->n_roots++] = r;
@@ -538,7 +521,7 @@ static void sum_kernel(gen *G, int id) {
     }
     begin(G, id);
     const char *ct = cg_ctype(n);
-    const char *it = s->numel < ((int64_t)1 << 31) && !has_pad(c, x, -1, 0) ? "uint32_t" : "int64_t";
+    const char *it = s->numel < ((int64_t)1 << 31) && !cg_has_pad(c, x, -1) ? "uint32_t" : "int64_t";
     bool inner_kept = ng > 0 && !gred[ng - 1];
     int64_t out = n->numel, J = inner_kept ? gsize[ng - 1] : 1, JB = J > 512 ? 512 : J;
     int64_t nb = (J + JB - 1) / JB, rows = out / J;
@@ -620,7 +603,7 @@ static int row_role(gen *G, int id, int64_t R, int64_t L) {
     const tg_node *n = N(c, id);
     int64_t r, l;
     if (cg_row_sum(c, id, &r, &l)) return r == R && l == L ? ROW_SUM : -1;
-    if (!fuse_pointwise(n->op) || inplace_of(G, id) >= 0 || bias_product(c, id) >= 0 || has_pad(c, id, id, 0)) return -1;
+    if (!fuse_pointwise(n->op) || inplace_of(G, id) >= 0 || bias_product(c, id) >= 0 || cg_has_pad(c, id, id)) return -1;
     return n->numel == R * L ? ROW_ELEMS : n->numel == R ? ROW_VALUES : -1;
 }
 

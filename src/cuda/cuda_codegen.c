@@ -259,6 +259,7 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     cg_begin(c, order[0]);
     while (q < n_order && fuse_pointwise(N(c, order[q])->op) && gr.n_roots < MAX_ROOTS) {
         int64_t numel = N(c, order[q])->numel;
+        int first = gr.n_roots;
         c->n_memo = 0;   /* a segment's temporaries live in its own block */
         c->body.len = 0;
         if (c->body.s) c->body.s[0] = 0;
@@ -272,8 +273,11 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
         }
         for (q++; q < n_order && gr.n_roots < MAX_ROOTS; q++)
             if (!fuse_pointwise(N(c, order[q])->op) || N(c, order[q])->numel != numel || !join(c, &gr, roots, order[q])) break;
-        sb_printf(&code, "    %sif (g < %lldll) {\n        const int64_t i = g - %lldll;\n%s    }\n", total ? "else " : "",
-                  (long long)(total + numel), (long long)total, sb_str(&c->body));
+        const char *it = "uint32_t";
+        for (int r = first; r < gr.n_roots; r++)
+            if (strcmp(cg_index_type(c, roots[r], numel), "uint32_t") != 0) it = "int64_t";
+        sb_printf(&code, "    %sif (g < %lldll) {\n        const %s i = (%s)(g - %lldll);\n%s    }\n", total ? "else " : "",
+                  (long long)(total + numel), it, it, (long long)total, sb_str(&c->body));
         total += numel;
     }
     char head[160];
@@ -309,7 +313,8 @@ static void sum_kernel(cg *c, cuda_plan *p, int id) {
     int64_t outs = outer * inner;
     cg_begin(c, id);
     char flat[NAME];
-    cg_def(c, flat, "f", "int64_t", "(o * %lld + k) * %lld + j", (long long)len, (long long)inner);
+    const char *it = s->numel < ((int64_t)1 << 31) && !cg_has_pad(c, x, -1) ? "uint32_t" : "int64_t";
+    cg_def(c, flat, "f", it, "(%s)((o * %lld + k) * %lld + j)", it, (long long)len, (long long)inner);
     cg_line(c, "acc += %s;", cg_value(c, x, flat));
     char head[700], tail[400];
     if (inner == 1 && len >= 32) {
@@ -396,6 +401,10 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
     }
     for (; nm >= 2; nm--) {   /* as many members as run race-free: no buffer read is written too */
         cg_begin(c, members[0]);
+        const char *it = "uint32_t";
+        for (int m = 0; m < nm; m++)
+            if (strcmp(cg_index_type(c, roles[m] == ROW_SUM ? N(c, members[m])->src[0] : members[m], R * L), "uint32_t") != 0)
+                it = "int64_t";
         strbuf text = { 0 };
         for (int m = 0; m < nm; m++) {
             int id = members[m];
@@ -404,14 +413,14 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
             c->body.len = 0;
             if (c->body.s) c->body.s[0] = 0;
             if (roles[m] == ROW_SUM) {
-                cg_line(c, "const int64_t xf = r * %lldll + j;", (long long)L);
+                cg_line(c, "const %s xf = (%s)(r * %lldll + j);", it, it, (long long)L);
                 cg_line(c, "acc += (double)%s;", cg_value(c, N(c, id)->src[0], "xf"));
                 sb_printf(&text, "    {\n    double acc = 0;\n    for (int64_t j = lane; j < %lldll; j += 32) {\n%s    }\n"
                                  "    for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);\n"
                                  "    if (lane == 0) P%d[r] = (%s)acc;\n    __syncwarp();\n    }\n",
                           (long long)L, sb_str(&c->body), id, cg_ctype(N(c, id)));
             } else if (roles[m] == ROW_ELEMS) {
-                cg_line(c, "const int64_t i = r * %lldll + j;", (long long)L);
+                cg_line(c, "const %s i = (%s)(r * %lldll + j);", it, it, (long long)L);
                 const char *v = cg_root_value(c, "i");
                 if (!cg_unplaced(c, id)) cg_line(c, "P%d[i] = %s;", id, v);
                 shadow_store(c, id, "i");
@@ -728,7 +737,7 @@ static const char DEVICE_KERNELS[] =
     "        c.dst[i] = c.src[i];\n}\n\n";
 
 static const char HEADER[] =
-    "typedef long long int64_t;\ntypedef unsigned long long uint64_t;\ntypedef int int32_t;\n"
+    "typedef long long int64_t;\ntypedef unsigned long long uint64_t;\ntypedef int int32_t;\ntypedef unsigned uint32_t;\n"
     "#define INFINITY __int_as_float(0x7f800000)\n#define NAN __int_as_float(0x7fffffff)\n\n";
 
 char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches, int sm,
