@@ -527,6 +527,8 @@ void cg_pointer(cg *c, strbuf *decl, int id, bool out, const char *restrict_kw) 
     const char *t = cg_ctype(n), *q = out ? "" : "const ";
     if (cg_is_bound(N(c, home)->op))
         sb_printf(decl, "    %s%s *%s P%d = (%s%s *)B[%d];\n", q, t, restrict_kw, id, q, t, home);
+    else if (c->plan->offset[home] == PLAN_BOUND)   /* a value kept only as a rounded copy: a planner bug, not a crash */
+        c->unsupported = id;
     else
         sb_printf(decl, "    %s%s *%s P%d = (%s%s *)(A + %zu);\n", q, t, restrict_kw, id, q, t, c->plan->offset[home]);
 }

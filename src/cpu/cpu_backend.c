@@ -254,7 +254,7 @@ static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_erro
     int unsupported = -1;
     if (ok) e->source = codegen_c_inplace(g, e->mat, &e->plan, CPU_PARALLEL_MIN, e->inplace, &unsupported);
     if (unsupported >= 0) {
-        tg_seterr(err, "the CPU backend has no kernel for op '%s' (node %d)", op_name(g->nodes[unsupported].op), unsupported);
+        tg_seterr(err, "the CPU backend has no kernel or buffer for op '%s' (node %d)", op_name(g->nodes[unsupported].op), unsupported);
         cpu_release(e);
         return NULL;
     }

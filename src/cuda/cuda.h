@@ -39,10 +39,13 @@ void cuda_refine(const tg_graph *g, const int *keep, int n_keep, bool *materiali
 void cuda_kernel_runs(const tg_graph *g, const bool *materialized, const int *alias, int *live_until);
 /* tf32 and bf16: the nodes whose rounded copies the products read (plan_shadows' `want`): the
  * homes (alias: fuse_schedule's) of product operands that a pointwise or row kernel computes,
- * and leaves; `only`: those of them that nothing but products reads, which need no f32 buffer
- * (plan_build's `unplaced`). */
-void cuda_shadow_wanted(const tg_graph *g, const bool *materialized, const int *alias, const int *keep, int n_keep,
+ * and leaves, and every operand of attention on tensor cores (cuda_attention_mma) on a device
+ * of compute capability sm; `only`: those of them that nothing but products and such attention
+ * reads, and whose kernel writes the copy, which need no f32 buffer (plan_build's `unplaced`). */
+void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, const int *alias, const int *keep, int n_keep,
                         bool *want, bool *only);
+/* Does attention node id run on tensor cores (bf16, head sizes multiples of 16, sm >= 80)? */
+bool cuda_attention_mma(const tg_graph *g, int id, int sm);
 /* For a device of compute capability sm (90: 9.0). NULL when memory runs out, or with
  * *unsupported set to a node without a CUDA kernel (else -1). */
 char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches, int sm,

@@ -252,23 +252,23 @@ const char CUDA_ATTENTION_SOURCE[] =
     "}\n\n";
 
 /* bf16 precision on tensor cores (mma.sync m16n8k16, f32 sums), for head sizes that are multiples
- * of 16. q, k, v (and the incoming gradient) enter as bf16, rounded as they are loaded, exactly as
- * the reference rounds them. The probabilities and the score gradients, which the reference keeps
- * in f32, enter the second products as two bf16 halves, hi = bf16(x) and lo = bf16(x - hi): the
- * pair carries 16 bits of mantissa (error below 2^-17 relative), and costs one more product on
- * units that are otherwise idle.
+ * of 16. q, k, v and the incoming gradient arrive as the bf16 copies their kernels rounded as
+ * they wrote them (cuda_codegen.c's shadows; the reference rounds them the same way), so tiles
+ * move into shared memory by cp.async, untouched, while the previous tile is worked on (two
+ * stages). The probabilities and the score gradients, which the reference keeps in f32, enter
+ * the second products as two bf16 halves, hi = bf16(x) and lo = bf16(x - hi): the pair carries 16
+ * bits of mantissa (error below 2^-17 relative), and costs one more product on units that are
+ * otherwise idle.
  *
  * Fragments of m16n8k16 for lane l (g = l / 4, t = l % 4): A holds rows g and g + 8, columns 2t,
  * 2t + 1 and 2t + 8, 2t + 9 of a 16 x 16 tile; B columns g, rows 2t, 2t + 1 and 2t + 8, 2t + 9 of a
  * 16 x 8 tile; C rows g and g + 8, columns 2t, 2t + 1 of a 16 x 8 tile. Two C tiles side by side
- * are one A tile, so a warp's scores feed its next product without leaving registers. Every
- * shared tile is bf16 rows as they lie in memory (float4 loads, 8-byte stores), padded by 8 so
- * that the 8 rows a fragment load touches fall in 8 different bank groups; a product that needs
- * a tile transposed (the values in P v, the queries and output gradients of dk and dv, the keys of
- * dq) reads its fragments with ldmatrix.trans instead of keeping a transposed copy. The forward
- * runs 8 warps on 128 query rows, so each key and value tile brought in serves twice the rows, and
- * loads the next tiles into registers while it works on the current ones; the backward has the
- * next query tile (q, d_out, out) land in shared memory by cp.async meanwhile. */
+ * are one A tile, so a warp's scores feed its next product without leaving registers. Shared
+ * tiles are rows as they lie in memory, padded by 8 so that the 8 rows a fragment load touches
+ * fall in 8 different bank groups; a product that needs a tile transposed (the values in P v, the
+ * queries and output gradients of dk and dv, the keys of dq) reads its fragments with
+ * ldmatrix.trans. The forward runs 8 warps on 128 query rows, so each key and value tile brought
+ * in serves twice the rows; the backward 4 warps on 64 keys. */
 const char CUDA_ATTENTION_MMA_SOURCE[] =
     "static __device__ unsigned tgm_bits(float x) {\n"
     "    const unsigned u = __float_as_uint(x);\n"
@@ -287,60 +287,38 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    const unsigned a = (unsigned)__cvta_generic_to_shared(p);\n"
     "    asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
     "                 : \"=r\"(f[0]), \"=r\"(f[1]), \"=r\"(f[2]), \"=r\"(f[3]) : \"r\"(a));\n}\n"
-    /* rows [r0, r0 + 64) of src [n, W] as bf16 into dst [64][W + 8], zeros past n */
+    /* 16 bytes from global to shared memory by cp.async (zeros when !ok), in flight until
+     * tgm_landed */
+    "static __device__ void tgm_cp16(void *dst, const void *src, bool ok) {\n"
+    "    const unsigned a = (unsigned)__cvta_generic_to_shared(dst);\n"
+    "    asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" :: \"r\"(a), \"l\"(src), \"r\"(ok ? 16 : 0));\n}\n"
+    "static __device__ void tgm_landed() { asm volatile(\"cp.async.wait_group 0;\\n\" ::: \"memory\"); }\n"
+    /* rows [r0, r0 + 64) of src [n, W] (bf16) into dst [64][W + 8]; of src [n, W] (f32) into dst
+     * [64][W]; zeros past n */
     "template <int W>\n"
-    "static __device__ void tgm_rows(unsigned short *dst, const float *__restrict__ src, int r0, int n) {\n"
-    "    for (int x = threadIdx.x; x < 64 * W / 4; x += blockDim.x) {\n"
-    "        const int r = x / (W / 4), c = 4 * (x % (W / 4));\n"
-    "        const float4 v = r0 + r < n ? *(const float4 *)(src + (long long)(r0 + r) * W + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n"
-    "        *(uint2 *)(dst + r * (W + 8) + c) = make_uint2(tgm_pack(v.x, v.y), tgm_pack(v.z, v.w));\n"
-    "    }\n}\n"
-    /* the same in two steps for a block of 256 threads, so that the loads of the next tile are in
-     * flight while the current one is used: its W / 16 float4 into registers, then into dst */
-    "template <int W>\n"
-    "static __device__ void tgm_fetch(float4 *x, const float *__restrict__ src, int r0, int n) {\n"
-    "#pragma unroll\n"
-    "    for (int i = 0; i < W / 16; i++) {\n"
-    "        const int e = threadIdx.x + 256 * i, r = e / (W / 4), c = 4 * (e % (W / 4));\n"
-    "        x[i] = r0 + r < n ? *(const float4 *)(src + (long long)(r0 + r) * W + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n"
-    "    }\n}\n"
-    "template <int W>\n"
-    "static __device__ void tgm_put(unsigned short *dst, const float4 *x) {\n"
-    "#pragma unroll\n"
-    "    for (int i = 0; i < W / 16; i++) {\n"
-    "        const int e = threadIdx.x + 256 * i, r = e / (W / 4), c = 4 * (e % (W / 4));\n"
-    "        *(uint2 *)(dst + r * (W + 8) + c) = make_uint2(tgm_pack(x[i].x, x[i].y), tgm_pack(x[i].z, x[i].w));\n"
-    "    }\n}\n"
-    /* rows [r0, r0 + 64) of src [n, W] copied as they are into dst [64][W] by cp.async (zeros past
-     * n), in flight until tgm_landed; and such a staged tile as bf16 rows into dst [64][W + 8] */
-    "template <int W>\n"
-    "static __device__ void tgm_stage(float *dst, const float *__restrict__ src, int r0, int n) {\n"
-    "    for (int x = threadIdx.x; x < 64 * W / 4; x += blockDim.x) {\n"
-    "        const int r = x / (W / 4), c = 4 * (x % (W / 4));\n"
-    "        const bool ok = r0 + r < n;\n"
-    "        const unsigned a = (unsigned)__cvta_generic_to_shared(dst + r * W + c);\n"
-    "        asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" :: \"r\"(a),\n"
-    "                     \"l\"(ok ? src + (long long)(r0 + r) * W + c : src), \"r\"(ok ? 16 : 0));\n"
+    "static __device__ void tgm_tile(unsigned short *dst, const unsigned short *__restrict__ src, int r0, int n) {\n"
+    "    for (int x = threadIdx.x; x < 64 * W / 8; x += blockDim.x) {\n"
+    "        const int r = x / (W / 8), c = 8 * (x % (W / 8));\n"
+    "        tgm_cp16(dst + r * (W + 8) + c, src + (long long)(r0 + r < n ? r0 + r : 0) * W + c, r0 + r < n);\n"
     "    }\n"
     "    asm volatile(\"cp.async.commit_group;\\n\" ::);\n}\n"
-    "static __device__ void tgm_landed() { asm volatile(\"cp.async.wait_group 0;\\n\" ::: \"memory\"); }\n"
     "template <int W>\n"
-    "static __device__ void tgm_convert(unsigned short *dst, const float *st) {\n"
+    "static __device__ void tgm_tile_f32(float *dst, const float *__restrict__ src, int r0, int n) {\n"
     "    for (int x = threadIdx.x; x < 64 * W / 4; x += blockDim.x) {\n"
     "        const int r = x / (W / 4), c = 4 * (x % (W / 4));\n"
-    "        const float4 v = *(const float4 *)(st + r * W + c);\n"
-    "        *(uint2 *)(dst + r * (W + 8) + c) = make_uint2(tgm_pack(v.x, v.y), tgm_pack(v.z, v.w));\n"
-    "    }\n}\n"
+    "        tgm_cp16(dst + r * W + c, src + (long long)(r0 + r < n ? r0 + r : 0) * W + c, r0 + r < n);\n"
+    "    }\n"
+    "    asm volatile(\"cp.async.commit_group;\\n\" ::);\n}\n"
     "static __device__ unsigned tgm_ld(const unsigned short *p) { return *(const unsigned *)p; }\n"
-    /* A fragments of rows [r0, r0 + 16) of src [n, W]: a[W / 16][4], zeros past n */
+    /* A fragments of rows [r0, r0 + 16) of src [n, W] (bf16): a[W / 16][4], zeros past n */
     "template <int W>\n"
-    "static __device__ void tgm_frags(unsigned (*a)[4], const float *__restrict__ src, int r0, int n, int g, int t) {\n"
+    "static __device__ void tgm_frags(unsigned (*a)[4], const unsigned short *__restrict__ src, int r0, int n, int g, int t) {\n"
     "#pragma unroll\n"
     "    for (int ks = 0; ks < W / 16; ks++)\n"
     "#pragma unroll\n"
     "        for (int h = 0; h < 4; h++) {\n"
     "            const int r = r0 + g + 8 * (h & 1), c = 16 * ks + 2 * t + 8 * (h >> 1);\n"
-    "            a[ks][h] = r < n ? tgm_pack(src[(long long)r * W + c], src[(long long)r * W + c + 1]) : 0u;\n"
+    "            a[ks][h] = r < n ? tgm_ld(src + (long long)r * W + c) : 0u;\n"
     "        }\n}\n"
     /* c[N / 8][4] += the 16 rows of A (fragments a[K / 16], as hi and lo parts when SPLIT) times B,
      * B[k][n] read as pairs along k at bt + n * ld + k (a tile of B's columns) */
@@ -382,14 +360,15 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "            a[j][h] = tgm_pack(x[0], x[1]);\n"
     "            ar[j][h] = tgm_rest(x[0], x[1]);\n"
     "        }\n}\n"
-    /* forward: 8 warps, 16 query rows each, one block per (128-row tile, batch element) */
+    /* forward: 8 warps, 16 query rows each, one block per (128-row tile, batch element); shared:
+     * two stages of a key tile and a value tile */
     "template <int T, int S, int D, int E, bool CAUSAL, bool OUT>\n"
-    "static __device__ void tgk_attention_mma(const float *__restrict__ q, const float *__restrict__ k,\n"
-    "                                         const float *__restrict__ v, float *__restrict__ o,\n"
+    "static __device__ void tgk_attention_mma(const unsigned short *__restrict__ q, const unsigned short *__restrict__ k,\n"
+    "                                         const unsigned short *__restrict__ v, float *__restrict__ o,\n"
     "                                         float *__restrict__ lse, float scale_log2) {\n"
-    "    constexpr int TILES = (T + 127) / 128, DK = D / 16, EN = E / 8;\n"
+    "    constexpr int TILES = (T + 127) / 128, DK = D / 16, EN = E / 8, STAGE = 64 * (D + 8) + 64 * (E + 8);\n"
     "    extern __shared__ float tga_sm[];\n"
-    "    unsigned short *Ks = (unsigned short *)tga_sm, *Vs = Ks + 64 * (D + 8);\n"
+    "    unsigned short *sm = (unsigned short *)tga_sm;\n"
     "    const int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;\n"
     "    const int r0 = (int)(blockIdx.x % TILES) * 128, rw = r0 + 16 * w;\n"
     "    const long long b = blockIdx.x / TILES;\n"
@@ -398,18 +377,16 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    tgm_frags<D>(qa, q, rw, T, g, t);\n"
     "    float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f }, acc[EN][4] = {};\n"
     "    const int c_end = CAUSAL ? (S < r0 + 128 ? S : r0 + 128) : S;\n"
-    "    float4 kf[D / 16], vf[E / 16];\n"
-    "    tgm_fetch<D>(kf, k, 0, S);\n"
-    "    if (OUT) tgm_fetch<E>(vf, v, 0, S);\n"
-    "    for (int c0 = 0; c0 < c_end; c0 += 64) {\n"
-    "        __syncthreads();\n"
-    "        tgm_put<D>(Ks, kf);\n"
-    "        if (OUT) tgm_put<E>(Vs, vf);\n"
-    "        __syncthreads();\n"
+    "    tgm_tile<D>(sm, k, 0, S);\n"
+    "    if (OUT) tgm_tile<E>(sm + 64 * (D + 8), v, 0, S);\n"
+    "    for (int c0 = 0, st = 0; c0 < c_end; c0 += 64, st ^= 1) {\n"
+    "        tgm_landed();\n"
+    "        __syncthreads();   /* this tile in; every warp done with the other stage */\n"
     "        if (c0 + 64 < c_end) {\n"
-    "            tgm_fetch<D>(kf, k, c0 + 64, S);\n"
-    "            if (OUT) tgm_fetch<E>(vf, v, c0 + 64, S);\n"
+    "            tgm_tile<D>(sm + (st ^ 1) * STAGE, k, c0 + 64, S);\n"
+    "            if (OUT) tgm_tile<E>(sm + (st ^ 1) * STAGE + 64 * (D + 8), v, c0 + 64, S);\n"
     "        }\n"
+    "        const unsigned short *Ks = sm + st * STAGE, *Vs = Ks + 64 * (D + 8);\n"
     "        if (CAUSAL && c0 > rw + 15) continue;   /* every key of the tile is after the warp's rows */\n"
     "        float s[8][4] = {};\n"
     "        tgm_gemm<D, 64, false>(s, qa, qa, Ks, D + 8, g, t);\n"
@@ -461,18 +438,18 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "}\n"
     /* backward: 4 warps, 16 keys each, one block per (64-key tile, batch element); dq zeroed before.
      * Per query tile: s^T = k q^T, p^T, dp^T = v d_out^T, ds^T = p^T (dp^T - delta) scale; dv += p^T
-     * d_out and dk += ds^T q in registers; dq += ds k through shared memory and atomics. */
+     * d_out and dk += ds^T q in registers; dq += ds k through shared memory and atomics. Shared:
+     * two stages of the query tile (q, d_out), the out rows for delta, the key tile, ds. */
     "template <int T, int S, int D, int E, bool CAUSAL>\n"
-    "static __device__ void tgk_attention_bwd_mma(const float *__restrict__ q, const float *__restrict__ k,\n"
-    "        const float *__restrict__ v, const float *__restrict__ o, const float *__restrict__ dout,\n"
+    "static __device__ void tgk_attention_bwd_mma(const unsigned short *__restrict__ q, const unsigned short *__restrict__ k,\n"
+    "        const unsigned short *__restrict__ v, const float *__restrict__ o, const unsigned short *__restrict__ dout,\n"
     "        const float *__restrict__ lse, float *dq, float *__restrict__ dk, float *__restrict__ dv, float scale) {\n"
-    "    constexpr int TILES = (S + 63) / 64;\n"
+    "    constexpr int TILES = (S + 63) / 64, STAGE = 64 * (D + 8) + 64 * (E + 8);\n"
     "    constexpr float LOG2E = 1.4426950408889634f;\n"
     "    extern __shared__ float tga_sm[];\n"
     "    float *Ls = tga_sm, *Dl = Ls + 64;\n"
-    "    unsigned short *Qs = (unsigned short *)(Dl + 64), *Gs = Qs + 64 * (D + 8), *Ks = Gs + 64 * (E + 8);\n"
-    "    unsigned short *Sh = Ks + 64 * (D + 8), *Sl = Sh + 64 * 72;\n"
-    "    float *Qst = (float *)(Sl + 64 * 72), *Gst = Qst + 64 * D, *Ost = Gst + 64 * E;   /* the next query tile, landing */\n"
+    "    unsigned short *Qg = (unsigned short *)(Dl + 64), *Ks = Qg + 2 * STAGE, *Sh = Ks + 64 * (D + 8), *Sl = Sh + 64 * 72;\n"
+    "    float *Os = (float *)(Sl + 64 * 72);\n"
     "    const int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;\n"
     "    const int c0 = (int)(blockIdx.x % TILES) * 64, cw = c0 + 16 * w;\n"
     "    const long long b = blockIdx.x / TILES;\n"
@@ -480,29 +457,34 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    unsigned ka[D / 16][4], va[E / 16][4];\n"
     "    tgm_frags<D>(ka, k, cw, S, g, t);\n"
     "    tgm_frags<E>(va, v, cw, S, g, t);\n"
-    "    tgm_rows<D>(Ks, k, c0, S);\n"
+    "    tgm_tile<D>(Ks, k, c0, S);\n"
     "    float dka[D / 8][4] = {}, dva[E / 8][4] = {};\n"
     "    const int r_first = CAUSAL ? c0 : 0;\n"
-    "    if (r_first < T) { tgm_stage<D>(Qst, q, r_first, T); tgm_stage<E>(Gst, dout, r_first, T); tgm_stage<E>(Ost, o, r_first, T); }\n"
-    "    for (int r0 = r_first; r0 < T; r0 += 64) {\n"
+    "    if (r_first < T) {\n"
+    "        tgm_tile<D>(Qg, q, r_first, T);\n"
+    "        tgm_tile<E>(Qg + 64 * (D + 8), dout, r_first, T);\n"
+    "        tgm_tile_f32<E>(Os, o, r_first, T);\n"
+    "    }\n"
+    "    for (int r0 = r_first, st = 0; r0 < T; r0 += 64, st ^= 1) {\n"
     "        tgm_landed();\n"
-    "        __syncthreads();\n"
-    "        tgm_convert<D>(Qs, Qst);\n"
-    "        tgm_convert<E>(Gs, Gst);\n"
+    "        __syncthreads();   /* this query tile in; every warp done with the other stage and ds */\n"
+    "        const unsigned short *Qs = Qg + st * STAGE, *Gs = Qs + 64 * (D + 8);\n"
     "        {   /* lse in log2 units, and delta_r = bf16(d_out_r) . out_r: two threads a row */\n"
     "            const int r = threadIdx.x >> 1, part = threadIdx.x & 1;\n"
     "            float dsum = 0.0f;\n"
-    "            for (int e = 4 * part; e < E; e += 8) {\n"
-    "                const float4 x = *(const float4 *)(Gst + r * E + e), y = *(const float4 *)(Ost + r * E + e);\n"
-    "                dsum += tgm_hi(x.x) * y.x + tgm_hi(x.y) * y.y + tgm_hi(x.z) * y.z + tgm_hi(x.w) * y.w;\n"
-    "            }\n"
+    "            for (int e = part; e < E; e += 2)\n"
+    "                dsum += __uint_as_float((unsigned)Gs[r * (E + 8) + e] << 16) * Os[r * E + e];\n"
     "            dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);\n"
     "            if (part == 0) { Dl[r] = dsum; Ls[r] = r0 + r < T ? lse[r0 + r] * LOG2E : 0.0f; }\n"
     "        }\n"
-    "        __syncthreads();\n"
-    "        if (r0 + 64 < T) { tgm_stage<D>(Qst, q, r0 + 64, T); tgm_stage<E>(Gst, dout, r0 + 64, T); tgm_stage<E>(Ost, o, r0 + 64, T); }\n"
-    "        float st[8][4] = {}, dpt[8][4] = {};\n"
-    "        tgm_gemm<D, 64, false>(st, ka, ka, Qs, D + 8, g, t);\n"
+    "        __syncthreads();   /* delta and lse in; the out rows free */\n"
+    "        if (r0 + 64 < T) {\n"
+    "            tgm_tile<D>(Qg + (st ^ 1) * STAGE, q, r0 + 64, T);\n"
+    "            tgm_tile<E>(Qg + (st ^ 1) * STAGE + 64 * (D + 8), dout, r0 + 64, T);\n"
+    "            tgm_tile_f32<E>(Os, o, r0 + 64, T);\n"
+    "        }\n"
+    "        float st_[8][4] = {}, dpt[8][4] = {};\n"
+    "        tgm_gemm<D, 64, false>(st_, ka, ka, Qs, D + 8, g, t);\n"
     "        tgm_gemm<E, 64, false>(dpt, va, va, Gs, E + 8, g, t);\n"
     "#pragma unroll\n"
     "        for (int nt = 0; nt < 8; nt++)\n"
@@ -510,12 +492,12 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "            for (int h = 0; h < 4; h++) {   /* key cw + g + 8 (h >> 1), query r0 + nt * 8 + 2t + (h & 1) */\n"
     "                const int c = cw + g + 8 * (h >> 1), rl = nt * 8 + 2 * t + (h & 1), r = r0 + rl;\n"
     "                const bool keep = r < T && c < S && (!CAUSAL || c <= r);\n"
-    "                const float p = keep ? exp2f(st[nt][h] * scale * LOG2E - Ls[rl]) : 0.0f;\n"
-    "                st[nt][h] = p;\n"
+    "                const float p = keep ? exp2f(st_[nt][h] * scale * LOG2E - Ls[rl]) : 0.0f;\n"
+    "                st_[nt][h] = p;\n"
     "                dpt[nt][h] = p * (dpt[nt][h] - Dl[rl]) * scale;\n"
     "            }\n"
     "        unsigned pa[4][4], pr[4][4];\n"
-    "        tgm_as_a(st, pa, pr);\n"
+    "        tgm_as_a(st_, pa, pr);\n"
     "        tgm_gemm_t<64, E, true>(dva, pa, pr, Gs, E + 8);\n"
     "        tgm_as_a(dpt, pa, pr);\n"
     "        tgm_gemm_t<64, D, true>(dka, pa, pr, Qs, D + 8);\n"
@@ -548,6 +530,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "                if (dq && r < T) atomicAdd(dq + (b * T + r) * D + d, dqa[nd][h]);\n"
     "            }\n"
     "    }\n"
+    "    tgm_landed();   /* (no copy outlives the block) */\n"
     "#pragma unroll\n"
     "    for (int h = 0; h < 2; h++) {\n"
     "        const int c = cw + g + 8 * h;\n"

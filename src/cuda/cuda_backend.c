@@ -573,7 +573,7 @@ static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_kee
         fuse_schedule(g, keep, n_keep, true, mat, alias);
         cuda_refine(g, keep, n_keep, mat);
         cuda_kernel_runs(g, mat, alias, runs);
-        cuda_shadow_wanted(g, mat, alias, keep, n_keep, want, only);
+        cuda_shadow_wanted(g, atoi(arch + 3), mat, alias, keep, n_keep, want, only);
     }
     ok = ok && plan_build(g, keep, n_keep, mat, alias, runs, only, &e->plan);
     if (ok && g->precision != TG_PRECISION_F32) ok = plan_shadows(g, &e->plan, want, g->precision == TG_PRECISION_BF16 ? 2 : 4);
@@ -585,7 +585,7 @@ static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_kee
     if (ok) e->source = codegen_cuda(g, mat, &e->plan, &e->launches, atoi(arch + 3), &unsupported);
     free(mat);
     if (unsupported >= 0)
-        tg_seterr(err, "the CUDA backend has no kernel for op '%s' (node %d)", op_name(g->nodes[unsupported].op), unsupported);
+        tg_seterr(err, "the CUDA backend has no kernel or buffer for op '%s' (node %d)", op_name(g->nodes[unsupported].op), unsupported);
     else if (!e->source)
         tg_seterr(err, "out of memory generating the CUDA kernels of %d nodes (or a plan past 2^60 elements)", g->n);
     return e->source != NULL;

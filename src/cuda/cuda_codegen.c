@@ -60,30 +60,75 @@ static void pointer(cg *c, strbuf *decl, int id, bool out) { cg_pointer(c, decl,
 
 static int home_of(const int *alias, int x) { return alias[x] >= 0 ? alias[x] : x; }
 
-void cuda_shadow_wanted(const tg_graph *g, const bool *materialized, const int *alias, const int *keep, int n_keep,
+/* Does the kernel computing home node h also write its rounded copy (shadow_store)? Pointwise and
+ * row kernels do, and kleaves for the leaves; products, sums and the special kernels do not. */
+static bool writes_shadow(const tg_graph *g, const bool *materialized, int h) {
+    tg_op op = g->nodes[h].op;
+    return cg_is_bound(op) || (materialized[h] && fuse_pointwise(op));
+}
+
+bool cuda_attention_mma(const tg_graph *g, int id, int sm) {
+    int64_t a[7];
+    cg_attention_args(g, id, a);
+    return g->precision == TG_PRECISION_BF16 && sm >= 80 && a[3] % 16 == 0 && a[4] % 16 == 0;
+}
+
+/* The sources of attention node n that enter its products (q, k, v; d_out in the backward): on
+ * tensor cores, they are read as bf16 copies. Returns how many (their src indices in ops). */
+static int attention_operands(const tg_node *n, int *ops) {
+    static const int fwd[] = { 0, 1, 2 }, lse[] = { 0, 1 }, bwd[] = { 0, 1, 2, 4 };
+    const int *o = n->op == OP_ATTENTION ? fwd : n->op == OP_ATTENTION_LSE ? lse : bwd;
+    int k = n->op == OP_ATTENTION ? 3 : n->op == OP_ATTENTION_LSE ? 2 : 4;
+    memcpy(ops, o, sizeof(int) * (size_t)k);
+    return k;
+}
+
+static bool is_attention(tg_op op) { return op == OP_ATTENTION || op == OP_ATTENTION_LSE || op == OP_ATTENTION_BWD; }
+
+void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, const int *alias, const int *keep, int n_keep,
                         bool *want, bool *only) {
     for (int i = 0; i < g->n; i++) want[i] = only[i] = false;
     if (g->precision == TG_PRECISION_F32) return;
     for (int i = 0; i < g->n; i++) {
         const tg_node *n = &g->nodes[i];
-        if (n->op != OP_MATMUL || !materialized[i]) continue;
-        for (int k = 0; k < 2; k++) {
-            int h = home_of(alias, n->src[k]);
-            tg_op op = g->nodes[h].op;
-            bool ours = cg_is_bound(op) || (materialized[h] && alias[h] < 0 && fuse_pointwise(op));
-            want[h] |= ours && g->nodes[h].dtype == TG_FLOAT32;
+        if (!materialized[i]) continue;
+        int ops[4], n_ops = 0;
+        if (n->op == OP_MATMUL) {   /* operands that no kernel of ours computes go through a slot */
+            for (int k = 0; k < 2; k++)
+                if (writes_shadow(g, materialized, home_of(alias, n->src[k]))) ops[n_ops++] = k;
+        } else if (is_attention(n->op) && cuda_attention_mma(g, i, sm)) {   /* all: attention_kernel fills the others */
+            n_ops = attention_operands(n, ops);
+        }
+        for (int k = 0; k < n_ops; k++) {
+            int h = home_of(alias, n->src[ops[k]]);
+            want[h] |= g->nodes[h].dtype == TG_FLOAT32;
         }
     }
-    /* A computed node that only products read keeps no f32 copy at all. */
-    for (int i = 0; i < g->n; i++) only[i] = want[i] && !cg_is_bound(g->nodes[i].op);
+    /* A computed node whose kernel writes its copy, and that only products and tensor-core
+     * attention read, keeps no f32 copy at all. */
+    for (int i = 0; i < g->n; i++) only[i] = want[i] && !cg_is_bound(g->nodes[i].op) && alias[i] < 0 && writes_shadow(g, materialized, i);
     for (int k = 0; k < n_keep; k++)
         if (keep[k] >= 0) only[home_of(alias, keep[k])] = false;
     for (int k = 0; k < g->n_assigns; k++) only[home_of(alias, g->assigns[k].src)] = false;
+    /* Who reads what: kernels, and the nodes they compute inline (not the dead ones, as the
+     * products and transposes of an attention written out that became an ATTENTION node). */
+    bool *live = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
+    if (!live) {   /* out of memory: every copy beside its f32 value (the source is discarded anyway) */
+        for (int i = 0; i < g->n; i++) only[i] = false;
+        return;
+    }
+    for (int i = 0; i < g->n; i++) live[i] = materialized[i] || alias[i] >= 0;
+    for (int i = g->n - 1; i >= 0; i--)
+        for (int k = 0; live[i] && k < g->nodes[i].nsrc; k++) live[g->nodes[i].src[k]] = true;
     for (int i = 0; i < g->n; i++) {
         const tg_node *n = &g->nodes[i];
-        if (alias[i] >= 0 || (n->op == OP_MATMUL && materialized[i])) continue;   /* relabels, and products */
-        for (int k = 0; k < n->nsrc; k++) only[home_of(alias, n->src[k])] = false;
+        if (!live[i] || alias[i] >= 0 || n->op == OP_MATMUL) continue;   /* relabels, and products: they read copies */
+        bool mma = is_attention(n->op) && cuda_attention_mma(g, i, sm);
+        for (int k = 0; k < n->nsrc; k++)
+            if (!mma || (k == 3 || k == 5))   /* tensor-core attention reads out and lse as f32 */
+                only[home_of(alias, n->src[k])] = false;
     }
+    free(live);
 }
 
 static bool has_shadow(const cg *c, int id) { return c->plan->shadow && c->plan->shadow[id] != PLAN_BOUND; }
@@ -505,9 +550,30 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     memcpy(&scale, &a[6], sizeof scale);
     const long long B = a[0], T = a[1], S = a[2], D = a[3], E = a[4];
     const bool bf = c->g->precision == TG_PRECISION_BF16;   /* operands rounded to bf16 on load */
-    const bool mma = bf && p->sm >= 80 && D % 16 == 0 && E % 16 == 0;   /* tensor cores */
+    const bool mma = cuda_attention_mma(c->g, id, p->sm);   /* tensor cores: operands read as bf16 copies */
     int outs[3] = { id }, n_out = 1;
     for (int k = 0; k < n_next && n_out < 3 && cg_attention_joins(c->g, outs[n_out - 1], next[k]); k++) outs[n_out++] = next[k];
+    /* The sources as the kernel takes them: P<src>, or S<home> for the operands of tensor cores;
+     * those read as f32 are the extra pointers end_kernel_roots declares. */
+    char src[6][16], decl[600] = "";
+    int ops[4], n_ops = mma ? attention_operands(n, ops) : 0, f32[6], n_f32 = 0;
+    for (int k = 0; k < n->nsrc; k++) {
+        bool op = false;
+        for (int o = 0; o < n_ops; o++) op |= ops[o] == k;
+        if (op) {
+            int h = plan_home(c->plan, n->src[k]);
+            snprintf(src[k], sizeof src[k], "S%d", h);
+            if (!strstr(decl, src[k])) {
+                strbuf sp = { 0 };
+                shadow_pointer(c, &sp, h);
+                snprintf(decl + strlen(decl), sizeof decl - strlen(decl), "%s", sb_str(&sp));
+                free(sp.s);
+            }
+        } else {
+            snprintf(src[k], sizeof src[k], "P%d", n->src[k]);
+            f32[n_f32++] = n->src[k];
+        }
+    }
     char call[400], f[40];
     cg_begin(c, id);
     int64_t tiles;
@@ -518,31 +584,47 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
             snprintf(ptr[N(c, outs[r])->iarg[1]], 16, "P%d", outs[r]);
             if (N(c, outs[r])->iarg[1] == 0) memset_launch(p, outs[r]);   /* dq is added up with atomics */
         }
-        snprintf(call, sizeof call, "tgk_attention_bwd%s<%lld, %lld, %lld, %lld, %s%s>(P%d, P%d, P%d, P%d, P%d, P%d, %s, %s, %s, %s)",
-                 mma ? "_mma" : "", T, S, D, E, a[5] ? "true" : "false", mma ? "" : bf ? ", true" : ", false", n->src[0],
-                 n->src[1], n->src[2], n->src[3], n->src[4], n->src[5], ptr[0], ptr[1], ptr[2], cg_flit(scale, f));
+        snprintf(call, sizeof call, "tgk_attention_bwd%s<%lld, %lld, %lld, %lld, %s%s>(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                 mma ? "_mma" : "", T, S, D, E, a[5] ? "true" : "false", mma ? "" : bf ? ", true" : ", false", src[0],
+                 src[1], src[2], src[3], src[4], src[5], ptr[0], ptr[1], ptr[2], cg_flit(scale, f));
         tiles = (S + 63) / 64;
-        shared = mma ? (int)(4 * 128 + 2 * (2 * 64 * (D + 8) + 64 * (E + 8) + 2 * 64 * 72) + 4 * 64 * (D + 2 * E))
+        shared = mma ? (int)(4 * 128 + 2 * (2 * 64 * (D + 8) + 2 * 64 * (E + 8) + 64 * (D + 8) + 2 * 64 * 72) + 4 * 64 * E)
                      : (int)(4 * (64 * (D + 1) * 2 + 64 * (E + 1) * 2 + 64 * 65 + 128));
     } else {
         bool fwd = n->op == OP_ATTENTION;   /* else ATTENTION_LSE alone: no output rows */
         char out[16] = "(float *)0", lse[16] = "(float *)0";
         if (fwd) snprintf(out, sizeof out, "P%d", id);
         if (!fwd || n_out > 1) snprintf(lse, sizeof lse, "P%d", fwd ? outs[1] : id);
-        snprintf(call, sizeof call, "tgk_attention%s<%lld, %lld, %lld, %lld, %s, %s%s>(P%d, P%d, P%d, %s, %s, %s)",
+        snprintf(call, sizeof call, "tgk_attention%s<%lld, %lld, %lld, %lld, %s, %s%s>(%s, %s, %s, %s, %s, %s)",
                  mma ? "_mma" : "", T, S, D, E, a[5] ? "true" : "false", fwd ? "true" : "false",
-                 mma ? "" : bf ? ", true" : ", false", n->src[0], n->src[1], fwd ? n->src[2] : n->src[1], out, lse,
+                 mma ? "" : bf ? ", true" : ", false", src[0], src[1], fwd ? src[2] : src[1], out, lse,
                  cg_flit(scale * 1.4426950408889634, f));
         tiles = mma ? (T + 127) / 128 : (T + 63) / 64;
-        shared = mma ? (int)(2 * 64 * (D + 8 + E + 8)) : (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
+        shared = mma ? (int)(2 * 2 * 64 * (D + 8 + E + 8)) : (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
     }
-    char head[600];
-    snprintf(head, sizeof head, "    %s;\n", call);
-    end_kernel_roots(c, outs, n_out, n->src, n->nsrc, head, "");
+    char head[1100];
+    snprintf(head, sizeof head, "%s    %s;\n", decl, call);
+    end_kernel_roots(c, outs, n_out, f32, n_f32, head, "");
     int block = mma && n->op == OP_ATTENTION_BWD ? 128 : 256;   /* warps of 16 rows: 4 backward, 8 forward (mma) */
     kernel_launch(p, id, tiles * B * block, block);
     p->launch[p->n - 1].shared = shared;
     return n_out - 1;
+}
+
+/* The rounded copy of node id, when it has one that its own kernel does not write (a product's
+ * output read by attention on tensor cores): one pass right after the node is computed. */
+static void fill_shadow(cg *c, cuda_plan *p, int id) {
+    if (!has_shadow(c, id) || writes_shadow(c->g, c->mat, id)) return;
+    strbuf decl = { 0 };
+    pointer(c, &decl, id, false);
+    shadow_pointer(c, &decl, id);
+    sb_printf(c->out, "extern \"C\" __global__ void kfill%d(float *A, void *const *B, const double *H) {\n%s"
+                      "    const int64_t i = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
+                      "    if (i < %lldll) S%d[i] = %s(P%d[i]);\n}\n\n",
+              id, sb_str(&decl), BLOCK, (long long)N(c, id)->numel, id, round_fn(c), id);
+    free(decl.s);
+    kernel_launch(p, id, N(c, id)->numel, BLOCK);
+    snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "kfill%d", id);
 }
 
 static void special_kernel(cg *c, cuda_plan *p, int id) {
@@ -767,14 +849,14 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     for (int i = 0; order && i < g->n; i++)
         if (materialized[i] && plan->alias[i] < 0) order[n_order++] = i;   /* aliases share a buffer: no kernel */
     for (int q = 0; q < n_order; q++) {
-        int i = order[q], taken;
+        int i = order[q], taken, first = q;
         tg_op op = g->nodes[i].op;
         if (fuse_pointwise(op)) q += pointwise_kernel(&c, launches, order + q, n_order - q) - 1;
         else if (op == OP_SUM && (taken = row_kernel(&c, launches, order + q, n_order - q)) > 0) q += taken - 1;
         else if (op == OP_SUM) sum_kernel(&c, launches, i);
-        else if (op == OP_ATTENTION || op == OP_ATTENTION_LSE || op == OP_ATTENTION_BWD)
-            q += attention_kernel(&c, launches, i, order + q + 1, n_order - q - 1);
+        else if (is_attention(op)) q += attention_kernel(&c, launches, i, order + q + 1, n_order - q - 1);
         else special_kernel(&c, launches, i);
+        for (int k = first; k <= q; k++) fill_shadow(&c, launches, order[k]);
     }
     free(order);
     *unsupported = c.unsupported;
