@@ -338,31 +338,57 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     return q;
 }
 
+/* The source of sum `id` past the sums it absorbed (cuda_refine), and the axes they span. */
+static int sum_source(const cg *c, int id, int *lo, int *hi) {
+    int x = N(c, id)->src[0];
+    *lo = *hi = N(c, id)->axis;
+    for (; N(c, x)->op == OP_SUM && !c->mat[x]; x = N(c, x)->src[0]) {
+        *lo = N(c, x)->axis < *lo ? N(c, x)->axis : *lo;
+        *hi = N(c, x)->axis > *hi ? N(c, x)->axis : *hi;
+    }
+    return x;
+}
+
 /* Sum over one axis: [outer, len, inner] -> [outer, 1, inner], reading coalesced:
  *  - contiguous rows (inner == 1): a warp per row, lanes striding the row, a shuffle reduction;
  *    when there are too few rows to fill the GPU (a sum over everything: one row), each row is
  *    cut into chunks of at least 1024, a warp each, added into the zeroed output with atomics;
- *  - otherwise a thread per output, neighbouring threads on neighbouring elements; when that
- *    gives too few threads, the axis is cut into chunks (grid y) summed into the zeroed output
- *    with atomics (so the order of the additions varies from run to run, by rounding only). */
-static void sum_kernel(cg *c, cuda_plan *p, int id) {
+ *  - otherwise blocks of 32 outputs x 32 row groups, neighbouring threads on neighbouring
+ *    elements, the 32 partial sums added in shared memory; past 16 elements per thread, the axis
+ *    is cut into chunks (grid y) summed into the zeroed output with atomics (so the order of the
+ *    additions varies from run to run, by rounding only). Small sums (a bias gradient of a small
+ *    batch) thus need no memset.
+ * `producer` (or -1) is the sum's source, a pointwise node computed here rather than by a
+ * kernel of its own: each element is visited once, so it is stored where it is summed (a bias
+ * gradient and the gradient it sums, one launch). False, with nothing emitted, when that would
+ * race (its buffer shares memory with something the kernel reads). */
+static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer) {
     const tg_node *n = N(c, id);
-    int lo = n->axis, hi = n->axis, x = n->src[0];
-    for (; N(c, x)->op == OP_SUM && !c->mat[x]; x = N(c, x)->src[0]) {   /* sums absorbed (cuda_refine) */
-        lo = N(c, x)->axis < lo ? N(c, x)->axis : lo;
-        hi = N(c, x)->axis > hi ? N(c, x)->axis : hi;
-    }
+    int lo, hi, x = sum_source(c, id, &lo, &hi);
     const tg_node *s = N(c, x);
     int64_t outer = 1, len = 1, inner = 1;
     for (int k = 0; k < s->shape.ndim; k++) *(k < lo ? &outer : k <= hi ? &len : &inner) *= s->shape.d[k];
     int64_t outs = outer * inner;
-    cg_begin(c, id);
+    bool rows = inner == 1 && len >= 32;
+    if (producer >= 0 && inner == 1) return false;   /* rows: row_kernel's (it also takes what follows) */
+    cg_begin(c, producer >= 0 ? producer : id);
     char flat[NAME];
     const char *it = s->numel < ((int64_t)1 << 31) && !cg_has_pad(c, x, -1) ? "uint32_t" : "int64_t";
     cg_def(c, flat, "f", it, "(%s)((o * %lld + k) * %lld + j)", it, (long long)len, (long long)inner);
-    cg_line(c, "acc += %s;", cg_value(c, x, flat));
-    char head[700], tail[400];
-    if (inner == 1 && len >= 32) {
+    if (producer >= 0) {
+        const char *v = cg_root_value(c, flat);
+        if (!cg_unplaced(c, producer)) cg_line(c, "P%d[%s] = %s;", producer, flat, v);
+        shadow_store(c, producer, flat);
+        cg_line(c, "acc += %s;", v);
+        for (int u = 0; u < c->g->n; u++)
+            if (u != producer && (c->used[u] || u == id) && arena_overlap(c, u, producer)) return false;
+    } else {
+        cg_line(c, "acc += %s;", cg_value(c, x, flat));
+    }
+    c->root = id;
+    int roots[2] = { id, producer };
+    char head[900], tail[400];
+    if (rows) {
         int64_t chunks = 1;   /* warps enough for about 64k threads, each lane summing >= 32 */
         while (outs * chunks * 32 < 65536 && len / (chunks * 2) >= 1024) chunks *= 2;
         int64_t chunk = (len + chunks - 1) / chunks;
@@ -385,27 +411,47 @@ static void sum_kernel(cg *c, cuda_plan *p, int id) {
         if (chunks > 1) memset_launch(p, id);
         end_kernel(c, NULL, 0, head, tail);
         kernel_launch(p, id, outs * chunks * 32, BLOCK);
-        return;
+        return true;
     }
-    int64_t chunks = 1;   /* enough threads to fill the GPU: about 64k */
-    while (outs * chunks < 65536 && len / (chunks * 2) >= 64) chunks *= 2;
+    enum { Y = 32 };   /* row groups: blocks of 1024 threads */
+    int64_t blocks = (outs + 31) / 32, chunks = 1;   /* each thread summing <= 16 elements: enough in flight */
+    while (len / (chunks * Y) > 16) chunks *= 2;
     int64_t chunk = (len + chunks - 1) / chunks;
+    char st[100];
+    if (chunks > 1) snprintf(st, sizeof st, "atomicAdd(P%d + oj, (%s)acc)", id, cg_ctype(n));
+    else snprintf(st, sizeof st, "P%d[oj] = (%s)acc", id, cg_ctype(n));
     snprintf(head, sizeof head,
-             "    const int64_t oj = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
-             "    if (oj >= %lldll) return;\n"
+             "    __shared__ double part[%d][32];\n"
+             "    const int lane = threadIdx.x & 31, y = threadIdx.x / 32;\n"
+             "    const int64_t oj = (int64_t)blockIdx.x * 32 + lane;\n"
              "    const int64_t o = oj / %lld, j = oj %% %lld, k0 = (int64_t)blockIdx.y * %lld;\n"
-             "    const int64_t k1 = k0 + %lld < %lldll ? k0 + %lld : %lldll;\n"
+             "    const int64_t k1 = oj >= %lldll ? k0 : k0 + %lld < %lldll ? k0 + %lld : %lldll;\n"
              "    double acc = 0;\n"
              "#pragma unroll 8\n"   /* loads in flight: a thread's are independent, only its sum is not */
-             "    for (int64_t k = k0; k < k1; k++) {\n",
-             BLOCK, (long long)outs, (long long)inner, (long long)inner, (long long)chunk, (long long)chunk,
-             (long long)len, (long long)chunk, (long long)len);
-    if (chunks > 1) snprintf(tail, sizeof tail, "    }\n    atomicAdd(P%d + oj, (%s)acc);\n", id, cg_ctype(n));
-    else snprintf(tail, sizeof tail, "    }\n    P%d[oj] = (%s)acc;\n", id, cg_ctype(n));
+             "    for (int64_t k = k0 + y; k < k1; k += %d) {\n",
+             Y, (long long)inner, (long long)inner, (long long)chunk, (long long)outs, (long long)chunk,
+             (long long)len, (long long)chunk, (long long)len, Y);
+    snprintf(tail, sizeof tail,
+             "    }\n"
+             "    part[y][lane] = acc;\n"
+             "    __syncthreads();\n"
+             "    if (y != 0 || oj >= %lldll) return;\n"
+             "    for (int r = 1; r < %d; r++) acc += part[r][lane];\n"
+             "    %s;\n",
+             (long long)outs, Y, st);
     if (chunks > 1) memset_launch(p, id);
-    end_kernel(c, NULL, 0, head, tail);
-    kernel_launch(p, id, outs, BLOCK);
+    end_kernel_roots(c, roots, producer >= 0 ? 2 : 1, NULL, 0, head, tail);
+    kernel_launch(p, id, blocks * 32 * Y, 32 * Y);
     p->launch[p->n - 1].grid_y = chunks;
+    return true;
+}
+
+/* Is pointwise node `a` the source of the (non-row) sum `b` right after it, and read by
+ * nothing between? Then sum_kernel computes it. */
+static bool sum_producer(const cg *c, int a, int b) {
+    int lo, hi;
+    return fuse_pointwise(N(c, a)->op) && N(c, b)->op == OP_SUM && sum_source(c, b, &lo, &hi) == a &&
+           plan_home(c->plan, a) == a;
 }
 
 /* ----- row kernels -----
@@ -851,9 +897,10 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     for (int q = 0; q < n_order; q++) {
         int i = order[q], taken, first = q;
         tg_op op = g->nodes[i].op;
-        if (fuse_pointwise(op)) q += pointwise_kernel(&c, launches, order + q, n_order - q) - 1;
+        if (q + 1 < n_order && sum_producer(&c, i, order[q + 1]) && sum_kernel(&c, launches, order[q + 1], i)) q++;
+        else if (fuse_pointwise(op)) q += pointwise_kernel(&c, launches, order + q, n_order - q) - 1;
         else if (op == OP_SUM && (taken = row_kernel(&c, launches, order + q, n_order - q)) > 0) q += taken - 1;
-        else if (op == OP_SUM) sum_kernel(&c, launches, i);
+        else if (op == OP_SUM) sum_kernel(&c, launches, i, -1);
         else if (is_attention(op)) q += attention_kernel(&c, launches, i, order + q + 1, n_order - q - 1);
         else special_kernel(&c, launches, i);
         for (int k = first; k <= q; k++) fill_shadow(&c, launches, order[k]);
