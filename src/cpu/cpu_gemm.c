@@ -50,6 +50,49 @@ void im2col_segment(const im2col_view *v, int64_t r, int64_t j0, int64_t n, floa
     }
 }
 
+/* Rows [p0, p0 + kc) of the cols matrix at columns [j, j + n) into dst (row k at dst + k * ld):
+ * what kc calls of im2col_segment give, with the columns' output positions found once and the
+ * rows' (channel, kernel row, kernel column) stepped rather than divided out per row. A
+ * convolution's packing calls this for every panel of NR columns: per-call divisions and
+ * memcpy of 16 floats were a tenth of cifar_cnn's step. */
+static inline __attribute__((always_inline)) void im2col_rows(const im2col_view *v, int64_t p0, int64_t kc, int64_t j,
+                                                              int64_t n, float *dst, int64_t ld) {
+    int64_t c = p0 / (v->kh * v->kw), i = p0 / v->kw % v->kh, jj = p0 % v->kw, oy0 = j / v->wo, ox0 = j % v->wo;
+    for (int64_t k = 0; k < kc; k++, dst += ld) {
+        const float *plane = v->x + c * v->H * v->W;
+        int64_t oy = oy0, ox = ox0;
+        for (int64_t q0 = 0; q0 < n; q0 += v->wo - ox, ox = 0, oy++) {   /* one piece per output row */
+            int64_t len = v->wo - ox < n - q0 ? v->wo - ox : n - q0, y = oy * v->s - v->pad + i;
+            float *d = dst + q0;
+            if (y < 0 || y >= v->H) {
+                for (int64_t q = 0; q < len; q++) d[q] = 0.0f;
+                continue;
+            }
+            const float *row = plane + y * v->W;
+            int64_t x0 = ox * v->s - v->pad + jj;
+            if (v->s == 1) {
+                int64_t a = x0 < 0 ? -x0 : 0, b = v->W - x0 < len ? v->W - x0 : len;
+                if (b < a) b = a;
+                for (int64_t q = 0; q < a; q++) d[q] = 0.0f;
+                for (int64_t q = a; q < b; q++) d[q] = row[x0 + q];
+                for (int64_t q = b; q < len; q++) d[q] = 0.0f;
+            } else {
+                for (int64_t q = 0; q < len; q++) {
+                    int64_t xx = x0 + q * v->s;
+                    d[q] = xx >= 0 && xx < v->W ? row[xx] : 0.0f;
+                }
+            }
+        }
+        if (++jj == v->kw) {
+            jj = 0;
+            if (++i == v->kh) {
+                i = 0;
+                c++;
+            }
+        }
+    }
+}
+
 static im2col_view im2col_of(const float *x, const int64_t *g) {
     im2col_view v = { x, g[0], g[1], g[2], g[3], g[4], g[5], g[6], 0, 0 };
     v.ho = (v.H + 2 * v.pad - v.kh) / v.s + 1;
@@ -159,11 +202,10 @@ TARGET_AVX2 static inline __attribute__((always_inline)) void pack_b_nr(const ge
     for (int64_t jr = 0; jr < nc; jr += NR) {
         int64_t nr = nc - jr < NR ? nc - jr : NR;
         float *dst = bp + jr * kc;
-        if (v && !tb) {   /* op(B) = cols: row k of cols, columns j0 + jr .. */
-            for (int64_t k = 0; k < kc; k++) {
-                gk->segment(v, p0 + k, j0 + jr, nr, dst + k * NR);
+        if (v && !tb) {   /* op(B) = cols: rows p0 .. of cols, columns j0 + jr .. */
+            im2col_rows(v, p0, kc, j0 + jr, nr, dst, NR);
+            for (int64_t k = 0; nr < NR && k < kc; k++)
                 for (int64_t c = nr; c < NR; c++) dst[k * NR + c] = 0.0f;
-            }
         } else if (v) {   /* op(B) = cols^T: rows j0 + jr .. of cols, depth p0 .., then the transposing pack */
             float rows[GEMM_NR_MAX * GEMM_KC_MAX];
             for (int64_t c = 0; c < nr; c++) gk->segment(v, j0 + jr + c, p0, kc, rows + c * kc);
