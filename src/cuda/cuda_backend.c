@@ -18,7 +18,9 @@
  * replica's update graph, which only runs once the average is complete.
  *
  * TG_CUDA_PROFILE=1 runs each step's launches one by one, synchronised, and prints the time spent
- * per op (the op of the node each launch writes) when the handle is released.
+ * per op (the op of the node each launch writes) when the handle is released; TG_CUDA_PROFILE=graph
+ * times each launch alone in a graph of copies of it instead (closer to the step graph's timing
+ * for small kernels; the values it computes are wrong).
  * "cuda-nvrtc" is a compile-only variant for tests on machines without a GPU: it generates and
  * NVRTC-compiles every kernel for sm_90 and runs nothing. */
 #include "cuda/cuda.h"
@@ -171,6 +173,9 @@ typedef struct {
     cublasHandle_t blas;
     char arch[16];          /* "sm_90" */
     char name[128];
+    pthread_mutex_t staging_mu;   /* cuda_upload's pinned staging ring */
+    char *staging;
+    size_t staging_cap, staging_used;
 } cuda_device;
 
 static struct {
@@ -231,6 +236,7 @@ static bool setup_device(int d, cuda_device *v) {
         return false;
     }
     snprintf(v->arch, sizeof v->arch, "sm_%d%d", major, minor);
+    pthread_mutex_init(&v->staging_mu, NULL);
     CUdeviceptr ws;
     if (cublas.Create(&v->blas) || cublas.SetStream(v->blas, v->stream) || cublas.SetMathMode(v->blas, 0) ||
         cu.MemAlloc(&ws, 32u << 20) || cublas.SetWorkspace(v->blas, (void *)ws, 32u << 20)) {
@@ -452,9 +458,41 @@ static void cuda_read(const void *buf, tg_dtype dt, double *dst, size_t n) {
     }
 }
 
+/* Inputs go up through pinned staging, asynchronously on the device's stream, so ordered before
+ * the step that reads them: a cuMemcpyHtoD from pageable memory blocks the host for the whole
+ * transfer, which was a fifth of a small model's step. Regions are handed out in turn; before the
+ * ring wraps, the stream is drained, so no region is rewritten while its copy may be pending. */
+#define STAGING_MIN (1u << 20)
+#define STAGING_MAX (64u << 20)
+
+static bool staged_upload(cuda_device *v, CUdeviceptr buf, const void *src, size_t bytes) {
+    size_t need = (bytes + 255) & ~(size_t)255;
+    if (need > STAGING_MAX) return false;
+    if (v->staging_used + need > v->staging_cap) {
+        if (cu.StreamSynchronize(v->stream)) return false;
+        v->staging_used = 0;
+    }
+    if (need > v->staging_cap) {
+        if (v->staging) cu.MemFreeHost(v->staging);
+        size_t cap = 2 * need > STAGING_MAX ? STAGING_MAX : 2 * need < STAGING_MIN ? STAGING_MIN : 2 * need;
+        void *p = NULL;
+        v->staging = cu.MemAllocHost(&p, cap) ? NULL : p;
+        v->staging_cap = v->staging ? cap : 0;
+        if (!v->staging) return false;
+    }
+    char *at = v->staging + v->staging_used;
+    memcpy(at, src, bytes);
+    if (cu.MemcpyHtoDAsync(buf, at, bytes, v->stream)) return false;
+    v->staging_used += need;
+    return true;
+}
+
 static void cuda_upload(void *buf, tg_dtype dt, const void *src, size_t n) {
-    device_of((CUdeviceptr)buf);
-    cu.MemcpyHtoD((CUdeviceptr)buf, src, n * 4);
+    cuda_device *v = device_of((CUdeviceptr)buf);
+    pthread_mutex_lock(&v->staging_mu);
+    bool staged = staged_upload(v, (CUdeviceptr)buf, src, n * 4);
+    pthread_mutex_unlock(&v->staging_mu);
+    if (!staged) cu.MemcpyHtoD((CUdeviceptr)buf, src, n * 4);   /* too large, or no pinned memory: the plain way */
 }
 
 static void cuda_copy(void *dst, const void *src, size_t n) {
@@ -485,10 +523,12 @@ typedef struct {
     CUgraphExec run_graph, step_graph;
     CUgraphExec dp_graph;    /* data parallel: the run, with the all-reduce captured after it when alone */
     int n_wb;
-    /* TG_CUDA_PROFILE=1: every launch between two events, run eagerly; seconds per launch */
+    /* TG_CUDA_PROFILE=1: every launch between two events, run eagerly; seconds per launch.
+     * TG_CUDA_PROFILE=graph: each launch also timed alone, PROFILE_COPIES copies of it in a graph */
     double *profile;
     CUevent *marks;          /* n launches + 1 */
     int profiled_runs;
+    bool profile_graph;
     /* tf32, bf16: product operands rounded into two slots of scratch (rounded_operands) */
     CUfunction to_rounded;
     CUdeviceptr slot[2];
@@ -508,8 +548,9 @@ static void print_profile(const cuda_exec *e) {
         total += e->profile[i];
     }
     int runs = e->profiled_runs ? e->profiled_runs : 1;
-    fprintf(stderr, "tensorgrad cuda profile (%d nodes, %d launches, %d runs, %.3f ms per run in launches):\n", e->g->n,
-            e->launches.n, runs, 1e3 * total / runs);
+    fprintf(stderr, "tensorgrad cuda profile (%d nodes, %d launches, %d runs, %.3f ms per run in launches%s):\n", e->g->n,
+            e->launches.n, runs, 1e3 * total / runs,
+            e->profile_graph ? ", each timed alone in a graph of copies of it; the values computed are wrong" : "");
     for (int op = 0; op <= OP_COUNT; op++)
         if (by_op[op] > 0.005 * total)
             fprintf(stderr, "  %-20s %8.3f ms  %5.1f%%\n", op == OP_COUNT ? "memset" : op_name((tg_op)op), 1e3 * by_op[op] / runs,
@@ -647,7 +688,8 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
     memset(e->hyper_host, 0, sizeof(double) * (size_t)e->n_hyper);
     e->table_dirty = true;
     const char *prof = getenv("TG_CUDA_PROFILE");
-    if (prof && prof[0] == '1') {
+    e->profile_graph = prof && strcmp(prof, "graph") == 0;
+    if (prof && (prof[0] == '1' || e->profile_graph)) {
         e->profile = tg_alloc(sizeof(double) * (size_t)(e->launches.n + 1));
         e->marks = tg_alloc(sizeof(CUevent) * (size_t)(e->launches.n + 1));
         if (!e->profile || !e->marks) {
@@ -753,26 +795,75 @@ static bool gemm(cuda_exec *e, const cuda_launch *l, tg_error *err) {
     return rc == 0;
 }
 
+/* Enqueue launch i on the stream. */
+static bool enqueue_one(cuda_exec *e, int i, tg_error *err) {
+    const cuda_launch *l = &e->launches.launch[i];
+    CUdeviceptr table = e->table, hyper = e->hyper_dev;
+    if (l->kind == CL_MEMSET) {
+        TRY(cu.MemsetD32Async(node_ptr(e, l->node), 0, (size_t)l->n, e->dev->stream), "memset");
+    } else if (l->kind == CL_GEMM) {
+        if (!gemm(e, l, err)) return false;
+    } else {
+        void *args[] = { &e->arena, &table, &hyper };
+        TRY(cu.LaunchKernel(e->fn[i], (unsigned)l->grid, (unsigned)l->grid_y, 1, (unsigned)l->block, 1, 1, (unsigned)l->shared,
+                            e->dev->stream, args, NULL),
+            l->name);
+    }
+    return true;
+fail:
+    return false;
+}
+
+#define PROFILE_COPIES 20
+
+/* TG_CUDA_PROFILE=graph: seconds per copy of launch i, run back to back in a graph as the step's
+ * graph runs its launches (the eager profile also counts each launch's host-side start, which
+ * dominates the smallest kernels). The copies recompute on the launch's own output. */
+static bool time_in_graph(cuda_exec *e, int i, double *sec, tg_error *err) {
+    CUgraph graph = NULL;
+    CUgraphExec exec = NULL;
+    float ms = 0;
+    TRY(cu.StreamBeginCapture(e->dev->stream, CU_CAPTURE_THREAD_LOCAL), "beginning graph capture");
+    bool ok = true;
+    for (int r = 0; r < PROFILE_COPIES && ok; r++) ok = enqueue_one(e, i, err);
+    CUresult rc = cu.StreamEndCapture(e->dev->stream, &graph);
+    if (!ok) goto fail;
+    TRY(rc, "ending graph capture");
+    TRY(cu.GraphInstantiate(&exec, graph, 0), "instantiating the CUDA graph");
+    TRY(cu.GraphLaunch(exec, e->dev->stream), "launching the CUDA graph");   /* warm */
+    TRY(cu.EventRecord(e->marks[0], e->dev->stream), "profile event");
+    TRY(cu.GraphLaunch(exec, e->dev->stream), "launching the CUDA graph");
+    TRY(cu.EventRecord(e->marks[1], e->dev->stream), "profile event");
+    TRY(cu.StreamSynchronize(e->dev->stream), "profile");
+    TRY(cu.EventElapsedTime(&ms, e->marks[0], e->marks[1]), "profile event");
+    *sec = 1e-3 * ms / PROFILE_COPIES;
+    cu.GraphExecDestroy(exec);
+    cu.GraphDestroy(graph);
+    return true;
+fail:
+    if (exec) cu.GraphExecDestroy(exec);
+    if (graph) cu.GraphDestroy(graph);
+    return false;
+}
+
 /* Enqueue the whole launch list on the stream (captured by the caller; or, profiling, run with
  * an event between launches and the time of each added to its total). */
 static bool enqueue(cuda_exec *e, tg_error *err) {
     e->slot_holds[0] = e->slot_holds[1] = -1;
     e->conversions = 0;
     TRY(cu.MemcpyHtoDAsync(e->hyper_dev, e->hyper_host, sizeof(double) * (size_t)e->n_hyper, e->dev->stream), "hyper upload");
-    CUdeviceptr table = e->table, hyper = e->hyper_dev;
-    for (int i = 0; i < e->launches.n; i++) {
-        const cuda_launch *l = &e->launches.launch[i];
-        if (e->profile) TRY(cu.EventRecord(e->marks[i], e->dev->stream), "profile event");
-        if (l->kind == CL_MEMSET) {
-            TRY(cu.MemsetD32Async(node_ptr(e, l->node), 0, (size_t)l->n, e->dev->stream), "memset");
-        } else if (l->kind == CL_GEMM) {
-            if (!gemm(e, l, err)) return false;
-        } else {
-            void *args[] = { &e->arena, &table, &hyper };
-            TRY(cu.LaunchKernel(e->fn[i], (unsigned)l->grid, (unsigned)l->grid_y, 1, (unsigned)l->block, 1, 1, (unsigned)l->shared,
-                                e->dev->stream, args, NULL),
-                l->name);
+    if (e->profile_graph) {
+        for (int i = 0; i < e->launches.n; i++) {
+            double sec;
+            if (!enqueue_one(e, i, err) || !time_in_graph(e, i, &sec, err)) return false;
+            e->profile[i] += sec;
         }
+        e->profiled_runs++;
+        return true;
+    }
+    for (int i = 0; i < e->launches.n; i++) {
+        if (e->profile) TRY(cu.EventRecord(e->marks[i], e->dev->stream), "profile event");
+        if (!enqueue_one(e, i, err)) return false;
     }
     if (e->profile) {   /* the events bracket each launch, without a host round trip between them */
         TRY(cu.EventRecord(e->marks[e->launches.n], e->dev->stream), "profile event");
