@@ -173,9 +173,6 @@ typedef struct {
     cublasHandle_t blas;
     char arch[16];          /* "sm_90" */
     char name[128];
-    pthread_mutex_t staging_mu;   /* cuda_upload's pinned staging ring */
-    char *staging;
-    size_t staging_cap, staging_used;
 } cuda_device;
 
 static struct {
@@ -236,7 +233,6 @@ static bool setup_device(int d, cuda_device *v) {
         return false;
     }
     snprintf(v->arch, sizeof v->arch, "sm_%d%d", major, minor);
-    pthread_mutex_init(&v->staging_mu, NULL);
     CUdeviceptr ws;
     if (cublas.Create(&v->blas) || cublas.SetStream(v->blas, v->stream) || cublas.SetMathMode(v->blas, 0) ||
         cu.MemAlloc(&ws, 32u << 20) || cublas.SetWorkspace(v->blas, (void *)ws, 32u << 20)) {
@@ -458,41 +454,9 @@ static void cuda_read(const void *buf, tg_dtype dt, double *dst, size_t n) {
     }
 }
 
-/* Inputs go up through pinned staging, asynchronously on the device's stream, so ordered before
- * the step that reads them: a cuMemcpyHtoD from pageable memory blocks the host for the whole
- * transfer, which was a fifth of a small model's step. Regions are handed out in turn; before the
- * ring wraps, the stream is drained, so no region is rewritten while its copy may be pending. */
-#define STAGING_MIN (1u << 20)
-#define STAGING_MAX (64u << 20)
-
-static bool staged_upload(cuda_device *v, CUdeviceptr buf, const void *src, size_t bytes) {
-    size_t need = (bytes + 255) & ~(size_t)255;
-    if (need > STAGING_MAX) return false;
-    if (v->staging_used + need > v->staging_cap) {
-        if (cu.StreamSynchronize(v->stream)) return false;
-        v->staging_used = 0;
-    }
-    if (need > v->staging_cap) {
-        if (v->staging) cu.MemFreeHost(v->staging);
-        size_t cap = 2 * need > STAGING_MAX ? STAGING_MAX : 2 * need < STAGING_MIN ? STAGING_MIN : 2 * need;
-        void *p = NULL;
-        v->staging = cu.MemAllocHost(&p, cap) ? NULL : p;
-        v->staging_cap = v->staging ? cap : 0;
-        if (!v->staging) return false;
-    }
-    char *at = v->staging + v->staging_used;
-    memcpy(at, src, bytes);
-    if (cu.MemcpyHtoDAsync(buf, at, bytes, v->stream)) return false;
-    v->staging_used += need;
-    return true;
-}
-
 static void cuda_upload(void *buf, tg_dtype dt, const void *src, size_t n) {
-    cuda_device *v = device_of((CUdeviceptr)buf);
-    pthread_mutex_lock(&v->staging_mu);
-    bool staged = staged_upload(v, (CUdeviceptr)buf, src, n * 4);
-    pthread_mutex_unlock(&v->staging_mu);
-    if (!staged) cu.MemcpyHtoD((CUdeviceptr)buf, src, n * 4);   /* too large, or no pinned memory: the plain way */
+    device_of((CUdeviceptr)buf);
+    cu.MemcpyHtoD((CUdeviceptr)buf, src, n * 4);
 }
 
 static void cuda_copy(void *dst, const void *src, size_t n) {
