@@ -25,6 +25,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 run() { echo "== $*"; "$@" 2>&1 | tee -a "$out/log.txt" | grep -E "FAIL|passed|accuracy|cuda" | tail -n 25; }
 if [ "$what" = tests ] || [ "$what" = all ]; then
     run build/tests/test_backend
+    run build/tests/test_attention   # fused attention on CUDA: causal or not, odd T, head sizes, bf16 tensor cores
     run build/tests/test_models
     TG_SESSION_BACKENDS=cuda run build/tests/test_session
     run build/tests/test_faults   # non-finite gradients on CUDA too: the guarded write-back

@@ -163,8 +163,9 @@ static double *run_on(const char *backend, tg_forward_fn fn, const actx *a, cons
 static void test_recognition(void) {
     const shape_case *sc = &SHAPES[0];
     int64_t n = 2 * 2 * 5 * 4;
-    const char *backends[] = { "reference", "cpu" };
-    for (int b = 0; b < 2; b++)
+    const char *backends[] = { "reference", "cpu", "cuda" };   /* cuda where there is a GPU (tests/run_gpu.sh) */
+    int n_backends = tg_backend_available("cuda", NULL, 0) ? 3 : 2;
+    for (int b = 0; b < n_backends; b++)
         for (int causal = 0; causal < 2; causal++) {
             actx fused = { FUSED, causal, 0.6 };
             int n_att = 0;
