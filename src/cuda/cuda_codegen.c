@@ -884,8 +884,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     cg_prelude(&out, "static __device__ inline");
     sb_printf(&out, "%s", DEVICE_KERNELS);
     for (int i = 0; i < g->n; i++)   /* only graphs with attention pay for compiling it */
-        if (materialized[i] && (g->nodes[i].op == OP_ATTENTION || g->nodes[i].op == OP_ATTENTION_LSE ||
-                                g->nodes[i].op == OP_ATTENTION_BWD)) {
+        if (materialized[i] && is_attention(g->nodes[i].op)) {
             sb_printf(&out, "%s%s", CUDA_ATTENTION_SOURCE, sm >= 80 && g->precision == TG_PRECISION_BF16 ? CUDA_ATTENTION_MMA_SOURCE : "");
             break;
         }
