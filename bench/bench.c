@@ -4,7 +4,11 @@
  * resident memory, launches per step (CUDA) and the TFLOP/s of its products and attention.
  *
  *   bench [--backend cpu|cuda|reference] [--precision f32|tf32|bf16] [--steps-scale X] [--kernels DIR]
- *         [--devices 0,1] [--dist] [workload ...]
+ *         [--devices 0,1] [--dist] [--steps-per-call N] [workload ...]
+ *
+ * The timed steps go through tg_steps, 16 per call (--steps-per-call; 1: tg_step each): on a GPU
+ * they are queued without waiting for each loss, as the peer's CUDA-graph loop replays its graph
+ * and reads the loss once per repeat. Every step reads the workload's one batch, as the peer's.
  *
  * Data parallel: --devices 0,1 trains on those GPUs in this process, each with the workload's
  * batch (the global batch is that times the device count); --dist makes this process one rank of
@@ -198,6 +202,7 @@ static void make_gpt(workload *w, int V, int T, int d, int h, int L, int B) {
 static int devices[16], n_devices;
 static bool distributed;
 static int batch_mult = 1;
+static int per_call = 16;   /* timed steps per tg_steps call (--steps-per-call) */
 
 static bool make(workload *w, const char *name) {
     memset(w, 0, sizeof *w);
@@ -362,15 +367,32 @@ static int run(const char *name, const char *backend, double scale, const char *
         r = tg_step(t, data, 2);
         if (getenv("TG_BENCH_LOSSES")) fprintf(stderr, "%s warm-up step %d: loss %.4f\n", name, i + 1, r.loss);
     }
+    /* per_call copies of the batch back to back, for tg_steps */
+    char *many[2] = { malloc((size_t)bt * 4 * per_call), malloc((size_t)by * 4 * per_call) };
+    if (!many[0] || !many[1]) r = (tg_result){ .status = TG_FAILED, .error = "out of memory for the batches" };
+    for (int k = 0; k < per_call && many[0] && many[1]; k++) {
+        memcpy(many[0] + (size_t)k * bt * 4, data[0].data, (size_t)bt * 4);
+        memcpy(many[1] + (size_t)k * by * 4, data[1].data, (size_t)by * 4);
+    }
     int base = strcmp(backend, "cuda") == 0 ? w.gpu_steps : w.steps;
     int steps = (int)(base * scale) > 0 ? (int)(base * scale) : 1;
     double times[5], cpu[5];
     for (int k = 0; k < 5 && r.status == TG_OK; k++) {
         double t0 = now(), c0 = cpu_now();
-        for (int i = 0; i < steps && r.status == TG_OK; i++) r = tg_step(t, data, 2);
+        for (int i = 0; i < steps && r.status == TG_OK; i += per_call) {
+            int m = steps - i < per_call ? steps - i : per_call;
+            tg_data batches[2] = { data[0], data[1] };
+            batches[0].data = many[0];
+            batches[0].n *= (size_t)m;
+            batches[1].data = many[1];
+            batches[1].n *= (size_t)m;
+            r = per_call == 1 ? tg_step(t, data, 2) : tg_steps(t, batches, 2, m, NULL);
+        }
         times[k] = (now() - t0) / steps * 1e3;
         cpu[k] = (cpu_now() - c0) / steps * 1e3;
     }
+    free(many[0]);
+    free(many[1]);
     if (r.status != TG_OK) {
         fprintf(stderr, "%s: step failed: %s\n", name, r.error);
         return 1;
@@ -397,10 +419,10 @@ static int run(const char *name, const char *backend, double scale, const char *
         return 0;
     }
     printf("%-16s %-4s %-8s params=%9lld ms/step median=%8.3f min=%8.3f loss=%.4f compile cold=%.2fs warm=%.3fs "
-           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f%s precision=%s tflops=%.1f%s\n",
+           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f%s precision=%s tflops=%.1f%s steps/call=%d\n",
            name, backend, "tg", (long long)tg_train_param_total(t), sorted[2], sorted[0], r.loss, cold, warm,
            tg_train_planned_bytes(t) / 1048576.0, state_mb, ru.ru_maxrss / 1024.0, cpu[2], kernels,
-           tg_precision_name(tg_train_precision(t)), tflops, dp);
+           tg_precision_name(tg_train_precision(t)), tflops, dp, per_call);
     fflush(stdout);
     tg_destroy(t);
     release(&w);
@@ -418,6 +440,7 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--steps-scale") == 0 && i + 1 < argc) scale = atof(argv[++i]);
         else if (strcmp(argv[i], "--kernels") == 0 && i + 1 < argc) kernels_dir = argv[++i];
         else if (strcmp(argv[i], "--dist") == 0) distributed = true;
+        else if (strcmp(argv[i], "--steps-per-call") == 0 && i + 1 < argc) per_call = atoi(argv[++i]) > 0 ? atoi(argv[i]) : 1;
         else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc) {
             for (char *p = argv[++i]; *p && n_devices < 16; p += *p == ',') devices[n_devices++] = (int)strtol(p, &p, 10);
         }

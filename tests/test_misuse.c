@@ -602,6 +602,8 @@ static void test_data_misuse(tg_train *t, tg_forward *f, const char *backend) {
 static void test_null_handles(void) {
     tg_result r = tg_step(NULL, GOOD_DATA);
     expect_msg("tg_step(NULL)", r.error, "NULL training handle");
+    r = tg_steps(NULL, GOOD_DATA, 1, NULL);
+    expect_msg("tg_steps(NULL)", r.error, "NULL training handle");
     r = tg_eval_loss(NULL, GOOD_DATA);
     expect_msg("tg_eval_loss(NULL)", r.error, "NULL training handle");
     r = tg_run(NULL, GOOD_DATA);
@@ -643,6 +645,8 @@ static void test_destroyed_handles(void) {
     float buf[12];
     tg_result r = tg_step(t, GOOD_DATA);
     expect_msg("tg_step(destroyed)", r.error, "destroyed");
+    r = tg_steps(t, GOOD_DATA, 1, NULL);
+    expect_msg("tg_steps(destroyed)", r.error, "destroyed");
     r = tg_eval_loss(t, GOOD_DATA);
     expect_msg("tg_eval_loss(destroyed)", r.error, "destroyed");
     r = tg_run(f, (tg_data[]){ tg_f32("x", X, 6) }, 1);

@@ -1,8 +1,8 @@
 /* The training session API beyond a single step: forwards with open dimensions (variants per
  * size, LRU), captures, activation patching, replacing the model, live-handle checks, threads,
- * async calls, single flight and kernel-source inspection. Each runs on the reference
- * interpreter and the compiled CPU backend (TG_SESSION_BACKENDS overrides: "reference" alone
- * under ThreadSanitizer, whose runtime does not see inside OpenMP).
+ * async calls, several steps per call, single flight and kernel-source inspection. Each runs on
+ * the reference interpreter and the compiled CPU backend (TG_SESSION_BACKENDS overrides:
+ * "reference" alone under ThreadSanitizer, whose runtime does not see inside OpenMP).
  *
  * Expected values are computed here in double from downloaded parameters; the library computes
  * in f32, so they agree to 1e-5 relative to the magnitudes involved. */
@@ -660,6 +660,82 @@ static void test_async(void) {
     tg_model_free(m);
 }
 
+/* ----- several steps per call (tg_steps) ----- */
+
+/* Parameters of two handles that differ by more than near() allows. */
+static int param_mismatches(tg_train *a, tg_train *b) {
+    host_mlp pa, pb;
+    download_mlp(a, &pa, HID);
+    download_mlp(b, &pb, HID);
+    int bad = 0;
+    for (int i = 0; i < IN * HID; i++) bad += !near(pa.W1[i], pb.W1[i]);
+    for (int i = 0; i < HID; i++) bad += !near(pa.b1[i], pb.b1[i]);
+    for (int i = 0; i < HID * OUT; i++) bad += !near(pa.W2[i], pb.W2[i]);
+    for (int i = 0; i < OUT; i++) bad += !near(pa.b2[i], pb.b2[i]);
+    return bad;
+}
+
+/* Steps first..first+k-1 of the batches one tg_step each on twin; how many losses differ. */
+static int step_in_turn(tg_train *twin, const float *xs, const int32_t *ys, int first, int k, const float *losses) {
+    int bad = 0;
+    for (int s = first; s < first + k; s++) {
+        tg_result b = tg_step(twin, (tg_data[]){ tg_f32("x", xs + s * B * IN, B * IN), tg_i32("y", ys + s * B, B) }, 2);
+        bad += b.status != TG_OK || !near(losses[s - first], b.loss);
+    }
+    return bad;
+}
+
+static void test_steps(void) {
+    enum { K = 7 };   /* more than the CUDA backend's queue depth */
+    mlp n, n2;
+    tg_model *m = mlp_model(&n, 21, HID), *m2 = mlp_model(&n2, 21, HID);
+    tg_train *t = mlp_train(&n, m), *twin = mlp_train(&n2, m2);
+    if (!t || !twin) { tg_destroy(t); tg_destroy(twin); tg_model_free(m); tg_model_free(m2); return; }
+    static float xs[K * B * IN];
+    static int32_t ys[K * B];
+    fill(xs, K * B * IN, -1, 1);
+    for (int i = 0; i < K * B; i++) ys[i] = (int32_t)(i * 7 % OUT);
+    float losses[K];
+    tg_result r = tg_steps(t, (tg_data[]){ tg_f32("x", xs, K * B * IN), tg_i32("y", ys, K * B) }, 2, K, losses);
+    CHECK(r.status == TG_OK && r.step == K && tg_train_step_count(t) == K && r.loss == losses[K - 1],
+          "%s: tg_steps of %d: %s (step %lld)", backend, K, r.error, (long long)r.step);
+    int bad = step_in_turn(twin, xs, ys, 0, K, losses);
+    CHECK(bad == 0 && param_mismatches(t, twin) == 0, "%s: tg_steps equals %d tg_step calls (%d losses differ)", backend, K, bad);
+
+    /* A batch with a NaN: the steps before it count, it and those after change nothing. */
+    xs[3 * B * IN + 1] = NAN;
+    float l2[K];
+    for (int k = 0; k < K; k++) l2[k] = -1;
+    r = tg_steps(t, (tg_data[]){ tg_f32("x", xs, K * B * IN), tg_i32("y", ys, K * B) }, 2, K, l2);
+    CHECK(r.status == TG_FAILED && strstr(r.error, "step 4 of 7") && strstr(r.error, "NaN") && tg_train_step_count(t) == K + 3,
+          "%s: a NaN in the 4th batch: %s (step count %lld)", backend, r.error, (long long)tg_train_step_count(t));
+    bad = step_in_turn(twin, xs, ys, 0, 3, l2);
+    CHECK(bad == 0 && l2[3] == -1 && l2[6] == -1 && param_mismatches(t, twin) == 0,
+          "%s: the 3 steps before it as tg_step gives them, none after (%d losses differ)", backend, bad);
+    /* The next call goes on from there: nothing of the failed one is left behind. */
+    xs[3 * B * IN + 1] = 0.5f;
+    r = tg_steps(t, (tg_data[]){ tg_f32("x", xs, 2 * B * IN), tg_i32("y", ys, 2 * B) }, 2, 2, l2);
+    bad = step_in_turn(twin, xs, ys, 0, 2, l2);
+    CHECK(r.status == TG_OK && bad == 0 && param_mismatches(t, twin) == 0 && tg_train_step_count(t) == K + 5,
+          "%s: after a failed call, tg_steps goes on: %s", backend, r.error);
+
+    /* Calls that are wrong change nothing. */
+    int64_t before = tg_train_step_count(t);
+    r = tg_steps(t, (tg_data[]){ tg_f32("x", xs, K * B * IN - 1), tg_i32("y", ys, K * B) }, 2, K, NULL);
+    CHECK(r.status == TG_FAILED && strstr(r.error, "input 'x' holds"), "%s: a short input: %s", backend, r.error);
+    r = tg_steps(t, (tg_data[]){ tg_f32("x", xs, B * IN), tg_i32("y", ys, B) }, 2, 0, NULL);
+    CHECK(r.status == TG_FAILED && strstr(r.error, "n_steps is 0"), "%s: no steps: %s", backend, r.error);
+    r = tg_steps(t, NULL, 2, 1, NULL);
+    CHECK(r.status == TG_FAILED && strstr(r.error, "no array"), "%s: no inputs: %s", backend, r.error);
+    r = tg_steps(t, (tg_data[]){ tg_f32("x", xs, B * IN), tg_f32("z", xs, B) }, 2, 1, NULL);
+    CHECK(r.status == TG_FAILED && strstr(r.error, "'z'"), "%s: an unknown input: %s", backend, r.error);
+    CHECK(tg_train_step_count(t) == before, "%s: wrong calls take no step", backend);
+    tg_destroy(t);
+    tg_destroy(twin);
+    tg_model_free(m);
+    tg_model_free(m2);
+}
+
 /* Single flight: with the worker busy, a queued preview is displaced by a newer one. */
 typedef struct { tg_flight *fl; const float *x; tg_result r; float *out; } flight_arg;
 
@@ -733,6 +809,7 @@ int main(void) {
         test_threads();
         test_two_families();
         test_async();
+        test_steps();
         test_single_flight();
     }
     return check_report("test_session");

@@ -91,6 +91,7 @@ static struct {
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
     CUresult (*EventDestroy)(CUevent);
+    CUresult (*EventSynchronize)(CUevent);
 } cu;
 
 static struct {
@@ -143,7 +144,7 @@ static const char *const CU_NAMES[] = {
     "cuMemsetD32Async", "cuModuleLoadData", "cuModuleUnload", "cuModuleGetFunction", "cuFuncSetAttribute",
     "cuLaunchKernel", "cuStreamCreate", "cuStreamSynchronize", "cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
     "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy", "cuGetErrorString", "cuPointerGetAttribute",
-    "cuEventCreate", "cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2",
+    "cuEventCreate", "cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2", "cuEventSynchronize",
 };
 static const char *const NVRTC_NAMES[] = {
     "nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize", "nvrtcGetProgramLog",
@@ -468,6 +469,20 @@ static void cuda_copy(void *dst, const void *src, size_t n) {
 
 typedef struct { const float *src; float *dst; long long n; } wb_entry;   /* = tgk_copy on the device */
 
+/* tg_steps: steps queued without waiting for each. Slot s has its own step graph, which reads its
+ * hyper scalars from `hyper` and leaves its loss and write-back flag in `loss` (both pinned); its
+ * inputs are staged in pinned `inputs` and copied up on the stream before the graph; `done` is
+ * recorded after it. A slot is reused only once its step was waited for. */
+#define QUEUE_DEPTH 3
+typedef struct {
+    CUgraphExec graph;
+    double *hyper;
+    float *loss;             /* loss, flag */
+    char *inputs;
+    size_t in_cap;
+    CUevent done;
+} queue_slot;
+
 typedef struct {
     cuda_device *dev;        /* where its buffers live and its launches run (NULL: cuda-nvrtc) */
     const tg_graph *g;
@@ -479,6 +494,12 @@ typedef struct {
     CUfunction *fn;          /* per launch (CL_KERNEL) */
     CUfunction writeback, wb_check;
     CUdeviceptr arena, table, hyper_dev, wb_table, wb_flag;
+    /* Set by a step whose write-backs were skipped, so that the steps queued after it skip theirs
+     * too (tg_steps stops at a failed step). A step that is not queued behind others clears it
+     * first (in its graph); the first queued step of a call, before its graph. */
+    CUdeviceptr wb_poison;
+    queue_slot q[QUEUE_DEPTH];
+    int q_head, q_count;
     void **bound;            /* host mirror of the device table of bound leaves */
     bool table_dirty;
     double *hyper_host;      /* pinned */
@@ -555,6 +576,15 @@ static void cuda_release(void *h) {
     if (e->hyper_dev) cu.MemFree(e->hyper_dev);
     if (e->wb_table) cu.MemFree(e->wb_table);
     if (e->wb_flag) cu.MemFree(e->wb_flag);
+    if (e->wb_poison) cu.MemFree(e->wb_poison);
+    for (int k = 0; k < QUEUE_DEPTH; k++) {
+        queue_slot *q = &e->q[k];
+        if (q->graph) cu.GraphExecDestroy(q->graph);
+        if (q->done) cu.EventDestroy(q->done);
+        if (q->hyper) cu.MemFreeHost(q->hyper);
+        if (q->loss) cu.MemFreeHost(q->loss);
+        if (q->inputs) cu.MemFreeHost(q->inputs);
+    }
     for (int k = 0; k < 2; k++)
         if (e->slot[k]) cu.MemFree(e->slot[k]);
     if (e->hyper_host) cu.MemFreeHost(e->hyper_host);
@@ -643,6 +673,8 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
     TRY(cu.ModuleGetFunction(&e->writeback, e->module[0], "tg_writeback"), "tg_writeback");   /* every part has them */
     TRY(cu.ModuleGetFunction(&e->wb_check, e->module[0], "tg_wb_check"), "tg_wb_check");
     TRY(cu.MemAlloc(&e->wb_flag, sizeof(float)), "allocating the write-back flag");
+    TRY(cu.MemAlloc(&e->wb_poison, sizeof(float)), "allocating the write-back flag");
+    TRY(cu.MemsetD32(e->wb_poison, 0, 1), "clearing the write-back flag");
     TRY(cu.MemAlloc(&e->arena, (e->plan.arena ? e->plan.arena : 1) * 4), "allocating the arena");
     TRY(cu.MemAlloc(&e->table, sizeof(void *) * (size_t)(g->n + 1)), "allocating the buffer table");
     e->n_hyper = g->n_hyper > N_HYPER_SLOTS ? g->n_hyper : N_HYPER_SLOTS;
@@ -905,16 +937,17 @@ static bool cuda_run(void *h, const double *hyper, tg_error *err) {
     return launch_graph(e, e->run_graph, hyper, err);
 }
 
-typedef struct { int loss; } step_ctx;
+typedef struct { int loss; bool queued; } step_ctx;
 
 /* The end of a step's graph: write-backs guarded by the guard node (loss + 0 * every gradient),
  * then the loss and the guard into pinned memory. */
 static bool step_tail(cuda_exec *e, void *ctx, tg_error *err) {
     const step_ctx *c = ctx;
-    CUdeviceptr loss_ptr = node_ptr(e, c->loss), flag = e->wb_flag, table = e->wb_table;
+    CUdeviceptr loss_ptr = node_ptr(e, c->loss), flag = e->wb_flag, poison = e->wb_poison, table = e->wb_table;
     TRY(cu.MemsetD32Async(flag, 0, 1, e->dev->stream), "the write-back flag");
+    if (!c->queued) TRY(cu.MemsetD32Async(poison, 0, 1, e->dev->stream), "the write-back flag");
     if (e->n_wb > 0) {
-        void *check[] = { &flag, &table }, *copy[] = { &loss_ptr, &flag, &table };
+        void *check[] = { &flag, &table }, *copy[] = { &loss_ptr, &flag, &poison, &table };
         TRY(cu.LaunchKernel(e->wb_check, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, e->dev->stream, check, NULL), "write-back check");
         TRY(cu.LaunchKernel(e->writeback, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, e->dev->stream, copy, NULL), "write-backs");
     }
@@ -945,7 +978,7 @@ static bool step_capture(cuda_exec *e, int loss, const tg_assign *wb, int n_wb, 
     cu.CtxSetCurrent(e->dev->ctx);
     if (!sync_table(e, err)) return false;
     if (e->step_graph || e->profile) return true;
-    step_ctx ctx = { loss };
+    step_ctx ctx = { loss, false };
     return writeback_table(e, wb, n_wb, dst, err) && capture(e, &e->step_graph, step_tail, &ctx, err);
 }
 
@@ -953,7 +986,7 @@ static bool step_start(cuda_exec *e, const double *hyper, int loss, const tg_ass
                        tg_error *err) {
     if (!step_capture(e, loss, wb, n_wb, dst, err)) return false;
     if (e->profile) {
-        step_ctx ctx = { loss };
+        step_ctx ctx = { loss, false };
         bool ok = writeback_table(e, wb, n_wb, dst, err) && run_eager(e, hyper, step_tail, &ctx, err);
         if (e->wb_table) cu.MemFree(e->wb_table);   /* rebuilt on the next step: profiling keeps no graph */
         e->wb_table = 0;
@@ -977,6 +1010,84 @@ static bool cuda_step(void *h, const double *hyper, int loss, int guard, const t
                       double *loss_out, double *guard_out, tg_error *err) {
     cuda_exec *e = h;
     return step_start(e, hyper, loss, wb, n_wb, dst, err) && step_finish(e, loss_out, guard_out, err);
+}
+
+/* ----- queued steps (tg_steps) ----- */
+
+static int cuda_queue_depth(void *h) { return ((cuda_exec *)h)->profile ? 0 : QUEUE_DEPTH; }
+
+/* Slot s set up at its first use: pinned memory, event, and its own capture of the step. */
+static bool slot_ready(cuda_exec *e, queue_slot *s, int loss, tg_error *err) {
+    if (s->graph) return true;
+    void *hyper = NULL, *lossbuf = NULL;
+    TRY(cu.MemAllocHost(&hyper, sizeof(double) * (size_t)e->n_hyper), "allocating pinned memory");
+    s->hyper = hyper;
+    memset(s->hyper, 0, sizeof(double) * (size_t)e->n_hyper);
+    TRY(cu.MemAllocHost(&lossbuf, sizeof(float) * 2), "allocating pinned memory");
+    s->loss = lossbuf;
+    TRY(cu.EventCreate(&s->done, 0), "creating an event");
+    double *h = e->hyper_host;   /* the capture reads and writes the slot's pinned buffers */
+    float *l = e->loss_host;
+    e->hyper_host = s->hyper;
+    e->loss_host = s->loss;
+    step_ctx ctx = { loss, true };
+    bool ok = capture(e, &s->graph, step_tail, &ctx, err);
+    e->hyper_host = h;
+    e->loss_host = l;
+    return ok;
+fail:
+    return false;
+}
+
+/* One step queued behind the others: inputs through the slot's pinned memory, hyper scalars into
+ * the slot, its graph launched, its event recorded; nothing waited for. `first`: the first step
+ * of a tg_steps call, which clears the poison of an earlier one. */
+static bool cuda_step_queue(void *h, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst,
+                            void *const *bufs, const void *const *data, const size_t *bytes, int n, bool first,
+                            tg_error *err) {
+    cuda_exec *e = h;
+    if (e->q_count == QUEUE_DEPTH) { tg_seterr(err, "tg_steps: the step queue is full"); return false; }
+    if (!step_capture(e, loss, wb, n_wb, dst, err)) return false;   /* the write-back table */
+    queue_slot *s = &e->q[(e->q_head + e->q_count) % QUEUE_DEPTH];
+    if (!slot_ready(e, s, loss, err)) return false;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (bytes[i] + 255) & ~(size_t)255;
+    if (total > s->in_cap) {
+        if (s->inputs) cu.MemFreeHost(s->inputs);
+        void *p = NULL;
+        s->inputs = cu.MemAllocHost(&p, total) ? NULL : p;
+        s->in_cap = s->inputs ? total : 0;
+        if (!s->inputs) { tg_seterr(err, "tg_steps: out of pinned memory for %zu bytes of inputs", total); return false; }
+    }
+    if (first) TRY(cu.MemsetD32Async(e->wb_poison, 0, 1, e->dev->stream), "clearing the write-back flag");
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(s->inputs + at, data[i], bytes[i]);
+        TRY(cu.MemcpyHtoDAsync((CUdeviceptr)bufs[i], s->inputs + at, bytes[i], e->dev->stream), "uploading an input");
+        at += (bytes[i] + 255) & ~(size_t)255;
+    }
+    memcpy(s->hyper, hyper, sizeof(double) * (size_t)(e->g->n_hyper > 1 ? e->g->n_hyper : 1));
+    TRY(cu.GraphLaunch(s->graph, e->dev->stream), "launching the CUDA graph");
+    TRY(cu.EventRecord(s->done, e->dev->stream), "recording an event");
+    e->q_count++;
+    return true;
+fail:
+    return false;
+}
+
+/* The oldest queued step waited for: its loss, and its guard (non-finite: nothing written). */
+static bool cuda_step_wait(void *h, double *loss_out, double *guard_out, tg_error *err) {
+    cuda_exec *e = h;
+    if (e->q_count == 0) { tg_seterr(err, "tg_steps: no step queued"); return false; }
+    queue_slot *s = &e->q[e->q_head];
+    e->q_head = (e->q_head + 1) % QUEUE_DEPTH;
+    e->q_count--;
+    TRY(cu.EventSynchronize(s->done), "running the CUDA graph");
+    *loss_out = s->loss[0];
+    *guard_out = (double)s->loss[0] + s->loss[1];
+    return true;
+fail:
+    return false;
 }
 
 /* ----- data parallel: several replicas' steps, NCCL between their two graphs ----- */
@@ -1058,6 +1169,11 @@ static void locked_release(void *h) LOCKED_VOID(cuda_release(h))
 static bool locked_step(void *h, const double *hyper, int loss, int guard, const tg_assign *wb, int n_wb, void *const *dst,
                         double *loss_out, double *guard_out, tg_error *err)
     LOCKED(bool, cuda_step(h, hyper, loss, guard, wb, n_wb, dst, loss_out, guard_out, err))
+static bool locked_step_queue(void *h, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst,
+                              void *const *bufs, const void *const *data, const size_t *bytes, int n, bool first, tg_error *err)
+    LOCKED(bool, cuda_step_queue(h, hyper, loss, wb, n_wb, dst, bufs, data, bytes, n, first, err))
+static bool locked_step_wait(void *h, double *loss_out, double *guard_out, tg_error *err)
+    LOCKED(bool, cuda_step_wait(h, loss_out, guard_out, err))
 static bool locked_dp_step(dp_replica *rep, int n, const dp_reduce *red, tg_error *err) LOCKED(bool, cuda_dp_step(rep, n, red, err))
 static bool locked_set_device(int d, tg_error *err) LOCKED(bool, device_at(d, err) != NULL)
 static const char *cuda_source(void *exec) { return ((cuda_exec *)exec)->source; }
@@ -1076,6 +1192,7 @@ const tg_backend backend_cuda = {
     .bind = cuda_bind, .run = locked_run, .node_buf = cuda_node_buf, .release = locked_release, .step = locked_step,
     .source = cuda_source, .checks_writebacks = true, .available = device_ready, .launches = cuda_launches,
     .precision = cuda_precision, .on_device = cuda_on_device, .set_device = locked_set_device, .dp_step = locked_dp_step,
+    .queue_depth = cuda_queue_depth, .step_queue = locked_step_queue, .step_wait = locked_step_wait,
 };
 
 /* ----- a table per device -----

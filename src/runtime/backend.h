@@ -63,6 +63,16 @@ typedef struct tg_backend {
     bool checks_writebacks;
     /* Optional: whether it can run here (a device, a compiler), else false with the reason. */
     bool (*available)(tg_error *err);
+    /* Optional: steps queued without waiting for each (tg_steps). queue_depth: how many may be
+     * outstanding now (0: none; then the runtime steps one at a time). step_queue starts a step as
+     * `step` does, its n inputs (host data[i], bytes[i], into device buffer bufs[i]) uploaded by
+     * the backend in order with it, and returns at once; `first` marks the first of a tg_steps
+     * call. step_wait waits for the oldest queued step: its loss and guard. Once a step's guard
+     * fails, the steps queued behind it in the same call change nothing either. */
+    int (*queue_depth)(void *exec);
+    bool (*step_queue)(void *exec, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst,
+                       void *const *bufs, const void *const *data, const size_t *bytes, int n, bool first, tg_error *err);
+    bool (*step_wait)(void *exec, double *loss_out, double *guard_out, tg_error *err);
     /* Optional: device launches per step (tg_train_launch_count). */
     int (*launches)(void *exec);
     /* Optional: the precision it runs when `want` (F32, TF32 or BF16) is asked; NULL: f32 only. */

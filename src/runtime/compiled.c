@@ -50,8 +50,8 @@ void rt_read_node(const compiled *c, int node, double *dst) {
 
 static const char *dtype_name(tg_dtype d) { return d == TG_INT32 ? "i32" : d == TG_FLOAT32 ? "f32" : "an unknown dtype"; }
 
-/* Copy a call's data into the input buffers, checking names, dtypes and element counts. */
-bool rt_bind_inputs(compiled *c, const tg_data *data, int n, char *err, size_t errlen) {
+/* Check a call's data against the declared inputs: names, dtypes and element counts. */
+bool rt_check_inputs(const compiled *c, const tg_data *data, int n, char *err, size_t errlen) {
     if (n < 0 || (n > 0 && !data)) { snprintf(err, errlen, "inputs: %d given but no array", n); return false; }
     for (int k = 0; k < n; k++) {
         int i = 0;
@@ -78,9 +78,19 @@ bool rt_bind_inputs(compiled *c, const tg_data *data, int n, char *err, size_t e
             if (k == n) { snprintf(err, errlen, "missing input '%s'", c->decls[i].name); return false; }
         }
     }
+    return true;
+}
+
+int rt_input_index(const compiled *c, const char *name) {
+    for (int i = 0; i < c->n_inputs; i++)
+        if (strcmp(name, c->decls[i].name) == 0) return i;
+    return -1;
+}
+
+bool rt_bind_inputs(compiled *c, const tg_data *data, int n, char *err, size_t errlen) {
+    if (!rt_check_inputs(c, data, n, err, errlen)) return false;
     for (int k = 0; k < n; k++) {
-        int i = 0;
-        while (strcmp(data[k].name, c->decls[i].name) != 0) i++;
+        int i = rt_input_index(c, data[k].name);
         c->be->upload(c->input_buf[i], data[k].dtype, data[k].data, data[k].n);
     }
     return true;

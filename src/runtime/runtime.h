@@ -147,8 +147,11 @@ bool rt_compile_graph(compiled *c, const tg_backend *be, tg_graph *g, int n_inpu
 void rt_compiled_free(compiled *c);   /* also after rt_compile_graph failed halfway */
 void rt_bind_params(compiled *c, void **param);
 void rt_read_node(const compiled *c, int node, double *dst);   /* the node's values as host doubles */
-/* Copy a call's data into the input buffers, checking names, dtypes and element counts. */
+/* Check a call's data against the declared inputs (names, dtypes, element counts); bind also
+ * copies it into the input buffers. rt_input_index: the declared input of that name, or -1. */
+bool rt_check_inputs(const compiled *c, const tg_data *data, int n, char *err, size_t errlen);
 bool rt_bind_inputs(compiled *c, const tg_data *data, int n, char *err, size_t errlen);
+int rt_input_index(const compiled *c, const char *name);
 /* The nodes a compiled graph keeps readable after a run: `first` (outputs, gradients), then its
  * captures and, in a patchable graph, the values arriving at its patch sites. NULL when memory
  * runs out. */
@@ -168,8 +171,10 @@ bool rt_alloc_store(tg_train *t, tg_error *err);
 void rt_free_store(tg_train *t);
 bool rt_init_params(tg_train *t);
 void rt_copy_schedule(tg_train *t, const tg_schedule *s);
-/* A step's scalars (learning rate, bias corrections, seed) into t->hyper; false with the error
- * in r for a learning rate that is negative or not finite. */
+/* The scalars (learning rate, bias corrections, seed) of the step `ahead` steps after the next
+ * one into t->hyper; false with the error in r for a learning rate that is negative or not
+ * finite. rt_step_hyper: the next step's. */
+bool rt_step_hyper_at(tg_train *t, int64_t ahead, tg_result *r);
 bool rt_step_hyper(tg_train *t, tg_result *r);
 /* The end of a step: a non-finite guard fails it naming the first non-finite gradient (read from
  * t->c), else the step counts. */

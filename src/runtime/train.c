@@ -232,17 +232,19 @@ static tg_result nonfinite_step(tg_train *t, double loss) {
                   what ? what : "NaN", step);
 }
 
-bool rt_step_hyper(tg_train *t, tg_result *r) {
-    double lr = tg_schedule_at(&t->opt.lr, sched_step(t));   /* tg_set_lr / tg_set_schedule take any double */
+bool rt_step_hyper_at(tg_train *t, int64_t ahead, tg_result *r) {
+    int64_t step = t->step + 1 + ahead;
+    double lr = tg_schedule_at(&t->opt.lr, sched_step(t) + ahead);   /* tg_set_lr / tg_set_schedule take any double */
     if (!(lr >= 0 && isfinite(lr))) {
-        *r = rt_failed("learning rate %g at step %lld is negative or not finite; nothing was changed", lr,
-                       (long long)t->step + 1);
+        *r = rt_failed("learning rate %g at step %lld is negative or not finite; nothing was changed", lr, (long long)step);
         return false;
     }
-    optim_hyper(&t->opt, t->step + 1, lr, t->hyper);
-    t->hyper[HYPER_SEED] = rt_call_seed(t->model, 0, t->step + 1);
+    optim_hyper(&t->opt, step, lr, t->hyper);
+    t->hyper[HYPER_SEED] = rt_call_seed(t->model, 0, step);
     return true;
 }
+
+bool rt_step_hyper(tg_train *t, tg_result *r) { return rt_step_hyper_at(t, 0, r); }
 
 tg_result rt_step_finish(tg_train *t, double loss, double guard) {
     if (!isfinite(guard)) return nonfinite_step(t, loss);
@@ -255,6 +257,16 @@ tg_result rt_step_finish(tg_train *t, double loss, double guard) {
     return r;
 }
 
+/* The write-back targets, in the graph's order (made at the first step). */
+static bool wb_targets(tg_train *t) {
+    const tg_graph *g = t->c.g;
+    if (t->wb_dst) return true;
+    t->wb_dst = tg_alloc(sizeof(void *) * (size_t)(g->n_assigns + 1));
+    if (!t->wb_dst) return false;
+    for (int k = 0; k < g->n_assigns; k++) t->wb_dst[k] = leaf_storage(t, &g->nodes[g->assigns[k].dst]);
+    return true;
+}
+
 tg_result rt_step_locked(tg_train *t, const tg_data *inputs, int n_inputs) {
     if (t->dp) return dist_step(t, inputs, n_inputs);
     tg_result r;
@@ -265,11 +277,7 @@ tg_result rt_step_locked(tg_train *t, const tg_data *inputs, int n_inputs) {
     double loss, guard;
     const tg_graph *g = t->c.g;
     if (t->be->step) {
-        if (!t->wb_dst) {   /* the write-back targets, in the graph's order */
-            t->wb_dst = tg_alloc(sizeof(void *) * (size_t)(g->n_assigns + 1));
-            if (!t->wb_dst) return rt_failed("tg_step: out of memory for the write-back table");
-            for (int k = 0; k < g->n_assigns; k++) t->wb_dst[k] = leaf_storage(t, &g->nodes[g->assigns[k].dst]);
-        }
+        if (!wb_targets(t)) return rt_failed("tg_step: out of memory for the write-back table");
         if (!t->be->step(t->c.exec, t->hyper, t->loss, g->guard, g->assigns, g->n_assigns, t->wb_dst, &loss, &guard, &err))
             return rt_failed("tg_step: %s", err.msg);
     } else {
@@ -288,6 +296,115 @@ tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs) {
     tg_train *l = rt_lock_train(t);
     if (!l) return rt_failed("tg_step: %s training handle", rt_dead(t));
     tg_result r = rt_step_locked(l, inputs, n_inputs);
+    rt_unlock(l);
+    return r;
+}
+
+/* ----- several steps per call (tg_steps) ----- */
+
+/* Step s's share of the inputs: each holds n_steps batches back to back. */
+static void step_slice(const tg_data *in, int n, int n_steps, int s, tg_data *out) {
+    for (int k = 0; k < n; k++) {
+        size_t per = in[k].n / (size_t)n_steps;
+        out[k] = in[k];
+        out[k].n = per;
+        out[k].data = (const char *)in[k].data + (size_t)s * per * 4;   /* f32 and i32: 4 bytes */
+    }
+}
+
+/* Steps from..n_steps-1 one at a time, stopping at the first that fails. */
+static tg_result steps_in_turn(tg_train *t, const tg_data *in, int n, int n_steps, int from, float *losses, tg_data *slice) {
+    tg_result r = { .status = TG_OK, .step = t->step };
+    for (int s = from; s < n_steps && r.status == TG_OK; s++) {
+        step_slice(in, n, n_steps, s, slice);
+        r = rt_step_locked(t, slice, n);
+        if (r.status == TG_OK && losses) losses[s] = r.loss;
+        if (r.status != TG_OK) {   /* the step named */
+            tg_result f = rt_failed("tg_steps: step %d of %d: %s", s + 1, n_steps, r.error);
+            f.status = r.status;
+            f.step = r.step;
+            r = f;
+        }
+    }
+    return r;
+}
+
+/* Steps queued on the device, up to its queue depth ahead of the one waited for, so that it runs
+ * them back to back. A step whose guard fails makes the steps queued behind it change nothing
+ * (the backend's poison); they are waited for and dropped, and the failed step is run again on
+ * its own, which fails the same way (its parameters are unchanged) with its message naming the
+ * first non-finite gradient, or, should it pass, goes on from there. */
+static tg_result steps_queued(tg_train *t, const tg_data *in, int n, int n_steps, float *losses, tg_data *slice) {
+    const tg_graph *g = t->c.g;
+    void **bufs = tg_alloc(sizeof(void *) * (size_t)n);
+    const void **data = tg_alloc(sizeof(void *) * (size_t)n);
+    size_t *bytes = tg_alloc(sizeof(size_t) * (size_t)n);
+    tg_result r = { .status = TG_OK, .step = t->step };
+    if (!bufs || !data || !bytes || !wb_targets(t)) r = rt_failed("tg_steps: out of memory");
+    int queued = 0, done = 0, bad = r.status == TG_OK ? -1 : 0, depth = t->be->queue_depth(t->c.exec);
+    tg_error err;
+    while (done < queued || (bad < 0 && queued < n_steps)) {
+        if (bad < 0 && queued < n_steps && queued - done < depth) {
+            step_slice(in, n, n_steps, queued, slice);
+            for (int k = 0; k < n; k++) {
+                bufs[k] = t->c.input_buf[rt_input_index(&t->c, slice[k].name)];
+                data[k] = slice[k].data;
+                bytes[k] = slice[k].n * 4;
+            }
+            if (!rt_step_hyper_at(t, queued - done, &r)) {
+                bad = queued;
+            } else if (!t->be->step_queue(t->c.exec, t->hyper, t->loss, g->assigns, g->n_assigns, t->wb_dst, bufs, data,
+                                          bytes, n, queued == 0, &err)) {
+                r = rt_failed("tg_steps: %s", err.msg);
+                bad = queued;
+            } else {
+                queued++;
+            }
+            continue;
+        }
+        double loss, guard;
+        if (!t->be->step_wait(t->c.exec, &loss, &guard, &err)) {
+            if (r.status == TG_OK) r = rt_failed("tg_steps: %s", err.msg);
+            if (bad < 0) bad = done;
+        } else if (bad < 0 && isfinite(guard)) {
+            r = rt_step_finish(t, loss, guard);
+            if (losses) losses[done] = r.loss;
+        } else if (bad < 0) {
+            bad = done;   /* run again in turn, below */
+        }
+        done++;
+    }
+    free(bufs);
+    free(data);
+    free(bytes);
+    if (bad >= 0 && r.status == TG_OK) r = steps_in_turn(t, in, n, n_steps, bad, losses, slice);
+    return r;
+}
+
+tg_result tg_steps(tg_train *t, const tg_data *inputs, int n_inputs, int n_steps, float *losses) {
+    tg_train *l = rt_lock_train(t);
+    if (!l) return rt_failed("tg_steps: %s training handle", rt_dead(t));
+    tg_result r = { .status = TG_OK };
+    tg_data *slice = n_inputs > 0 ? tg_alloc(sizeof(tg_data) * (size_t)n_inputs) : NULL;
+    if (n_steps < 1) r = rt_failed("tg_steps: n_steps is %d; at least 1", n_steps);
+    else if (n_inputs < 0 || (n_inputs > 0 && !inputs)) r = rt_failed("tg_steps: inputs: %d given but no array", n_inputs);
+    else if (n_inputs > 0 && !slice) r = rt_failed("tg_steps: out of memory");
+    for (int k = 0; k < n_inputs && r.status == TG_OK; k++) {
+        int i = inputs[k].name ? rt_input_index(&l->c, inputs[k].name) : -1;
+        size_t per = i >= 0 ? (size_t)l->c.g->nodes[i].numel : 0;
+        if (i >= 0 && inputs[k].n != per * (size_t)n_steps)
+            r = rt_failed("tg_steps: input '%s' holds %zu elements, not %d steps of %zu", inputs[k].name, inputs[k].n,
+                          n_steps, per);
+    }
+    if (r.status == TG_OK) {   /* names, dtypes and sizes, as one step has them */
+        step_slice(inputs, n_inputs, n_steps, 0, slice);
+        if (!rt_check_inputs(&l->c, slice, n_inputs, r.error, sizeof r.error)) r.status = TG_FAILED;
+    }
+    bool queue = l->be->queue_depth && !l->dp && l->be->queue_depth(l->c.exec) > 0;
+    if (r.status == TG_OK)
+        r = queue ? steps_queued(l, inputs, n_inputs, n_steps, losses, slice)
+                  : steps_in_turn(l, inputs, n_inputs, n_steps, 0, losses, slice);
+    free(slice);
     rt_unlock(l);
     return r;
 }
