@@ -157,6 +157,8 @@ static const bcase CASES[] = {
     { "sum all, long (rows cut in chunks on CUDA)", SUM_ALL, 1, { F("x", 40, 300) }, 0, false, true },
     { "mean axis 1", MEAN1, 1, { F("x", 2, 5, 3) }, 0, false, false },
     { "sum axis 0, long (chunked on CUDA)", SUM0, 1, { F("x", 3000, 3) }, 0, false, false },
+    { "sum axis 0, long, 3 column groups (chunked on CUDA)", SUM0, 1, { F("x", 700, 70) }, 0, false, false },
+    { "mean axis 1, long, outer and inner (chunked on CUDA)", MEAN1, 1, { F("x", 3, 400, 50) }, 0, false, false },
     { "sum last, long rows (a warp each on CUDA)", SUM_LAST, 2, { F("x", 2, 3, 700), F("y", 700) }, 0, false, false },
     { "reshape", RESHAPE, 1, { F("x", 2, 3, 5) }, 0, false, false },
     { "permute", PERMUTE, 1, { F("x", 2, 3, 4) }, 0, false, false },

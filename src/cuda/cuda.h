@@ -25,6 +25,9 @@ typedef struct {
     int n, cap;
     int sm;
     size_t prelude;   /* bytes of the source before the first kernel of a node: what every part repeats */
+    /* Floats from the arena's start: scratch of the sums cut into chunks, to allocate past the
+     * plan's arena and zero once (scratch_end 0: none). */
+    size_t scratch_at, scratch_end;
 } cuda_plan;
 /* cuda_attention.c: the device source of flash attention, instantiated by generated kernels. */
 extern const char CUDA_ATTENTION_SOURCE[];

@@ -675,7 +675,11 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
     TRY(cu.MemAlloc(&e->wb_flag, sizeof(float)), "allocating the write-back flag");
     TRY(cu.MemAlloc(&e->wb_poison, sizeof(float)), "allocating the write-back flag");
     TRY(cu.MemsetD32(e->wb_poison, 0, 1), "clearing the write-back flag");
-    TRY(cu.MemAlloc(&e->arena, (e->plan.arena ? e->plan.arena : 1) * 4), "allocating the arena");
+    size_t floats = e->launches.scratch_end > e->plan.arena ? e->launches.scratch_end : e->plan.arena;
+    TRY(cu.MemAlloc(&e->arena, (floats ? floats : 1) * 4), "allocating the arena");
+    if (e->launches.scratch_end)   /* the sums' counters start at zero */
+        TRY(cu.MemsetD32(e->arena + e->launches.scratch_at * 4, 0, e->launches.scratch_end - e->launches.scratch_at),
+            "clearing the sums' scratch");
     TRY(cu.MemAlloc(&e->table, sizeof(void *) * (size_t)(g->n + 1)), "allocating the buffer table");
     e->n_hyper = g->n_hyper > N_HYPER_SLOTS ? g->n_hyper : N_HYPER_SLOTS;
     TRY(cu.MemAlloc(&e->hyper_dev, sizeof(double) * (size_t)e->n_hyper), "allocating hyper scalars");

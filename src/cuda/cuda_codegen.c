@@ -338,6 +338,19 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     return q;
 }
 
+/* Sums cut into chunks leave their partial sums past the plan's arena: SUM_COUNTERS counters
+ * (zero when allocated, and left zero by every kernel that uses them), then the partials, as
+ * doubles. Returns where the counters are (in floats from the arena's start), noting the end. */
+enum { SUM_COUNTERS = 1024 };
+
+static size_t sum_scratch(const cg *c, cuda_plan *p, int64_t partials) {
+    size_t at = (c->plan->arena + 1) & ~(size_t)1;   /* doubles aligned */
+    size_t end = at + SUM_COUNTERS + 2 * (size_t)partials;
+    p->scratch_at = at;
+    if (end > p->scratch_end) p->scratch_end = end;
+    return at;
+}
+
 /* The source of sum `id` past the sums it absorbed (cuda_refine), and the axes they span. */
 static int sum_source(const cg *c, int id, int *lo, int *hi) {
     int x = N(c, id)->src[0];
@@ -354,10 +367,10 @@ static int sum_source(const cg *c, int id, int *lo, int *hi) {
  *    when there are too few rows to fill the GPU (a sum over everything: one row), each row is
  *    cut into chunks of at least 1024, a warp each, added into the zeroed output with atomics;
  *  - otherwise blocks of 32 outputs x 32 row groups, neighbouring threads on neighbouring
- *    elements, the 32 partial sums added in shared memory; past 16 elements per thread, the axis
- *    is cut into chunks (grid y) summed into the zeroed output with atomics (so the order of the
- *    additions varies from run to run, by rounding only). Small sums (a bias gradient of a small
- *    batch) thus need no memset.
+ *    elements, the 32 partial sums added in shared memory; where a thread would sum more than a
+ *    few elements, the axis is cut into chunks (grid y) whose sums the last block to finish adds
+ *    up in a fixed order (tgk_column_sum_end): no memset, no atomics on the output, the same
+ *    result every run.
  * `producer` (or -1) is the sum's source, a pointwise node computed here rather than by a
  * kernel of its own: each element is visited once, so it is stored where it is summed (a bias
  * gradient and the gradient it sums, one launch). False, with nothing emitted, when that would
@@ -414,12 +427,14 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer) {
         return true;
     }
     enum { Y = 32 };   /* row groups: blocks of 1024 threads */
-    int64_t blocks = (outs + 31) / 32, chunks = 1;   /* each thread summing <= 16 elements: enough in flight */
-    while (len / (chunks * Y) > 16) chunks *= 2;
+    int64_t blocks = (outs + 31) / 32, chunks = 1, per;
+    /* Each thread summing at most 16 elements (enough loads in flight), and down to 2 while the
+     * blocks would not fill the GPU twice over (264: two per SM of an H100). Measured on an H100:
+     * at most 8 costs char_gpt 4%, 32 gains nothing; down to 4 costs char_gpt_small 2%. */
+    while (blocks <= SUM_COUNTERS && (per = (len + chunks * Y - 1) / (chunks * Y)) > 2 && (per > 16 || blocks * chunks < 264))
+        chunks *= 2;
     int64_t chunk = (len + chunks - 1) / chunks;
-    char st[100];
-    if (chunks > 1) snprintf(st, sizeof st, "atomicAdd(P%d + oj, (%s)acc)", id, cg_ctype(n));
-    else snprintf(st, sizeof st, "P%d[oj] = (%s)acc", id, cg_ctype(n));
+    size_t at = chunks > 1 ? sum_scratch(c, p, chunks * outs) : 0;
     snprintf(head, sizeof head,
              "    __shared__ double part[%d][32];\n"
              "    const int lane = threadIdx.x & 31, y = threadIdx.x / 32;\n"
@@ -431,15 +446,20 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer) {
              "    for (int64_t k = k0 + y; k < k1; k += %d) {\n",
              Y, (long long)inner, (long long)inner, (long long)chunk, (long long)outs, (long long)chunk,
              (long long)len, (long long)chunk, (long long)len, Y);
-    snprintf(tail, sizeof tail,
-             "    }\n"
-             "    part[y][lane] = acc;\n"
-             "    __syncthreads();\n"
-             "    if (y != 0 || oj >= %lldll) return;\n"
-             "    for (int r = 1; r < %d; r++) acc += part[r][lane];\n"
-             "    %s;\n",
-             (long long)outs, Y, st);
-    if (chunks > 1) memset_launch(p, id);
+    if (chunks == 1)
+        snprintf(tail, sizeof tail,
+                 "    }\n"
+                 "    part[y][lane] = acc;\n"
+                 "    __syncthreads();\n"
+                 "    if (y != 0 || oj >= %lldll) return;\n"
+                 "    for (int r = 1; r < %d; r++) acc += part[r][lane];\n"
+                 "    P%d[oj] = (%s)acc;\n",
+                 (long long)outs, Y, id, cg_ctype(n));
+    else
+        snprintf(tail, sizeof tail,
+                 "    }\n"
+                 "    tgk_column_sum_end(acc, part, (unsigned *)(A + %zu), (double *)(A + %zu), %lld, %lldll, oj, P%d + oj);\n",
+                 at, at + SUM_COUNTERS, (long long)chunks, (long long)outs, id);
     end_kernel_roots(c, roots, producer >= 0 ? 2 : 1, NULL, 0, head, tail);
     kernel_launch(p, id, blocks * 32 * Y, 32 * Y);
     p->launch[p->n - 1].grid_y = chunks;
@@ -740,8 +760,36 @@ static void special_kernel(cg *c, cuda_plan *p, int id) {
 }
 
 /* Device helpers for the kernels above: warp-per-row softmax, argmax, scatters with atomics,
- * col2im as a gather (no atomics), max-pooling forward and backward. */
+ * col2im as a gather (no atomics), max-pooling forward and backward, the end of a column sum. */
 static const char DEVICE_KERNELS[] =
+    /* A column sum cut into chunks (grid y), blocks of 32 columns x 32 row groups: each block's 32
+     * sums go to `sums`, and the last block of a column group to finish (counted in count[x],
+     * after a fence) adds them up in chunk order, so the result is the same every run, and
+     * leaves its counter zero for the next sum. */
+    "template <typename T>\n"
+    "static __device__ void tgk_column_sum_end(double acc, double (*part)[32], unsigned *count, double *sums,\n"
+    "                                          int64_t chunks, int64_t outs, int64_t oj, T *out) {\n"
+    "    const int lane = threadIdx.x & 31, y = threadIdx.x / 32;\n"
+    "    __shared__ bool last;\n"
+    "    part[y][lane] = acc;\n"
+    "    __syncthreads();\n"
+    "    if (y == 0 && oj < outs) {\n"
+    "        for (int r = 1; r < 32; r++) acc += part[r][lane];\n"
+    "        sums[blockIdx.y * outs + oj] = acc;\n"
+    "    }\n"
+    "    __threadfence();\n"
+    "    __syncthreads();\n"
+    "    if (threadIdx.x == 0) last = atomicAdd(count + blockIdx.x, 1u) == chunks - 1;\n"
+    "    __syncthreads();\n"
+    "    if (!last) return;\n"
+    "    acc = 0;\n"
+    "    for (int64_t b = y; oj < outs && b < chunks; b += 32) acc += __ldcg(sums + b * outs + oj);\n"
+    "    part[y][lane] = acc;\n"
+    "    __syncthreads();\n"
+    "    if (threadIdx.x == 0) count[blockIdx.x] = 0;\n"
+    "    if (y != 0 || oj >= outs) return;\n"
+    "    for (int r = 1; r < 32; r++) acc += part[r][lane];\n"
+    "    *out = (T)acc;\n}\n"
     "static __device__ float tgk_warp_max(float v) {\n"
     "    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
     "    return v;\n}\n"
