@@ -4,11 +4,13 @@
  * resident memory, launches per step (CUDA) and the TFLOP/s of its products and attention.
  *
  *   bench [--backend cpu|cuda|reference] [--precision f32|tf32|bf16] [--steps-scale X] [--kernels DIR]
- *         [--devices 0,1] [--dist] [--steps-per-call N] [workload ...]
+ *         [--devices 0,1] [--dist] [--steps-per-call N] [--batch device|host] [workload ...]
  *
  * The timed steps go through tg_steps, 16 per call (--steps-per-call; 1: tg_step each): on a GPU
  * they are queued without waiting for each loss, as the peer's CUDA-graph loop replays its graph
- * and reads the loss once per repeat. Every step reads the workload's one batch, as the peer's.
+ * and reads the loss once per repeat. Every step reads the workload's one batch, as the peer's:
+ * given once (by the warm-up steps) and kept on the device, as the peer keeps its tensors there
+ * (tg_steps without inputs); --batch host passes it with every call, copied in each step.
  *
  * Data parallel: --devices 0,1 trains on those GPUs in this process, each with the workload's
  * batch (the global batch is that times the device count); --dist makes this process one rank of
@@ -203,6 +205,7 @@ static int devices[16], n_devices;
 static bool distributed;
 static int batch_mult = 1;
 static int per_call = 16;   /* timed steps per tg_steps call (--steps-per-call) */
+static bool batch_host;     /* --batch host: the batch passed to every call, not kept on the device */
 
 static bool make(workload *w, const char *name) {
     memset(w, 0, sizeof *w);
@@ -386,7 +389,8 @@ static int run(const char *name, const char *backend, double scale, const char *
             batches[0].n *= (size_t)m;
             batches[1].data = many[1];
             batches[1].n *= (size_t)m;
-            r = per_call == 1 ? tg_step(t, data, 2) : tg_steps(t, batches, 2, m, NULL);
+            if (batch_host) r = per_call == 1 ? tg_step(t, data, 2) : tg_steps(t, batches, 2, m, NULL);
+            else r = per_call == 1 ? tg_step(t, NULL, 0) : tg_steps(t, NULL, 0, m, NULL);
         }
         times[k] = (now() - t0) / steps * 1e3;
         cpu[k] = (cpu_now() - c0) / steps * 1e3;
@@ -419,10 +423,10 @@ static int run(const char *name, const char *backend, double scale, const char *
         return 0;
     }
     printf("%-16s %-4s %-8s params=%9lld ms/step median=%8.3f min=%8.3f loss=%.4f compile cold=%.2fs warm=%.3fs "
-           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f%s precision=%s tflops=%.1f%s steps/call=%d\n",
+           "planned=%.1fMB allocated=%.1fMB peak_rss=%.1fMB cpu_ms/step=%.3f%s precision=%s tflops=%.1f%s steps/call=%d batch=%s\n",
            name, backend, "tg", (long long)tg_train_param_total(t), sorted[2], sorted[0], r.loss, cold, warm,
            tg_train_planned_bytes(t) / 1048576.0, state_mb, ru.ru_maxrss / 1024.0, cpu[2], kernels,
-           tg_precision_name(tg_train_precision(t)), tflops, dp, per_call);
+           tg_precision_name(tg_train_precision(t)), tflops, dp, per_call, batch_host ? "host" : "device");
     fflush(stdout);
     tg_destroy(t);
     release(&w);
@@ -441,6 +445,7 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--kernels") == 0 && i + 1 < argc) kernels_dir = argv[++i];
         else if (strcmp(argv[i], "--dist") == 0) distributed = true;
         else if (strcmp(argv[i], "--steps-per-call") == 0 && i + 1 < argc) per_call = atoi(argv[++i]) > 0 ? atoi(argv[i]) : 1;
+        else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) batch_host = strcmp(argv[++i], "host") == 0;
         else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc) {
             for (char *p = argv[++i]; *p && n_devices < 16; p += *p == ',') devices[n_devices++] = (int)strtol(p, &p, 10);
         }

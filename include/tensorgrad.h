@@ -576,7 +576,10 @@ TG_API int tg_train_rank(const tg_train *t);
 TG_API int tg_train_replicas(const tg_train *t);
 /* A step whose loss or any gradient element is NaN or infinite fails, naming the first parameter
  * (in declaration order) whose gradient is not finite, and leaves parameters, optimizer state
- * and the step count as they were. */
+ * and the step count as they were.
+ * No inputs (NULL, 0): the step runs on the batch the previous step left in the backend's input
+ * buffers, copying nothing: for full-batch training, or one batch kept on the GPU (as a PyTorch
+ * loop stepping on tensors already on the device). An error before any step was given inputs. */
 TG_API tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs);
 /* n_steps steps in one call: every input holds n_steps batches back to back (n = n_steps times
  * the declared element count), step s reading the s-th. The same as calling tg_step on each batch
@@ -584,7 +587,8 @@ TG_API tg_result tg_step(tg_train *t, const tg_data *inputs, int n_inputs);
  * steps before it count, it and those after change nothing); losses (NULL, or n_steps floats)
  * gets the loss of each step that ran. On a GPU the steps are queued without waiting for each
  * loss, so the device runs them back to back, as a PyTorch loop that replays a CUDA graph and
- * reads the loss once at the end: the way to train fastest on batches already in host memory. */
+ * reads the loss once at the end: the way to train fastest on batches already in host memory.
+ * No inputs (NULL, 0): n_steps steps on the batch the previous step left (as tg_step). */
 TG_API tg_result tg_steps(tg_train *t, const tg_data *inputs, int n_inputs, int n_steps, float *losses);
 /* The loss at the current parameters without an update (held-out evaluation), with the training
  * input shapes; for other batch sizes, attach the loss function as a forward with TG_ANY dims. */

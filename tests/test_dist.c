@@ -233,6 +233,10 @@ static void versus_plain(const char *backend, int n_dev, double clip) {
     printf("test_dist: %s, %d replicas, clip %g: largest relative loss difference from one replica %.2g over %d steps\n", backend,
            n_dev, clip, worst, STEPS);
     CHECK(unequal == 0, "%s x%d: replicas differed after %d of %d steps", backend, n_dev, unequal, STEPS);
+    /* no inputs: every replica steps on the rows of the last batch it still holds */
+    tg_result ka = tg_step(plain, NULL, 0), kb = tg_step(dp, NULL, 0);
+    CHECK(ka.status == TG_OK && kb.status == TG_OK && check_close(ka.loss, kb.loss, NOISE) && replicas_equal(dp, n_dev),
+          "%s x%d: a step on the kept batch: %g vs %g %s", backend, n_dev, ka.loss, kb.loss, kb.error);
     float pa[PARAM_TOTAL], pb[PARAM_TOTAL];
     params_of(plain, pa);
     params_of(dp, pb);

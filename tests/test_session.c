@@ -736,6 +736,45 @@ static void test_steps(void) {
     tg_model_free(m2);
 }
 
+/* No inputs: the steps run on the batch the previous step left on the device, as tg_step with
+ * that batch again would; before any batch, an error that takes no step. */
+static void test_kept_batch(void) {
+    enum { K = 5 };   /* more than the CUDA backend's queue depth */
+    mlp n, n2;
+    tg_model *m = mlp_model(&n, 23, HID), *m2 = mlp_model(&n2, 23, HID);
+    tg_train *t = mlp_train(&n, m), *twin = mlp_train(&n2, m2);
+    if (!t || !twin) { tg_destroy(t); tg_destroy(twin); tg_model_free(m); tg_model_free(m2); return; }
+    static float xs[(K + 2) * B * IN];
+    static int32_t ys[(K + 2) * B];
+    fill(xs, B * IN, -1, 1);
+    for (int i = 0; i < B; i++) ys[i] = (int32_t)(i * 5 % OUT);
+    for (int s = 1; s < K + 2; s++) {   /* the same batch K + 2 times, for the twin */
+        memcpy(xs + s * B * IN, xs, sizeof(float) * B * IN);
+        memcpy(ys + s * B, ys, sizeof(int32_t) * B);
+    }
+    tg_result r = tg_step(t, NULL, 0);
+    CHECK(r.status == TG_FAILED && strstr(r.error, "no earlier step left a batch") && tg_train_step_count(t) == 0,
+          "%s: no inputs before any batch: %s", backend, r.error);
+    r = tg_steps(t, NULL, 0, 3, NULL);
+    CHECK(r.status == TG_FAILED && strstr(r.error, "no earlier step left a batch") && tg_train_step_count(t) == 0,
+          "%s: tg_steps without inputs before any batch: %s", backend, r.error);
+    float losses[K + 2];
+    r = tg_step(t, (tg_data[]){ tg_f32("x", xs, B * IN), tg_i32("y", ys, B) }, 2);
+    losses[0] = r.loss;
+    r = tg_step(t, NULL, 0);
+    losses[1] = r.loss;
+    CHECK(r.status == TG_OK && tg_train_step_count(t) == 2, "%s: a step on the kept batch: %s", backend, r.error);
+    r = tg_steps(t, NULL, 0, K, losses + 2);
+    CHECK(r.status == TG_OK && tg_train_step_count(t) == K + 2, "%s: tg_steps of %d on the kept batch: %s", backend, K, r.error);
+    int bad = step_in_turn(twin, xs, ys, 0, K + 2, losses);
+    CHECK(bad == 0 && param_mismatches(t, twin) == 0, "%s: steps on the kept batch equal steps given it (%d losses differ)",
+          backend, bad);
+    tg_destroy(t);
+    tg_destroy(twin);
+    tg_model_free(m);
+    tg_model_free(m2);
+}
+
 /* Single flight: with the worker busy, a queued preview is displaced by a newer one. */
 typedef struct { tg_flight *fl; const float *x; tg_result r; float *out; } flight_arg;
 
@@ -810,6 +849,7 @@ int main(void) {
         test_two_families();
         test_async();
         test_steps();
+        test_kept_batch();
         test_single_flight();
     }
     return check_report("test_session");

@@ -434,12 +434,12 @@ tg_status dist_replica_param(tg_train *t, int r, const char *name, float *dst, s
 
 /* ----- the step ----- */
 
-/* A call's inputs, each replica's rows bound to its grad graph. Counts are checked against the
- * whole batch first (the message speaks of what the caller passed); names, dtypes and missing
- * inputs are rt_bind_inputs's to report. */
+/* A call's inputs, each replica's rows bound to its grad graph (none: the rows each still holds).
+ * Counts are checked against the whole batch first (the message speaks of what the caller
+ * passed); names, dtypes and missing inputs are rt_bind_inputs's to report. */
 static bool bind_shares(tg_train *t, const tg_data *in, int n, tg_result *res) {
     dist_state *d = t->dp;
-    if (n < 0 || (n > 0 && !in) || n > d->n_inputs) return rt_bind_inputs(&t->c, in, n, res->error, sizeof res->error);
+    if (n <= 0 || !in || n > d->n_inputs) return rt_bind_batch(&t->c, in, n, res->error, sizeof res->error);
     for (int k = 0; k < n; k++) {
         const tg_input_decl *decl = NULL;
         for (int i = 0; i < d->n_inputs && !decl; i++)

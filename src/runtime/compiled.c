@@ -93,7 +93,14 @@ bool rt_bind_inputs(compiled *c, const tg_data *data, int n, char *err, size_t e
         int i = rt_input_index(c, data[k].name);
         c->be->upload(c->input_buf[i], data[k].dtype, data[k].data, data[k].n);
     }
+    c->holds_batch = true;
     return true;
+}
+
+bool rt_bind_batch(compiled *c, const tg_data *data, int n, char *err, size_t errlen) {
+    if (n != 0 || c->n_inputs == 0) return rt_bind_inputs(c, data, n, err, errlen);
+    if (!c->holds_batch) snprintf(err, errlen, "no inputs given, and no earlier step left a batch to run on again");
+    return c->holds_batch;
 }
 
 /* The nodes a compiled graph keeps readable after a run: `first` (outputs, gradients), then its

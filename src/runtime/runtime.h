@@ -33,6 +33,7 @@ typedef struct {
     tg_input_decl *decls;     /* names owned by the graph's INPUT nodes */
     int n_inputs;
     void **input_buf;
+    bool holds_batch;         /* the input buffers hold a call's inputs (rt_bind_batch) */
 } compiled;
 
 #define MAX_SCHEDULE_CHAIN 8
@@ -151,6 +152,9 @@ void rt_read_node(const compiled *c, int node, double *dst);   /* the node's val
  * copies it into the input buffers. rt_input_index: the declared input of that name, or -1. */
 bool rt_check_inputs(const compiled *c, const tg_data *data, int n, char *err, size_t errlen);
 bool rt_bind_inputs(compiled *c, const tg_data *data, int n, char *err, size_t errlen);
+/* A training step's inputs: as rt_bind_inputs, or none (n 0) to run on the batch the buffers
+ * still hold from an earlier call (false, with err, when there is none). */
+bool rt_bind_batch(compiled *c, const tg_data *data, int n, char *err, size_t errlen);
 int rt_input_index(const compiled *c, const char *name);
 /* The nodes a compiled graph keeps readable after a run: `first` (outputs, gradients), then its
  * captures and, in a patchable graph, the values arriving at its patch sites. NULL when memory

@@ -271,7 +271,7 @@ tg_result rt_step_locked(tg_train *t, const tg_data *inputs, int n_inputs) {
     if (t->dp) return dist_step(t, inputs, n_inputs);
     tg_result r;
     memset(&r, 0, sizeof r);
-    if (!rt_bind_inputs(&t->c, inputs, n_inputs, r.error, sizeof r.error)) { r.status = TG_FAILED; return r; }
+    if (!rt_bind_batch(&t->c, inputs, n_inputs, r.error, sizeof r.error)) { r.status = TG_FAILED; return r; }
     if (!rt_step_hyper(t, &r)) return r;
     tg_error err;
     double loss, guard;
@@ -336,9 +336,9 @@ static tg_result steps_in_turn(tg_train *t, const tg_data *in, int n, int n_step
  * first non-finite gradient, or, should it pass, goes on from there. */
 static tg_result steps_queued(tg_train *t, const tg_data *in, int n, int n_steps, float *losses, tg_data *slice) {
     const tg_graph *g = t->c.g;
-    void **bufs = tg_alloc(sizeof(void *) * (size_t)n);
-    const void **data = tg_alloc(sizeof(void *) * (size_t)n);
-    size_t *bytes = tg_alloc(sizeof(size_t) * (size_t)n);
+    void **bufs = tg_alloc(sizeof(void *) * (size_t)(n + 1));   /* n 0: the batch kept on the device */
+    const void **data = tg_alloc(sizeof(void *) * (size_t)(n + 1));
+    size_t *bytes = tg_alloc(sizeof(size_t) * (size_t)(n + 1));
     tg_result r = { .status = TG_OK, .step = t->step };
     if (!bufs || !data || !bytes || !wb_targets(t)) r = rt_failed("tg_steps: out of memory");
     int queued = 0, done = 0, bad = r.status == TG_OK ? -1 : 0, depth = t->be->queue_depth(t->c.exec);
@@ -389,6 +389,7 @@ tg_result tg_steps(tg_train *t, const tg_data *inputs, int n_inputs, int n_steps
     if (n_steps < 1) r = rt_failed("tg_steps: n_steps is %d; at least 1", n_steps);
     else if (n_inputs < 0 || (n_inputs > 0 && !inputs)) r = rt_failed("tg_steps: inputs: %d given but no array", n_inputs);
     else if (n_inputs > 0 && !slice) r = rt_failed("tg_steps: out of memory");
+    else if (n_inputs == 0 && !rt_bind_batch(&l->c, NULL, 0, r.error, sizeof r.error)) r.status = TG_FAILED;   /* kept? */
     for (int k = 0; k < n_inputs && r.status == TG_OK; k++) {
         int i = inputs[k].name ? rt_input_index(&l->c, inputs[k].name) : -1;
         size_t per = i >= 0 ? (size_t)l->c.g->nodes[i].numel : 0;
@@ -396,7 +397,7 @@ tg_result tg_steps(tg_train *t, const tg_data *inputs, int n_inputs, int n_steps
             r = rt_failed("tg_steps: input '%s' holds %zu elements, not %d steps of %zu", inputs[k].name, inputs[k].n,
                           n_steps, per);
     }
-    if (r.status == TG_OK) {   /* names, dtypes and sizes, as one step has them */
+    if (r.status == TG_OK && n_inputs > 0) {   /* names, dtypes and sizes, as one step has them */
         step_slice(inputs, n_inputs, n_steps, 0, slice);
         if (!rt_check_inputs(&l->c, slice, n_inputs, r.error, sizeof r.error)) r.status = TG_FAILED;
     }
