@@ -85,6 +85,30 @@ static int attention_operands(const tg_node *n, int *ops) {
 
 static bool is_attention(tg_op op) { return op == OP_ATTENTION || op == OP_ATTENTION_LSE || op == OP_ATTENTION_BWD; }
 
+/* The source of sum `id` past the sums it absorbed (cuda_refine), and the axes they span. */
+static int sum_source(const tg_graph *g, const bool *materialized, int id, int *lo, int *hi) {
+    int x = g->nodes[id].src[0];
+    *lo = *hi = g->nodes[id].axis;
+    for (; g->nodes[x].op == OP_SUM && !materialized[x]; x = g->nodes[x].src[0]) {
+        *lo = g->nodes[x].axis < *lo ? g->nodes[x].axis : *lo;
+        *hi = g->nodes[x].axis > *hi ? g->nodes[x].axis : *hi;
+    }
+    return x;
+}
+
+/* Does sum b compute its source a itself (sum_kernel's producer)? a is pointwise, b's source and
+ * the node right before b in kernel order (`a` is that node), and b leaves an inner block (a sum
+ * over the last axes is row_kernel's, which reads its source from memory). Then a is written,
+ * and summed, where it is computed: the sum is its only reader that needs no buffer. */
+static bool sums_its_source(const tg_graph *g, const bool *materialized, int a, int b) {
+    int lo, hi;
+    if (!fuse_pointwise(g->nodes[a].op) || g->nodes[b].op != OP_SUM || sum_source(g, materialized, b, &lo, &hi) != a)
+        return false;
+    int64_t inner = 1;
+    for (int k = hi + 1; k < g->nodes[a].shape.ndim; k++) inner *= g->nodes[a].shape.d[k];
+    return inner > 1;
+}
+
 void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, const int *alias, const int *keep, int n_keep,
                         bool *want, bool *only) {
     for (int i = 0; i < g->n; i++) want[i] = only[i] = false;
@@ -120,12 +144,15 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
     for (int i = 0; i < g->n; i++) live[i] = materialized[i] || alias[i] >= 0;
     for (int i = g->n - 1; i >= 0; i--)
         for (int k = 0; live[i] && k < g->nodes[i].nsrc; k++) live[g->nodes[i].src[k]] = true;
+    int prev = -1;   /* the kernel order's node before i */
     for (int i = 0; i < g->n; i++) {
         const tg_node *n = &g->nodes[i];
+        bool own = prev >= 0 && sums_its_source(g, materialized, prev, i);   /* reads its source from a register */
+        if (materialized[i] && alias[i] < 0) prev = i;
         if (!live[i] || alias[i] >= 0 || n->op == OP_MATMUL) continue;   /* relabels, and products: they read copies */
         bool mma = is_attention(n->op) && cuda_attention_mma(g, i, sm);
         for (int k = 0; k < n->nsrc; k++)
-            if (!mma || (k == 3 || k == 5))   /* tensor-core attention reads out and lse as f32 */
+            if ((!mma || (k == 3 || k == 5)) && !(own && k == 0))   /* tensor-core attention reads out and lse as f32 */
                 only[home_of(alias, n->src[k])] = false;
     }
     free(live);
@@ -294,6 +321,17 @@ void cuda_kernel_runs(const tg_graph *g, const bool *materialized, const int *al
  * element, later roots reading earlier ones from registers); segments of other sizes follow in
  * the same kernel, each over its own range of thread indices. A whole optimizer update, every
  * parameter's m, v and new value, is then one launch. Returns how many of order[] it took. */
+static bool sum_producer(const cg *c, int a, int b);
+
+/* How many of order[] a kernel of several nodes may take: not a node without a buffer that the
+ * sum right after it computes (sum_kernel's producer: nothing else could read it). order[0]
+ * stays: the caller offered it to the sum first. */
+static int before_sum_producer(const cg *c, const int *order, int n_order) {
+    int n = 1;
+    while (n + 1 < n_order && !(cg_unplaced(c, order[n]) && sum_producer(c, order[n], order[n + 1]))) n++;
+    return n + 1 < n_order ? n : n_order;
+}
+
 static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
     int roots[MAX_ROOTS];
     group gr = { c, roots, 0, tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1)) };
@@ -302,6 +340,7 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     int q = 0;
     int64_t total = 0;
     cg_begin(c, order[0]);
+    n_order = before_sum_producer(c, order, n_order);
     while (q < n_order && fuse_pointwise(N(c, order[q])->op) && gr.n_roots < MAX_ROOTS) {
         int64_t numel = N(c, order[q])->numel;
         int first = gr.n_roots;
@@ -351,17 +390,6 @@ static size_t sum_scratch(const cg *c, cuda_plan *p, int64_t partials) {
     return at;
 }
 
-/* The source of sum `id` past the sums it absorbed (cuda_refine), and the axes they span. */
-static int sum_source(const cg *c, int id, int *lo, int *hi) {
-    int x = N(c, id)->src[0];
-    *lo = *hi = N(c, id)->axis;
-    for (; N(c, x)->op == OP_SUM && !c->mat[x]; x = N(c, x)->src[0]) {
-        *lo = N(c, x)->axis < *lo ? N(c, x)->axis : *lo;
-        *hi = N(c, x)->axis > *hi ? N(c, x)->axis : *hi;
-    }
-    return x;
-}
-
 /* Sum over one axis: [outer, len, inner] -> [outer, 1, inner], reading coalesced:
  *  - contiguous rows (inner == 1): a warp per row, lanes striding the row, a shuffle reduction;
  *    when there are too few rows to fill the GPU (a sum over everything: one row), each row is
@@ -377,7 +405,7 @@ static int sum_source(const cg *c, int id, int *lo, int *hi) {
  * race (its buffer shares memory with something the kernel reads). */
 static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer) {
     const tg_node *n = N(c, id);
-    int lo, hi, x = sum_source(c, id, &lo, &hi);
+    int lo, hi, x = sum_source(c->g, c->mat, id, &lo, &hi);
     const tg_node *s = N(c, x);
     int64_t outer = 1, len = 1, inner = 1;
     for (int k = 0; k < s->shape.ndim; k++) *(k < lo ? &outer : k <= hi ? &len : &inner) *= s->shape.d[k];
@@ -466,13 +494,8 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer) {
     return true;
 }
 
-/* Is pointwise node `a` the source of the (non-row) sum `b` right after it, and read by
- * nothing between? Then sum_kernel computes it. */
-static bool sum_producer(const cg *c, int a, int b) {
-    int lo, hi;
-    return fuse_pointwise(N(c, a)->op) && N(c, b)->op == OP_SUM && sum_source(c, b, &lo, &hi) == a &&
-           plan_home(c->plan, a) == a;
-}
+/* Does sum_kernel compute pointwise node `a`, the source of sum `b` right after it? */
+static bool sum_producer(const cg *c, int a, int b) { return sums_its_source(c->g, c->mat, a, b) && plan_home(c->plan, a) == a; }
 
 /* ----- row kernels -----
  * A sum along the last axis of an [R, L] source, then the kernels after it that work row by row
@@ -499,6 +522,7 @@ static int row_role(const cg *c, int id, int64_t R, int64_t L) {
 static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
     int64_t R, L;
     if (!cg_row_sum(c, order[0], &R, &L)) return 0;
+    n_order = before_sum_producer(c, order, n_order);
     int members[MAX_ROW_MEMBERS], roles[MAX_ROW_MEMBERS], nm = 0;
     for (int q = 0; q < n_order && nm < MAX_ROW_MEMBERS; q++) {
         int id = order[q], role = row_role(c, id, R, L);
