@@ -31,6 +31,31 @@ bool fuse_pointwise(tg_op op) {
 /* Cheap enough to recompute in every consumer rather than store. */
 static bool trivial(tg_op op) { return op == OP_CONST || op == OP_HYPER || op == OP_IOTA; }
 
+/* The cost of recomputing an op in each consumer: 0 for relabelling (index arithmetic), 1 for
+ * arithmetic without transcendentals, comparisons and one-hot, more than CHEAP_OPS otherwise. */
+enum { CHEAP_OPS = 8 };   /* the most ops a value read by several kernels is recomputed with */
+
+static int recompute_cost(tg_op op) {
+    switch (op) {
+    case OP_RESHAPE: case OP_IDENTITY: case OP_EXPAND:
+        return 0;
+    case OP_CONST: case OP_HYPER: case OP_IOTA: case OP_NEG: case OP_ADD: case OP_SUB: case OP_MUL:
+    case OP_LESS: case OP_GREATER: case OP_EQUAL: case OP_WHERE: case OP_ONE_HOT:
+        return 1;
+    default:
+        return CHEAP_OPS + 1;
+    }
+}
+
+/* A value read by k kernels, of n elements, whose inlined expression reads `reads` distinct
+ * elements from memory: recomputed in each of them when that moves no more data than storing it
+ * once and reading it k times (k reads <= reads + n + k n), and costs few ops. Then it needs no
+ * kernel of its own: the gradient of a cross-entropy, -one_hot(y) / n, read by two kernels, or a
+ * residual sum x + f(x) that a layer norm and the next residual both read. */
+static bool recompute(int k, int64_t n, int64_t reads, int ops) {
+    return ops <= CHEAP_OPS && (double)k * (double)reads <= (double)reads + (double)n * (k + 1);
+}
+
 /* Does this consumer read the source through an inlined expression? Pointwise ops and sum do;
  * the rest read memory. */
 static bool reads_inline(tg_op consumer) { return fuse_pointwise(consumer) || consumer == OP_SUM; }
@@ -55,7 +80,9 @@ void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bo
     bool *memory_read = tg_alloc(sizeof(bool) * (size_t)(n + 1));
     bool *kept = tg_alloc(sizeof(bool) * (size_t)(n + 1));
     bool *needed = tg_alloc(sizeof(bool) * (size_t)(n + 1));
-    if (!uses || !memory_read || !kept || !needed) {   /* no memory to analyse: the unfused schedule, as valid */
+    int *ops = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    int64_t *reads = tg_alloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!uses || !memory_read || !kept || !needed || !ops || !reads) {   /* no memory to analyse: the unfused schedule, as valid */
         fuse = false;
         free(needed);
         needed = NULL;
@@ -73,14 +100,27 @@ void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bo
         }
     for (int i = 0; i < n; i++) {
         tg_op op = g->nodes[i].op;
+        if (fuse) ops[i] = 0, reads[i] = g->nodes[i].numel;   /* in memory (or a leaf): a load of it */
         if (op == OP_INPUT || op == OP_PARAM || op == OP_STATE || (needed && !needed[i])) { materialized[i] = false; continue; }
-        bool inline_ok = fuse && fuse_pointwise(op) && !kept[i] && !memory_read[i] && (uses[i] <= 1 || trivial(op));
+        bool inline_ok = false;
+        if (fuse && fuse_pointwise(op) && !kept[i] && !memory_read[i]) {
+            int count = recompute_cost(op);   /* its expression's ops and reads, as far as it is inlined */
+            int64_t from = 0;
+            for (int k = 0; k < g->nodes[i].nsrc; k++) {
+                count += ops[g->nodes[i].src[k]];
+                from += reads[g->nodes[i].src[k]];
+            }
+            inline_ok = uses[i] <= 1 || trivial(op) || recompute(uses[i], g->nodes[i].numel, from, count);
+            if (inline_ok) ops[i] = count, reads[i] = from;
+        }
         materialized[i] = !inline_ok;
     }
     if (fuse) find_aliases(g, materialized, alias);
     else
         for (int i = 0; i < n; i++) alias[i] = -1;
     free(uses);
+    free(ops);
+    free(reads);
     free(memory_read);
     free(kept);
     free(needed);
