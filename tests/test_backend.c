@@ -595,6 +595,9 @@ int main(void) {
         for (int i = 0; i < N_CASES; i++) compare_case("cpu", TG_PRECISION_F32, &CASES[i], fused ? "fused" : "unfused");
     }
     unsetenv("TG_NO_FUSE");
+    setenv("TG_FUSE_RECOMPUTE", "1", 1);   /* the CUDA backend's schedule: shared cheap values recomputed */
+    for (int i = 0; i < N_CASES; i++) compare_case("cpu", TG_PRECISION_F32, &CASES[i], "fused, recomputing");
+    unsetenv("TG_FUSE_RECOMPUTE");
     test_isa_paths();
     /* The kernels every exported file carries (src/export/portable_kernels.h), run by the CPU
      * backend's generated code: every op, forward and backward, fused and unfused. */

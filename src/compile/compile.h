@@ -43,10 +43,13 @@ void plan_free(tg_plan *p);
 /* fuse.c: the scheduler of compiled backends. materialized[i] says whether node i gets memory
  * (computed by a kernel of its own) or is computed inside the kernels that read it; a node no
  * kept value or write-back depends on gets neither (it never runs). fuse = false materializes
- * every other node (the unfused schedule, for tests). */
+ * every other node (the unfused schedule, for tests). recompute: a cheap value that several
+ * kernels read is computed in each of them instead (where a launch costs more than the work: a
+ * GPU; on a CPU it only adds work). */
 bool fuse_pointwise(tg_op op);
 /* alias[i] >= 0: node i (a reshape or identity of a buffer already in memory) shares the buffer
  * of node alias[i] and gets no kernel; -1 otherwise. */
-void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bool *materialized, int *alias);
+void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bool recompute, bool *materialized,
+                   int *alias);
 
 #endif

@@ -52,7 +52,7 @@ static int recompute_cost(tg_op op) {
  * once and reading it k times (k reads <= reads + n + k n), and costs few ops. Then it needs no
  * kernel of its own: the gradient of a cross-entropy, -one_hot(y) / n, read by two kernels, or a
  * residual sum x + f(x) that a layer norm and the next residual both read. */
-static bool recompute(int k, int64_t n, int64_t reads, int ops) {
+static bool worth_recomputing(int k, int64_t n, int64_t reads, int ops) {
     return ops <= CHEAP_OPS && (double)k * (double)reads <= (double)reads + (double)n * (k + 1);
 }
 
@@ -74,7 +74,8 @@ static void find_aliases(const tg_graph *g, const bool *materialized, int *alias
     }
 }
 
-void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bool *materialized, int *alias) {
+void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bool recompute, bool *materialized,
+                   int *alias) {
     int n = g->n;
     int *uses = tg_alloc(sizeof(int) * (size_t)(n + 1));
     bool *memory_read = tg_alloc(sizeof(bool) * (size_t)(n + 1));
@@ -110,7 +111,7 @@ void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bo
                 count += ops[g->nodes[i].src[k]];
                 from += reads[g->nodes[i].src[k]];
             }
-            inline_ok = uses[i] <= 1 || trivial(op) || recompute(uses[i], g->nodes[i].numel, from, count);
+            inline_ok = uses[i] <= 1 || trivial(op) || (recompute && worth_recomputing(uses[i], g->nodes[i].numel, from, count));
             if (inline_ok) ops[i] = count, reads[i] = from;
         }
         materialized[i] = !inline_ok;

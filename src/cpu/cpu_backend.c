@@ -7,7 +7,8 @@
  * flags, cpu_isa.c, are added after it), TG_CPU_ISA (avx512, avx2 or portable), TG_CACHE_DIR
  * (default $XDG_CACHE_HOME/tensorgrad or ~/.cache/tensorgrad; one that cannot hold files makes
  * every build happen in a private temporary directory instead), TG_NO_FUSE=1 (every node gets
- * a kernel of its own: the unfused schedule, for tests). */
+ * a kernel of its own: the unfused schedule, for tests), TG_FUSE_RECOMPUTE=1 (cheap values read
+ * by several kernels recomputed in each, as the CUDA backend schedules them: for tests). */
 #include "cpu/cpu.h"
 #include "runtime/backend.h"
 #include "io/cache.h"
@@ -239,14 +240,14 @@ static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_erro
     e->inplace = tg_alloc(sizeof(int) * n);
     e->bound = tg_alloc(sizeof(void *) * n);
     int *alias = tg_alloc(sizeof(int) * n);
-    const char *nofuse = getenv("TG_NO_FUSE");
+    const char *nofuse = getenv("TG_NO_FUSE"), *recompute = getenv("TG_FUSE_RECOMPUTE");
     bool fuse = !(nofuse && nofuse[0] == '1');
     /* Short of memory, scheduling degrades to a plainer valid schedule; the plan and the source
      * must be whole. */
     bool ok = e->mat && e->inplace && e->bound && alias;
     if (ok) {
         for (int i = 0; i < g->n; i++) e->inplace[i] = -1;
-        fuse_schedule(g, keep, n_keep, fuse, e->mat, alias);
+        fuse_schedule(g, keep, n_keep, fuse, recompute && recompute[0] == '1', e->mat, alias);
         if (fuse) codegen_c_refine(g, keep, n_keep, e->mat, alias, e->inplace);
         ok = plan_build(g, keep, n_keep, e->mat, alias, NULL, NULL, &e->plan);
     }

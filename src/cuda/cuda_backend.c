@@ -605,7 +605,7 @@ static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_kee
     int *alias = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), *runs = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
     bool ok = mat && want && only && alias && runs;
     if (ok) {
-        fuse_schedule(g, keep, n_keep, true, mat, alias);
+        fuse_schedule(g, keep, n_keep, true, true, mat, alias);
         cuda_refine(g, keep, n_keep, mat);
         cuda_kernel_runs(g, mat, alias, runs);
         cuda_shadow_wanted(g, atoi(arch + 3), mat, alias, keep, n_keep, want, only);
