@@ -316,11 +316,6 @@ void cuda_kernel_runs(const tg_graph *g, const bool *materialized, const int *al
     }
 }
 
-/* One kernel for the pointwise node order[0] and as many of the pointwise nodes after it in
- * order[] as can join it race-free (group_ok). Nodes of one size form a segment (a thread per
- * element, later roots reading earlier ones from registers); segments of other sizes follow in
- * the same kernel, each over its own range of thread indices. A whole optimizer update, every
- * parameter's m, v and new value, is then one launch. Returns how many of order[] it took. */
 static bool sum_producer(const cg *c, int a, int b);
 
 /* How many of order[] a kernel of several nodes may take: not a node without a buffer that the
@@ -332,6 +327,11 @@ static int before_sum_producer(const cg *c, const int *order, int n_order) {
     return n + 1 < n_order ? n : n_order;
 }
 
+/* One kernel for the pointwise node order[0] and as many of the pointwise nodes after it in
+ * order[] as can join it race-free (group_ok). Nodes of one size form a segment (a thread per
+ * element, later roots reading earlier ones from registers); segments of other sizes follow in
+ * the same kernel, each over its own range of thread indices. A whole optimizer update, every
+ * parameter's m, v and new value, is then one launch. Returns how many of order[] it took. */
 static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
     int roots[MAX_ROOTS];
     group gr = { c, roots, 0, tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1)) };
