@@ -555,17 +555,20 @@ static void test_data_misuse(tg_train *t, tg_forward *f, const char *backend) {
         char label[96];
         snprintf(label, sizeof label, "%s: step: %s", backend, cases[k].label);
         const tg_data *d = cases[k].null_array ? NULL : cases[k].d;
-        long n0, n1;
-        char *s0 = state_of(t, &n0);
-        int64_t steps = tg_train_step_count(t);
-        tg_result r = tg_step(t, d, cases[k].n);
-        char *s1 = state_of(t, &n1);
-        CHECK(r.status == TG_FAILED, "%s: status %d", label, (int)r.status);
-        expect_msg(label, r.error, cases[k].part);
-        CHECK(s0 && s1 && n0 == n1 && memcmp(s0, s1, (size_t)n0) == 0 && tg_train_step_count(t) == steps,
-              "%s: parameters, optimizer state or step count changed", label);
-        free(s0);
-        free(s1);
+        tg_result r;
+        if (cases[k].n != 0 || cases[k].null_array) {   /* none: tg_step runs on the batch kept (test_session) */
+            long n0, n1;
+            char *s0 = state_of(t, &n0);
+            int64_t steps = tg_train_step_count(t);
+            r = tg_step(t, d, cases[k].n);
+            char *s1 = state_of(t, &n1);
+            CHECK(r.status == TG_FAILED, "%s: status %d", label, (int)r.status);
+            expect_msg(label, r.error, cases[k].part);
+            CHECK(s0 && s1 && n0 == n1 && memcmp(s0, s1, (size_t)n0) == 0 && tg_train_step_count(t) == steps,
+                  "%s: parameters, optimizer state or step count changed", label);
+            free(s0);
+            free(s1);
+        }
         snprintf(label, sizeof label, "%s: eval: %s", backend, cases[k].label);
         r = tg_eval_loss(t, d, cases[k].n);
         CHECK(r.status == TG_FAILED, "%s: status %d", label, (int)r.status);

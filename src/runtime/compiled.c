@@ -99,7 +99,9 @@ bool rt_bind_inputs(compiled *c, const tg_data *data, int n, char *err, size_t e
 
 bool rt_bind_batch(compiled *c, const tg_data *data, int n, char *err, size_t errlen) {
     if (n != 0 || c->n_inputs == 0) return rt_bind_inputs(c, data, n, err, errlen);
-    if (!c->holds_batch) snprintf(err, errlen, "no inputs given, and no earlier step left a batch to run on again");
+    if (!c->holds_batch)
+        snprintf(err, errlen, "missing input '%s': no inputs given, and no earlier step left a batch to run on again",
+                 c->decls[0].name);
     return c->holds_batch;
 }
 
