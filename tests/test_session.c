@@ -685,12 +685,31 @@ static int step_in_turn(tg_train *twin, const float *xs, const int32_t *ys, int 
     return bad;
 }
 
+/* Two handles built alike from one seed: t driven by tg_steps, twin one tg_step at a time. */
+typedef struct { mlp n, n2; tg_model *m, *m2; tg_train *t, *twin; } twins;
+
+static void twins_close(twins *w) {
+    tg_destroy(w->t);
+    tg_destroy(w->twin);
+    tg_model_free(w->m);
+    tg_model_free(w->m2);
+}
+
+static bool twins_open(twins *w, uint64_t seed) {
+    w->m = mlp_model(&w->n, seed, HID);
+    w->m2 = mlp_model(&w->n2, seed, HID);
+    w->t = mlp_train(&w->n, w->m);
+    w->twin = mlp_train(&w->n2, w->m2);
+    if (w->t && w->twin) return true;
+    twins_close(w);
+    return false;
+}
+
 static void test_steps(void) {
     enum { K = 7 };   /* more than the CUDA backend's queue depth */
-    mlp n, n2;
-    tg_model *m = mlp_model(&n, 21, HID), *m2 = mlp_model(&n2, 21, HID);
-    tg_train *t = mlp_train(&n, m), *twin = mlp_train(&n2, m2);
-    if (!t || !twin) { tg_destroy(t); tg_destroy(twin); tg_model_free(m); tg_model_free(m2); return; }
+    twins w;
+    if (!twins_open(&w, 21)) return;
+    tg_train *t = w.t, *twin = w.twin;
     static float xs[K * B * IN];
     static int32_t ys[K * B];
     fill(xs, K * B * IN, -1, 1);
@@ -730,20 +749,16 @@ static void test_steps(void) {
     r = tg_steps(t, (tg_data[]){ tg_f32("x", xs, B * IN), tg_f32("z", xs, B) }, 2, 1, NULL);
     CHECK(r.status == TG_FAILED && strstr(r.error, "'z'"), "%s: an unknown input: %s", backend, r.error);
     CHECK(tg_train_step_count(t) == before, "%s: wrong calls take no step", backend);
-    tg_destroy(t);
-    tg_destroy(twin);
-    tg_model_free(m);
-    tg_model_free(m2);
+    twins_close(&w);
 }
 
 /* No inputs: the steps run on the batch the previous step left on the device, as tg_step with
  * that batch again would; before any batch, an error that takes no step. */
 static void test_kept_batch(void) {
     enum { K = 5 };   /* more than the CUDA backend's queue depth */
-    mlp n, n2;
-    tg_model *m = mlp_model(&n, 23, HID), *m2 = mlp_model(&n2, 23, HID);
-    tg_train *t = mlp_train(&n, m), *twin = mlp_train(&n2, m2);
-    if (!t || !twin) { tg_destroy(t); tg_destroy(twin); tg_model_free(m); tg_model_free(m2); return; }
+    twins w;
+    if (!twins_open(&w, 23)) return;
+    tg_train *t = w.t, *twin = w.twin;
     static float xs[(K + 2) * B * IN];
     static int32_t ys[(K + 2) * B];
     fill(xs, B * IN, -1, 1);
@@ -759,8 +774,8 @@ static void test_kept_batch(void) {
     CHECK(r.status == TG_FAILED && strstr(r.error, "no earlier step left a batch") && tg_train_step_count(t) == 0,
           "%s: tg_steps without inputs before any batch: %s", backend, r.error);
     float losses[K + 2];
-    r = tg_step(t, (tg_data[]){ tg_f32("x", xs, B * IN), tg_i32("y", ys, B) }, 2);
-    losses[0] = r.loss;
+    r = tg_steps(t, (tg_data[]){ tg_f32("x", xs, B * IN), tg_i32("y", ys, B) }, 2, 1, losses);   /* queued on a GPU */
+    CHECK(r.status == TG_OK, "%s: the batch given to tg_steps: %s", backend, r.error);
     r = tg_step(t, NULL, 0);
     losses[1] = r.loss;
     CHECK(r.status == TG_OK && tg_train_step_count(t) == 2, "%s: a step on the kept batch: %s", backend, r.error);
@@ -769,10 +784,7 @@ static void test_kept_batch(void) {
     int bad = step_in_turn(twin, xs, ys, 0, K + 2, losses);
     CHECK(bad == 0 && param_mismatches(t, twin) == 0, "%s: steps on the kept batch equal steps given it (%d losses differ)",
           backend, bad);
-    tg_destroy(t);
-    tg_destroy(twin);
-    tg_model_free(m);
-    tg_model_free(m2);
+    twins_close(&w);
 }
 
 /* Single flight: with the worker busy, a queued preview is displaced by a newer one. */

@@ -359,6 +359,7 @@ static tg_result steps_queued(tg_train *t, const tg_data *in, int n, int n_steps
                 bad = queued;
             } else {
                 queued++;
+                t->c.holds_batch |= n > 0;   /* the backend uploaded it: a later call may run on it again */
             }
             continue;
         }
@@ -389,7 +390,7 @@ tg_result tg_steps(tg_train *t, const tg_data *inputs, int n_inputs, int n_steps
     if (n_steps < 1) r = rt_failed("tg_steps: n_steps is %d; at least 1", n_steps);
     else if (n_inputs < 0 || (n_inputs > 0 && !inputs)) r = rt_failed("tg_steps: inputs: %d given but no array", n_inputs);
     else if (n_inputs > 0 && !slice) r = rt_failed("tg_steps: out of memory");
-    else if (n_inputs == 0 && !rt_bind_batch(&l->c, NULL, 0, r.error, sizeof r.error)) r.status = TG_FAILED;   /* kept? */
+    else if (n_inputs == 0 && !rt_bind_batch(&l->c, NULL, 0, r.error, sizeof r.error)) r.status = TG_FAILED;   /* none kept */
     for (int k = 0; k < n_inputs && r.status == TG_OK; k++) {
         int i = inputs[k].name ? rt_input_index(&l->c, inputs[k].name) : -1;
         size_t per = i >= 0 ? (size_t)l->c.g->nodes[i].numel : 0;
