@@ -370,10 +370,11 @@ static int run(const char *name, const char *backend, double scale, const char *
         r = tg_step(t, data, 2);
         if (getenv("TG_BENCH_LOSSES")) fprintf(stderr, "%s warm-up step %d: loss %.4f\n", name, i + 1, r.loss);
     }
-    /* per_call copies of the batch back to back, for tg_steps */
-    char *many[2] = { malloc((size_t)bt * 4 * per_call), malloc((size_t)by * 4 * per_call) };
+    /* --batch host: per_call copies of the batch back to back, for tg_steps (else it stays on the device) */
+    int copies = batch_host ? per_call : 1;
+    char *many[2] = { malloc((size_t)bt * 4 * copies), malloc((size_t)by * 4 * copies) };
     if (!many[0] || !many[1]) r = (tg_result){ .status = TG_FAILED, .error = "out of memory for the batches" };
-    for (int k = 0; k < per_call && many[0] && many[1]; k++) {
+    for (int k = 0; k < copies && many[0] && many[1]; k++) {
         memcpy(many[0] + (size_t)k * bt * 4, data[0].data, (size_t)bt * 4);
         memcpy(many[1] + (size_t)k * by * 4, data[1].data, (size_t)by * 4);
     }

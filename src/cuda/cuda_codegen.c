@@ -96,10 +96,10 @@ static int sum_source(const tg_graph *g, const bool *materialized, int id, int *
     return x;
 }
 
-/* Does sum b compute its source a itself (sum_kernel's producer)? a is pointwise, b's source and
- * the node right before b in kernel order (`a` is that node), and b leaves an inner block (a sum
- * over the last axes is row_kernel's, which reads its source from memory). Then a is written,
- * and summed, where it is computed: the sum is its only reader that needs no buffer. */
+/* Does sum b compute its source a itself (sum_kernel's producer)? Callers pass as a the node
+ * right before b in kernel order; a must be pointwise and b's source, and b must leave an inner
+ * block (a sum over the last axes is row_kernel's, which reads its source from memory). Then a
+ * is written, and summed, where it is computed: the sum needs no buffer of it. */
 static bool sums_its_source(const tg_graph *g, const bool *materialized, int a, int b) {
     int lo, hi;
     if (!fuse_pointwise(g->nodes[a].op) || g->nodes[b].op != OP_SUM || sum_source(g, materialized, b, &lo, &hi) != a)
