@@ -493,6 +493,40 @@ static bool has_product(tg_probe *p) {
     return false;
 }
 
+/* The CUDA schedule computes a product of at most 16 multiply-adds per element inside the kernel
+ * that reads it (FUSE_SMALL_PRODUCTS), a longer one through cuBLAS, and the CPU's schedule every
+ * product through its library; the generated code runs on the device (the CUDA cases above). */
+static void test_small_product_schedule(void) {
+    static const bcase cases[2] = {
+        { "linear, k = 16", LINEAR, 3, { F("x", 6, 16), F("y", 16, 5), F("b", 5) }, 0, false, false },
+        { "linear, k = 17", LINEAR, 3, { F("x", 6, 17), F("y", 17, 5), F("b", 5) }, 0, false, false },
+    };
+    tg_model *m = tg_model_new(1);
+    for (int k = 0; k < 2; k++) {
+        fwd_ctx plain = { &cases[k], false };
+        tg_error err;
+        tg_probe *p = tg_probe_new_at("reference", TG_PRECISION_F32, m, fwd, &plain, cases[k].in, 3, false, &err);
+        CHECK(p != NULL, "%s: probe: %s", cases[k].name, err.msg);
+        if (!p) continue;
+        const tg_graph *g = tg_probe_graph(p);
+        int mm = -1, keep = g->output;
+        for (int i = 0; i < g->n; i++)
+            if (g->nodes[i].op == OP_MATMUL) mm = i;
+        bool mat[64], cublas[64];
+        int alias[64];
+        CHECK(mm >= 0 && g->n <= 64, "%s: one product in a graph of %d nodes", cases[k].name, g->n);
+        if (mm >= 0 && g->n <= 64) {
+            fuse_schedule(g, &keep, 1, true, FUSE_RECOMPUTE | FUSE_SMALL_PRODUCTS, mat, alias);
+            fuse_schedule(g, &keep, 1, true, FUSE_RECOMPUTE, cublas, alias);
+            CHECK(mat[mm] == (k == 1) && mat[keep], "%s: the GPU schedule %s", cases[k].name,
+                  k == 0 ? "computes the product in the bias add's kernel" : "leaves the product to cuBLAS");
+            CHECK(cublas[mm], "%s: without FUSE_SMALL_PRODUCTS the product has a buffer", cases[k].name);
+        }
+        tg_probe_free(p);
+    }
+    tg_model_free(m);
+}
+
 /* Without a GPU, every case's CUDA kernels (forward and gradients) are still generated and
  * compiled by NVRTC for sm_90 when NVRTC is installed, so a broken template fails here: every
  * case at f32, and those with products or attention at tf32 and bf16 too (operand shadows, the
@@ -599,6 +633,7 @@ int main(void) {
     for (int i = 0; i < N_CASES; i++) compare_case("cpu", TG_PRECISION_F32, &CASES[i], "fused, recomputing");
     unsetenv("TG_FUSE_RECOMPUTE");
     test_isa_paths();
+    test_small_product_schedule();
     /* The kernels every exported file carries (src/export/portable_kernels.h), run by the CPU
      * backend's generated code: every op, forward and backward, fused and unfused. */
     cpu_set_kernel_table(export_kernels);
@@ -622,6 +657,12 @@ int main(void) {
             for (int i = 0; i < N_CASES; i++) compare_case("cuda", p, &CASES[i], label[p]);
         if (b) printf("test_backend: cuda against the reference, worst rel err: f32 %.3g, tf32 %.3g, bf16 %.3g\n",
                       worst_seen[TG_PRECISION_F32], worst_seen[TG_PRECISION_TF32], worst_seen[TG_PRECISION_BF16]);
+        /* The cases' products are small: the CUDA schedule computes them inside the kernels that
+         * read them. Through cuBLAS too, as larger ones go. */
+        setenv("TG_CUDA_SMALL_PRODUCTS", "0", 1);
+        for (tg_precision p = TG_PRECISION_F32; b && p <= TG_PRECISION_BF16; p += TG_PRECISION_BF16 - TG_PRECISION_F32)
+            for (int i = 0; i < N_CASES; i++) compare_case("cuda", p, &CASES[i], p == TG_PRECISION_F32 ? "cuda, cuBLAS" : "cuda bf16, cuBLAS");
+        unsetenv("TG_CUDA_SMALL_PRODUCTS");
         train_compare(backends[b], "mlp+gelu+dropout, adamw, clipping", mlp_loss,
                       (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, 0);
         train_compare(backends[b], "cnn", cnn_loss, (tg_input_decl[]){ TG_F32("x", 3, 2, 6, 6), TG_I32("y", 3) }, 1);

@@ -43,13 +43,19 @@ void plan_free(tg_plan *p);
 /* fuse.c: the scheduler of compiled backends. materialized[i] says whether node i gets memory
  * (computed by a kernel of its own) or is computed inside the kernels that read it; a node no
  * kept value or write-back depends on gets neither (it never runs). fuse = false materializes
- * every other node (the unfused schedule, for tests). recompute: a cheap value that several
- * kernels read is computed in each of them instead (where a launch costs more than the work: a
- * GPU; on a CPU it only adds work). */
+ * every other node (the unfused schedule, for tests). `gpu` (FUSE_* flags) asks for what pays
+ * where a launch costs more than the work (a GPU; on a CPU it only adds work):
+ * FUSE_RECOMPUTE: a cheap value that several kernels read is computed in each of them instead;
+ * FUSE_SMALL_PRODUCTS: a small matrix product (fuse_small_product) is computed inside the
+ * pointwise or sum kernels that read it, a loop over k per element, instead of a library call. */
+enum { FUSE_RECOMPUTE = 1, FUSE_SMALL_PRODUCTS = 2 };
 bool fuse_pointwise(tg_op op);
+/* Is MATMUL node id small enough to compute inline: few multiply-adds in all, and few per
+ * element (each element's loop runs in one thread)? */
+bool fuse_small_product(const tg_graph *g, int id);
 /* alias[i] >= 0: node i (a reshape or identity of a buffer already in memory) shares the buffer
  * of node alias[i] and gets no kernel; -1 otherwise. */
-void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, bool recompute, bool *materialized,
+void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, unsigned gpu, bool *materialized,
                    int *alias);
 
 #endif

@@ -229,6 +229,58 @@ static const char *binary_expr(const tg_node *n, bool i32, const char *a, const 
     return buf;
 }
 
+/* The flat index in operand x (of product node n, element at coordinates ix) of its first
+ * element along k: the batch coordinates broadcast to x's batch dims, then row `row` or column
+ * `col` of x's matrix (the other one is k's). */
+static void operand_base(cg *c, const tg_node *n, int x, const ix_t *ix, const char *row, const char *col, char *base) {
+    tg_shape s = N(c, x)->shape;
+    ix_t r = ix_coords(s.ndim);
+    int lead = n->shape.ndim - s.ndim;
+    for (int k = 0; k + 2 < s.ndim; k++)
+        if (s.d[k] != 1) strcpy(r.c[k], ix->c[k + lead]);
+    strcpy(r.c[s.ndim - 2], row);
+    strcpy(r.c[s.ndim - 1], col);
+    ensure_flat(c, s, &r);
+    snprintf(base, NAME, "%s", r.flat);
+}
+
+/* A small product computed where it is read (fuse_schedule's FUSE_SMALL_PRODUCTS): element
+ * (batch, m, n) as a loop over k, both operands read from memory and rounded as the graph's
+ * precision rounds product operands (c->operand_round), summed in f32 as cuBLAS sums, in four
+ * independent partial sums so that a thread has several loads in flight. */
+static void product(cg *c, int id, ix_t ix, char *name) {
+    const tg_node *n = N(c, id);
+    const tg_node *a = N(c, n->src[0]);
+    bool ta = n->iarg[0] != 0, tb = n->iarg[1] != 0;
+    int nd = n->shape.ndim;
+    int64_t M = n->shape.d[nd - 2], Nn = n->shape.d[nd - 1], K = a->shape.d[a->shape.ndim - (ta ? 2 : 1)];
+    ensure_coords(c, n->shape, &ix);
+    char ab[NAME], bb[NAME];   /* A[m, k] at ab + k * sa; B[k, n] at bb + k * sb */
+    operand_base(c, n, n->src[0], &ix, ta ? "0" : ix.c[nd - 2], ta ? ix.c[nd - 2] : "0", ab);
+    operand_base(c, n, n->src[1], &ix, tb ? ix.c[nd - 1] : "0", tb ? "0" : ix.c[nd - 1], bb);
+    int64_t sa = ta ? M : 1, sb = tb ? 1 : Nn;
+    c->used[n->src[0]] = c->used[n->src[1]] = true;
+    const char *rf = c->operand_round;
+    int sums = K < 4 ? (int)K : 4;
+    char term[4][300], total[100];
+    int t = c->ntmp++;
+    for (int u = 0; u < sums; u++) {
+        snprintf(term[u], sizeof term[u], "%s%sP%d[%s + (k%d + %d) * %lld]%s * %s%sP%d[%s + (k%d + %d) * %lld]%s", rf ? rf : "",
+                 rf ? "(" : "", n->src[0], ab, t, u, (long long)sa, rf ? ")" : "", rf ? rf : "", rf ? "(" : "", n->src[1], bb, t,
+                 u, (long long)sb, rf ? ")" : "");
+        cg_line(c, "float s%d_%d = 0.0f;", t, u);
+    }
+    if (K >= 4)
+        cg_line(c, "for (int64_t k%d = 0; k%d < %lld; k%d += 4) { s%d_0 += %s; s%d_1 += %s; s%d_2 += %s; s%d_3 += %s; }", t, t,
+                (long long)(K / 4 * 4), t, t, term[0], t, term[1], t, term[2], t, term[3]);
+    for (int64_t k = K / 4 * 4; k < K; k++)
+        cg_line(c, "{ const int64_t k%d = %lld; s%d_%d += %s; }", t, (long long)k, t, (int)(k % 4), term[0]);
+    static const char *const add[5] = { "", "s%1$d_0", "s%1$d_0 + s%1$d_1", "(s%1$d_0 + s%1$d_1) + s%1$d_2",
+                                        "(s%1$d_0 + s%1$d_1) + (s%1$d_2 + s%1$d_3)" };
+    snprintf(total, sizeof total, add[sums], t);
+    cg_def(c, name, "t", "float", "%s", total);
+}
+
 /* The value of node id at ix, computed (not loaded): the op's expression over its sources. */
 static const char *compute(cg *c, int id, ix_t ix, char *name) {
     const tg_node *n = N(c, id);
@@ -370,6 +422,7 @@ static const char *compute(cg *c, int id, ix_t ix, char *name) {
             (long long)W, v);
         break;
     }
+    case OP_MATMUL: product(c, id, ix, name); break;
     default:
         cg_def(c, name, "t", t, "0 /* %s is not pointwise */", op_name(n->op));
         break;

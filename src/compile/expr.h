@@ -33,6 +33,7 @@ typedef struct {
     int n_memo, cap_memo;
     bool *used;          /* per node: read from memory by the current kernel */
     int parallel_min;    /* CPU: elements below which a kernel runs on one thread */
+    const char *operand_round;   /* products computed inline: the function rounding each operand (NULL: none) */
     int unsupported;     /* a node the generator has no kernel or no buffer for (the source is void), or -1 */
 } cg;
 

@@ -247,7 +247,7 @@ static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_erro
     bool ok = e->mat && e->inplace && e->bound && alias;
     if (ok) {
         for (int i = 0; i < g->n; i++) e->inplace[i] = -1;
-        fuse_schedule(g, keep, n_keep, fuse, recompute && recompute[0] == '1', e->mat, alias);
+        fuse_schedule(g, keep, n_keep, fuse, recompute && recompute[0] == '1' ? FUSE_RECOMPUTE : 0, e->mat, alias);
         if (fuse) codegen_c_refine(g, keep, n_keep, e->mat, alias, e->inplace);
         ok = plan_build(g, keep, n_keep, e->mat, alias, NULL, NULL, &e->plan);
     }

@@ -83,6 +83,12 @@ static int attention_operands(const tg_node *n, int *ops) {
     return k;
 }
 
+/* A product through cuBLAS (not one computed inline: fuse_small_product), which reads its
+ * operands' rounded copies at tf32 and bf16. */
+static bool on_cublas(const tg_graph *g, const bool *materialized, int id) {
+    return g->nodes[id].op == OP_MATMUL && materialized[id];
+}
+
 static bool is_attention(tg_op op) { return op == OP_ATTENTION || op == OP_ATTENTION_LSE || op == OP_ATTENTION_BWD; }
 
 /* The source of sum `id` past the sums it absorbed (cuda_refine), and the axes they span. */
@@ -113,11 +119,11 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
                         bool *want, bool *only) {
     for (int i = 0; i < g->n; i++) want[i] = only[i] = false;
     if (g->precision == TG_PRECISION_F32) return;
-    for (int i = 0; i < g->n; i++) {
+    for (int i = 0; i < g->n; i++) {   /* our kernels' products round their operands as they read them */
         const tg_node *n = &g->nodes[i];
         if (!materialized[i]) continue;
         int ops[4], n_ops = 0;
-        if (n->op == OP_MATMUL) {   /* operands that no kernel of ours computes go through a slot */
+        if (on_cublas(g, materialized, i)) {   /* operands that no kernel of ours computes go through a slot */
             for (int k = 0; k < 2; k++)
                 if (writes_shadow(g, materialized, home_of(alias, n->src[k]))) ops[n_ops++] = k;
         } else if (is_attention(n->op) && cuda_attention_mma(g, i, sm)) {   /* all: attention_kernel fills the others */
@@ -149,7 +155,7 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
         const tg_node *n = &g->nodes[i];
         bool own = prev >= 0 && sums_its_source(g, materialized, prev, i);   /* reads its source from a register */
         if (materialized[i] && alias[i] < 0) prev = i;
-        if (!live[i] || alias[i] >= 0 || n->op == OP_MATMUL) continue;   /* relabels, and products: they read copies */
+        if (!live[i] || alias[i] >= 0 || on_cublas(g, materialized, i)) continue;   /* relabels, and cuBLAS's products: they read copies */
         bool mma = is_attention(n->op) && cuda_attention_mma(g, i, sm);
         for (int k = 0; k < n->nsrc; k++)
             if ((!mma || (k == 3 || k == 5)) && !(own && k == 0))   /* tensor-core attention reads out and lse as f32 */
@@ -202,9 +208,11 @@ static void leaf_kernel(cg *c, cuda_plan *p) {
 }
 
 /* The kernel k<roots[0]>: pointer declarations for every buffer the body read (plus extra ones)
- * and for its outputs, then the head, the body, the tail. */
+ * and for its outputs, then the head, the body, the tail. `threads`: a block size above 256 it is
+ * launched with (the compiler must then fit a thread's registers to it, else the launch fails);
+ * 0 for 256 or fewer. */
 static void end_kernel_roots(cg *c, const int *roots, int n_roots, const int *extra, int n_extra, const char *head,
-                             const char *tail) {
+                             const char *tail, int threads) {
     strbuf decl = { 0 };
     for (int i = 0; i < n_extra; i++) c->used[extra[i]] = true;
     for (int r = 0; r < n_roots; r++) c->used[roots[r]] = false;
@@ -214,13 +222,15 @@ static void end_kernel_roots(cg *c, const int *roots, int n_roots, const int *ex
         if (!cg_unplaced(c, roots[r])) pointer(c, &decl, roots[r], true);
         shadow_pointer(c, &decl, roots[r]);
     }
-    sb_printf(c->out, "extern \"C\" __global__ void k%d(float *A, void *const *B, const double *H) {\n%s%s%s%s}\n\n",
-              roots[0], sb_str(&decl), head, sb_str(&c->body), tail);
+    char bounds[40] = "";
+    if (threads) snprintf(bounds, sizeof bounds, "__launch_bounds__(%d) ", threads);
+    sb_printf(c->out, "extern \"C\" __global__ void %sk%d(float *A, void *const *B, const double *H) {\n%s%s%s%s}\n\n",
+              bounds, roots[0], sb_str(&decl), head, sb_str(&c->body), tail);
     free(decl.s);
 }
 
 static void end_kernel(cg *c, const int *extra, int n_extra, const char *head, const char *tail) {
-    end_kernel_roots(c, &c->root, 1, extra, n_extra, head, tail);
+    end_kernel_roots(c, &c->root, 1, extra, n_extra, head, tail, 0);
 }
 
 /* Do two nodes' buffers overlap in the arena? (Bound leaves live outside it.) */
@@ -371,7 +381,7 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     sb_printf(&c->body, "%s", sb_str(&code));
     free(code.s);
     c->root = roots[0];
-    end_kernel_roots(c, roots, gr.n_roots, NULL, 0, head, "");
+    end_kernel_roots(c, roots, gr.n_roots, NULL, 0, head, "", 0);
     kernel_launch(p, roots[0], total, BLOCK);
     free(gr.seen);
     return q;
@@ -390,27 +400,57 @@ static size_t sum_scratch(const cg *c, cuda_plan *p, int64_t partials) {
     return at;
 }
 
+/* Sum id's source past the sums it absorbed (returned), as [outer, len, inner] around the axes
+ * summed. */
+static int sum_split(const cg *c, int id, int64_t *outer, int64_t *len, int64_t *inner) {
+    int lo, hi, x = sum_source(c->g, c->mat, id, &lo, &hi);
+    const tg_node *s = N(c, x);
+    *outer = *len = *inner = 1;
+    for (int k = 0; k < s->shape.ndim; k++) *(k < lo ? outer : k <= hi ? len : inner) *= s->shape.d[k];
+    return x;
+}
+
+enum { MAX_SIBLINGS = 4 };   /* sums over the same rows that one column-sum kernel computes */
+
+/* With sum b's line in the body: does the kernel computing sums[0..n) (and the producer, or -1)
+ * stay race-free with b in it? Nothing it reads may share memory with what it writes, and b
+ * must not read the others' results. */
+static bool sibling_ok(const cg *c, const int *sums, int n, int producer, int b) {
+    if (producer >= 0 && arena_overlap(c, b, producer)) return false;
+    for (int s = 0; s < n; s++)
+        if (arena_overlap(c, b, sums[s])) return false;
+    for (int u = 0; u < c->g->n; u++) {
+        if (!c->used[u]) continue;
+        if (arena_overlap(c, u, b) || (producer >= 0 && u != producer && arena_overlap(c, u, producer))) return false;
+        for (int s = 0; s < n; s++)
+            if (arena_overlap(c, u, sums[s])) return false;
+    }
+    return true;
+}
+
 /* Sum over one axis: [outer, len, inner] -> [outer, 1, inner], reading coalesced:
  *  - contiguous rows (inner == 1): a warp per row, lanes striding the row, a shuffle reduction;
  *    when there are too few rows to fill the GPU (a sum over everything: one row), each row is
  *    cut into chunks of at least 1024, a warp each, added into the zeroed output with atomics;
  *  - otherwise blocks of 32 outputs x 32 row groups, neighbouring threads on neighbouring
- *    elements, the 32 partial sums added in shared memory; where a thread would sum more than a
- *    few elements, the axis is cut into chunks (grid y) whose sums the last block to finish adds
- *    up in a fixed order (tgk_column_sum_end): no memset, no atomics on the output, the same
- *    result every run.
+ *    elements, the 32 partial sums of each output added by a warp; where a thread would sum more
+ *    than a few elements, the axis is cut into chunks (grid y) whose sums the last block to
+ *    finish adds up in a fixed order (tgk_column_last): no memset, no atomics on the output, the
+ *    same result every run. The sums right after it in next[] that sum as many rows of as many
+ *    columns (a layer norm's two parameter gradients) join it, up to MAX_SIBLINGS in one kernel;
+ *    *taken says how many.
  * `producer` (or -1) is the sum's source, a pointwise node computed here rather than by a
  * kernel of its own: each element is visited once, so it is stored where it is summed (a bias
  * gradient and the gradient it sums, one launch). False, with nothing emitted, when that would
  * race (its buffer shares memory with something the kernel reads). */
-static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer) {
+static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *next, int n_next, int *taken) {
     const tg_node *n = N(c, id);
-    int lo, hi, x = sum_source(c->g, c->mat, id, &lo, &hi);
+    int64_t outer, len, inner;
+    int x = sum_split(c, id, &outer, &len, &inner);
     const tg_node *s = N(c, x);
-    int64_t outer = 1, len = 1, inner = 1;
-    for (int k = 0; k < s->shape.ndim; k++) *(k < lo ? &outer : k <= hi ? &len : &inner) *= s->shape.d[k];
     int64_t outs = outer * inner;
     bool rows = inner == 1 && len >= 32;
+    *taken = 0;
     if (producer >= 0 && inner == 1) return false;   /* rows: row_kernel's (it also takes what follows) */
     cg_begin(c, producer >= 0 ? producer : id);
     char flat[NAME];
@@ -420,15 +460,40 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer) {
         const char *v = cg_root_value(c, flat);
         if (!cg_unplaced(c, producer)) cg_line(c, "P%d[%s] = %s;", producer, flat, v);
         shadow_store(c, producer, flat);
-        cg_line(c, "acc += %s;", v);
+        cg_line(c, "acc0 += %s;", v);
         for (int u = 0; u < c->g->n; u++)
             if (u != producer && (c->used[u] || u == id) && arena_overlap(c, u, producer)) return false;
     } else {
-        cg_line(c, "acc += %s;", cg_value(c, x, flat));
+        cg_line(c, "acc0 += %s;", cg_value(c, x, flat));
     }
+    int sums[MAX_SIBLINGS] = { id }, n_sums = 1;
+    bool *before = rows ? NULL : tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
+    for (int q = 0; before && q < n_next && n_sums < MAX_SIBLINGS; q++) {
+        int b = next[q];
+        int64_t bo, bl, bi;
+        if (N(c, b)->op != OP_SUM || N(c, b)->dtype != n->dtype || plan_home(c->plan, b) != b) break;
+        int xb = sum_split(c, b, &bo, &bl, &bi);
+        if (bo != outer || bl != len || bi != inner || N(c, xb)->numel != s->numel) break;
+        size_t body_len = c->body.len;
+        int n_memo = c->n_memo;
+        memcpy(before, c->used, sizeof(bool) * (size_t)c->g->n);
+        cg_line(c, "acc%d += %s;", n_sums, cg_value(c, xb, flat));
+        if (!sibling_ok(c, sums, n_sums, producer, b)) {   /* take its line back out */
+            c->body.len = body_len;
+            c->body.s[body_len] = 0;
+            c->n_memo = n_memo;
+            memcpy(c->used, before, sizeof(bool) * (size_t)c->g->n);
+            break;
+        }
+        sums[n_sums++] = b;
+    }
+    free(before);
+    *taken = n_sums - 1;
     c->root = id;
-    int roots[2] = { id, producer };
-    char head[900], tail[400];
+    int roots[MAX_SIBLINGS + 1];
+    memcpy(roots, sums, sizeof(int) * (size_t)n_sums);
+    roots[n_sums] = producer;
+    char head[900];
     if (rows) {
         int64_t chunks = 1;   /* warps enough for about 64k threads, each lane summing >= 32 */
         while (outs * chunks * 32 < 65536 && len / (chunks * 2) >= 1024) chunks *= 2;
@@ -437,17 +502,17 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer) {
                  "    const int64_t w = ((int64_t)blockIdx.x * %d + threadIdx.x) / 32, j = 0;\n"
                  "    if (w >= %lldll) return;\n"
                  "    const int64_t o = w / %lld, k0 = (w %% %lld) * %lld, k1 = k0 + %lld < %lldll ? k0 + %lld : %lldll;\n"
-                 "    double acc = 0;\n"
+                 "    double acc0 = 0;\n"
                  "#pragma unroll 4\n"
                  "    for (int64_t k = k0 + (threadIdx.x & 31); k < k1; k += 32) {\n",
                  BLOCK, (long long)(outs * chunks), (long long)chunks, (long long)chunks, (long long)chunk, (long long)chunk,
                  (long long)len, (long long)chunk, (long long)len);
-        char st[100];
-        if (chunks > 1) snprintf(st, sizeof st, "atomicAdd(P%d + o, (%s)acc)", id, cg_ctype(n));
-        else snprintf(st, sizeof st, "P%d[o] = (%s)acc", id, cg_ctype(n));
+        char st[100], tail[300];
+        if (chunks > 1) snprintf(st, sizeof st, "atomicAdd(P%d + o, (%s)acc0)", id, cg_ctype(n));
+        else snprintf(st, sizeof st, "P%d[o] = (%s)acc0", id, cg_ctype(n));
         snprintf(tail, sizeof tail,
                  "    }\n"
-                 "    for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);\n"
+                 "    for (int s = 16; s > 0; s /= 2) acc0 += __shfl_xor_sync(0xffffffffu, acc0, s);\n"
                  "    if ((threadIdx.x & 31) == 0) %s;\n", st);
         if (chunks > 1) memset_launch(p, id);
         end_kernel(c, NULL, 0, head, tail);
@@ -462,33 +527,41 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer) {
     while (blocks <= SUM_COUNTERS && (per = (len + chunks * Y - 1) / (chunks * Y)) > 2 && (per > 16 || blocks * chunks < 264))
         chunks *= 2;
     int64_t chunk = (len + chunks - 1) / chunks;
-    size_t at = chunks > 1 ? sum_scratch(c, p, chunks * outs) : 0;
+    size_t at = chunks > 1 ? sum_scratch(c, p, n_sums * chunks * outs) : 0;
+    char accs[100] = "";
+    for (int q = 0; q < n_sums; q++) snprintf(accs + strlen(accs), sizeof accs - strlen(accs), "%sacc%d = 0", q ? ", " : "", q);
     snprintf(head, sizeof head,
-             "    __shared__ double part[%d][32];\n"
+             "    __shared__ double part[%d][%d][33];\n"
              "    const int lane = threadIdx.x & 31, y = threadIdx.x / 32;\n"
-             "    const int64_t oj = (int64_t)blockIdx.x * 32 + lane;\n"
+             "    const int64_t oj = (int64_t)blockIdx.x * 32 + lane, oc = (int64_t)blockIdx.x * 32 + y;\n"
              "    const int64_t o = oj / %lld, j = oj %% %lld, k0 = (int64_t)blockIdx.y * %lld;\n"
              "    const int64_t k1 = oj >= %lldll ? k0 : k0 + %lld < %lldll ? k0 + %lld : %lldll;\n"
-             "    double acc = 0;\n"
+             "    double %s;\n"
              "#pragma unroll 8\n"   /* loads in flight: a thread's are independent, only its sum is not */
              "    for (int64_t k = k0 + y; k < k1; k += %d) {\n",
-             Y, (long long)inner, (long long)inner, (long long)chunk, (long long)outs, (long long)chunk,
-             (long long)len, (long long)chunk, (long long)len, Y);
-    if (chunks == 1)
-        snprintf(tail, sizeof tail,
-                 "    }\n"
-                 "    part[y][lane] = acc;\n"
-                 "    __syncthreads();\n"
-                 "    if (y != 0 || oj >= %lldll) return;\n"
-                 "    for (int r = 1; r < %d; r++) acc += part[r][lane];\n"
-                 "    P%d[oj] = (%s)acc;\n",
-                 (long long)outs, Y, id, cg_ctype(n));
-    else
-        snprintf(tail, sizeof tail,
-                 "    }\n"
-                 "    tgk_column_sum_end(acc, part, (unsigned *)(A + %zu), (double *)(A + %zu), %lld, %lldll, oj, P%d + oj);\n",
-                 at, at + SUM_COUNTERS, (long long)chunks, (long long)outs, id);
-    end_kernel_roots(c, roots, producer >= 0 ? 2 : 1, NULL, 0, head, tail);
+             n_sums, Y, (long long)inner, (long long)inner, (long long)chunk, (long long)outs, (long long)chunk,
+             (long long)len, (long long)chunk, (long long)len, accs, Y);
+    /* Warp y writes output oc of each sum: straight when the block summed every row, else its
+     * partial sums to scratch, and the last block of the column group adds them up. */
+    strbuf tail = { 0 };
+    sb_printf(&tail, "    }\n");
+    if (chunks > 1) sb_printf(&tail, "    double *sums = (double *)(A + %zu);\n", at + SUM_COUNTERS);
+    for (int q = 0; q < n_sums; q++) {
+        sb_printf(&tail, "    acc%d = tgk_column_total(acc%d, part[%d]);\n", q, q, q);
+        if (chunks > 1)
+            sb_printf(&tail, "    if (lane == 0 && oc < %lldll) sums[(%lldll + blockIdx.y) * %lldll + oc] = acc%d;\n", (long long)outs,
+                      (long long)(q * chunks), (long long)outs, q);
+        else sb_printf(&tail, "    if (lane == 0 && oc < %lldll) P%d[oc] = (%s)acc%d;\n", (long long)outs, sums[q], cg_ctype(n), q);
+    }
+    if (chunks > 1) {
+        sb_printf(&tail, "    if (!tgk_column_last((unsigned *)(A + %zu), %lld)) return;\n", at, (long long)chunks);
+        for (int q = 0; q < n_sums; q++)
+            sb_printf(&tail, "    acc%d = tgk_column_chunks(sums + %lldll, %lld, %lldll, oc);\n"
+                             "    if (lane == 0 && oc < %lldll) P%d[oc] = (%s)acc%d;\n",
+                      q, (long long)(q * chunks * outs), (long long)chunks, (long long)outs, (long long)outs, sums[q], cg_ctype(n), q);
+    }
+    end_kernel_roots(c, roots, n_sums + (producer >= 0), NULL, 0, head, sb_str(&tail), 32 * Y);
+    free(tail.s);
     kernel_launch(p, id, blocks * 32 * Y, 32 * Y);
     p->launch[p->n - 1].grid_y = chunks;
     return true;
@@ -587,7 +660,7 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
         snprintf(head, sizeof head,
                  "    const int64_t r = ((int64_t)blockIdx.x * %d + threadIdx.x) / 32;\n    const int lane = threadIdx.x & 31;\n"
                  "    if (r >= %lldll) return;\n", BLOCK, (long long)R);
-        end_kernel_roots(c, members, nm, NULL, 0, head, "");
+        end_kernel_roots(c, members, nm, NULL, 0, head, "", 0);
         kernel_launch(p, members[0], R * 32, BLOCK);
         return nm;
     }
@@ -694,7 +767,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     }
     char head[1100];
     snprintf(head, sizeof head, "%s    %s;\n", decl, call);
-    end_kernel_roots(c, outs, n_out, f32, n_f32, head, "");
+    end_kernel_roots(c, outs, n_out, f32, n_f32, head, "", 0);
     int block = mma && n->op == OP_ATTENTION_BWD ? 128 : 256;   /* warps of 16 rows: 4 backward, 8 forward (mma) */
     kernel_launch(p, id, tiles * B * block, block);
     p->launch[p->n - 1].shared = shared;
@@ -786,34 +859,35 @@ static void special_kernel(cg *c, cuda_plan *p, int id) {
 /* Device helpers for the kernels above: warp-per-row softmax, argmax, scatters with atomics,
  * col2im as a gather (no atomics), max-pooling forward and backward, the end of a column sum. */
 static const char DEVICE_KERNELS[] =
-    /* A column sum cut into chunks (grid y), blocks of 32 columns x 32 row groups: each block's 32
-     * sums go to `sums`, and the last block of a column group to finish (counted in count[x],
-     * after a fence) adds them up in chunk order, so the result is the same every run, and
-     * leaves its counter zero for the next sum. */
-    "template <typename T>\n"
-    "static __device__ void tgk_column_sum_end(double acc, double (*part)[32], unsigned *count, double *sums,\n"
-    "                                          int64_t chunks, int64_t outs, int64_t oj, T *out) {\n"
+    /* The sums of a block of 32 columns x 32 row groups: its 32 row groups' partial sums of each
+     * column added by a warp (warp y: column y), a shuffle tree over them rather than 31 adds in
+     * a row; every lane of warp y gets the same total. */
+    "static __device__ double tgk_column_total(double acc, double (*part)[33]) {\n"
     "    const int lane = threadIdx.x & 31, y = threadIdx.x / 32;\n"
-    "    __shared__ bool last;\n"
     "    part[y][lane] = acc;\n"
     "    __syncthreads();\n"
-    "    if (y == 0 && oj < outs) {\n"
-    "        for (int r = 1; r < 32; r++) acc += part[r][lane];\n"
-    "        sums[blockIdx.y * outs + oj] = acc;\n"
-    "    }\n"
+    "    acc = part[lane][y];\n"
+    "    for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);\n"
+    "    return acc;\n}\n"
+    /* A column sum cut into chunks (grid y) leaves each block's sums in scratch; the last block
+     * of a column group to finish (counted in count[x], after a fence) adds them up
+     * (tgk_column_chunks: chunk b's at sums[b * outs + oc]), the same way every run, and leaves
+     * its counter zero for the next sum. */
+    "static __device__ bool tgk_column_last(unsigned *count, int64_t chunks) {\n"
+    "    __shared__ bool last;\n"
     "    __threadfence();\n"
     "    __syncthreads();\n"
-    "    if (threadIdx.x == 0) last = atomicAdd(count + blockIdx.x, 1u) == chunks - 1;\n"
+    "    if (threadIdx.x == 0) {\n"
+    "        last = atomicAdd(count + blockIdx.x, 1u) == chunks - 1;\n"
+    "        if (last) count[blockIdx.x] = 0;\n"
+    "    }\n"
     "    __syncthreads();\n"
-    "    if (!last) return;\n"
-    "    acc = 0;\n"
-    "    for (int64_t b = y; oj < outs && b < chunks; b += 32) acc += __ldcg(sums + b * outs + oj);\n"
-    "    part[y][lane] = acc;\n"
-    "    __syncthreads();\n"
-    "    if (threadIdx.x == 0) count[blockIdx.x] = 0;\n"
-    "    if (y != 0 || oj >= outs) return;\n"
-    "    for (int r = 1; r < 32; r++) acc += part[r][lane];\n"
-    "    *out = (T)acc;\n}\n"
+    "    return last;\n}\n"
+    "static __device__ double tgk_column_chunks(const double *sums, int64_t chunks, int64_t outs, int64_t oc) {\n"
+    "    double acc = 0;\n"
+    "    for (int64_t b = threadIdx.x & 31; oc < outs && b < chunks; b += 32) acc += __ldcg(sums + b * outs + oc);\n"
+    "    for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);\n"
+    "    return acc;\n}\n"
     "static __device__ float tgk_warp_max(float v) {\n"
     "    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
     "    return v;\n}\n"
@@ -926,6 +1000,7 @@ static const char DEVICE_KERNELS[] =
     "static __device__ inline unsigned short tgk_round_bf16(float x) {\n"
     "    const unsigned u = __float_as_uint(x);\n"
     "    return (unsigned short)(((u & 0x7f800000u) == 0x7f800000u ? u : u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}\n"
+    "static __device__ inline float tgk_round_bf16_float(float x) { return __uint_as_float((unsigned)tgk_round_bf16(x) << 16); }\n"
     "extern \"C\" __global__ void tg_to_tf32(const float *src, float *dst, long long n) {\n"
     "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)\n"
     "        dst[i] = tgk_round_tf32(src[i]);\n}\n"
@@ -966,6 +1041,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
             break;
         }
     launches->prelude = out.len;
+    c.operand_round = g->precision == TG_PRECISION_BF16 ? "tgk_round_bf16_float" : g->precision == TG_PRECISION_TF32 ? "tgk_round_tf32" : NULL;
     leaf_kernel(&c, launches);
     int *order = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
     for (int i = 0; order && i < g->n; i++)
@@ -973,10 +1049,12 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     for (int q = 0; q < n_order; q++) {
         int i = order[q], taken, first = q;
         tg_op op = g->nodes[i].op;
-        if (q + 1 < n_order && sum_producer(&c, i, order[q + 1]) && sum_kernel(&c, launches, order[q + 1], i)) q++;
+        if (q + 1 < n_order && sum_producer(&c, i, order[q + 1]) &&
+            sum_kernel(&c, launches, order[q + 1], i, order + q + 2, n_order - q - 2, &taken))
+            q += 1 + taken;
         else if (fuse_pointwise(op)) q += pointwise_kernel(&c, launches, order + q, n_order - q) - 1;
         else if (op == OP_SUM && (taken = row_kernel(&c, launches, order + q, n_order - q)) > 0) q += taken - 1;
-        else if (op == OP_SUM) sum_kernel(&c, launches, i, -1);
+        else if (op == OP_SUM && sum_kernel(&c, launches, i, -1, order + q + 1, n_order - q - 1, &taken)) q += taken;
         else if (is_attention(op)) q += attention_kernel(&c, launches, i, order + q + 1, n_order - q - 1);
         else special_kernel(&c, launches, i);
         for (int k = first; k <= q; k++) fill_shadow(&c, launches, order[k]);

@@ -104,7 +104,7 @@ static bool generate(build *b, bool openmp, tg_error *err) {
     b->inplace = tg_alloc(sizeof(int) * n);
     bool ok = b->mat && b->alias && b->inplace;
     if (ok) {
-        fuse_schedule(g, &keep, 1, true, false, b->mat, b->alias);
+        fuse_schedule(g, &keep, 1, true, 0, b->mat, b->alias);
         codegen_c_refine(g, &keep, 1, b->mat, b->alias, b->inplace);
         ok = plan_build(g, &keep, 1, b->mat, b->alias, NULL, NULL, &b->plan);
     }
