@@ -47,8 +47,10 @@ void plan_free(tg_plan *p);
  * where a launch costs more than the work (a GPU; on a CPU it only adds work):
  * FUSE_RECOMPUTE: a cheap value that several kernels read is computed in each of them instead;
  * FUSE_SMALL_PRODUCTS: a small matrix product (fuse_small_product) is computed inside the
- * pointwise or sum kernels that read it, a loop over k per element, instead of a library call. */
-enum { FUSE_RECOMPUTE = 1, FUSE_SMALL_PRODUCTS = 2 };
+ * pointwise or sum kernels that read it, a loop over k per element, instead of a library call;
+ * FUSE_SOFTMAX_INPUT: softmax and log-softmax compute their source's expression (once per pass
+ * over a row: three times) rather than read it from memory. */
+enum { FUSE_RECOMPUTE = 1, FUSE_SMALL_PRODUCTS = 2, FUSE_SOFTMAX_INPUT = 4 };
 bool fuse_pointwise(tg_op op);
 /* Is MATMUL node id small enough to compute inline: few multiply-adds in all, and few per
  * element (each element's loop runs in one thread)? */

@@ -7,7 +7,7 @@
  * arithmetic, and gathers (embedding, one_hot, take_along_axis, im2col) read through computed
  * indices. A reduction (sum) reads its inlined producer directly. On a GPU a small matrix
  * product is computed where it is read too (a loop over k per element), its operands read from
- * memory. Everything else (larger products, softmax, scatters, pooling) reads materialized
+ * memory, and softmax computes its source (a classifier's bias add). Everything else (larger products, softmax, scatters, pooling) reads materialized
  * sources from memory. */
 #include "compile/compile.h"
 
@@ -72,9 +72,12 @@ bool fuse_small_product(const tg_graph *g, int id) {
     return n->op == OP_MATMUL && k >= 1 && k <= SMALL_PRODUCT_K && (double)n->numel * (double)k <= SMALL_PRODUCT_MACS;
 }
 
-/* Does this consumer read the source through an inlined expression? Pointwise ops and sum do;
- * the rest read memory. */
-static bool reads_inline(tg_op consumer) { return fuse_pointwise(consumer) || consumer == OP_SUM; }
+/* Does this consumer read the source through an inlined expression? Pointwise ops and sum do,
+ * and softmax with FUSE_SOFTMAX_INPUT; the rest read memory. */
+static bool reads_inline(tg_op consumer, unsigned gpu) {
+    return fuse_pointwise(consumer) || consumer == OP_SUM ||
+           ((gpu & FUSE_SOFTMAX_INPUT) && (consumer == OP_SOFTMAX || consumer == OP_LOG_SOFTMAX));
+}
 
 /* Reshapes and identities only relabel memory: when one must be in memory and its source already
  * is, it shares the source's buffer (chains resolve to the first buffer). */
@@ -114,7 +117,7 @@ void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, un
         for (int k = 0; needed[i] && k < g->nodes[i].nsrc; k++) {
             int s = g->nodes[i].src[k];
             uses[s]++;
-            if (!reads_inline(g->nodes[i].op)) memory_read[s] = true;
+            if (!reads_inline(g->nodes[i].op, gpu)) memory_read[s] = true;
             if (!fuse_pointwise(g->nodes[i].op) || g->nodes[i].numel != g->nodes[s].numel) other_size[s] = true;
         }
     for (int i = 0; i < n; i++) {

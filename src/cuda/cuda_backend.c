@@ -608,7 +608,8 @@ static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_kee
     bool ok = mat && want && only && alias && runs;
     if (ok) {
         const char *small = getenv("TG_CUDA_SMALL_PRODUCTS");   /* =0: every product through cuBLAS (tests) */
-        fuse_schedule(g, keep, n_keep, true, FUSE_RECOMPUTE | (small && small[0] == '0' ? 0 : FUSE_SMALL_PRODUCTS), mat, alias);
+        fuse_schedule(g, keep, n_keep, true, FUSE_RECOMPUTE | FUSE_SOFTMAX_INPUT | (small && small[0] == '0' ? 0 : FUSE_SMALL_PRODUCTS),
+                      mat, alias);
         cuda_refine(g, keep, n_keep, mat);
         cuda_kernel_runs(g, mat, alias, runs);
         cuda_shadow_wanted(g, atoi(arch + 3), mat, alias, keep, n_keep, want, only);

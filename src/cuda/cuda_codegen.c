@@ -790,6 +790,43 @@ static void fill_shadow(cg *c, cuda_plan *p, int id) {
     snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "kfill%d", id);
 }
 
+/* Softmax (or log-softmax) of a source computed in the kernel (fuse_schedule's
+ * FUSE_SOFTMAX_INPUT): tgk_softmax_row's three passes over a row, a warp per row, each pass
+ * evaluating the source's expression at element (o, k, i) of [outer, len, inner]. */
+static void softmax_kernel(cg *c, cuda_plan *p, int id, int64_t outer, int64_t len, int64_t inner) {
+    const tg_node *n = N(c, id);
+    strbuf text = { 0 };
+    cg_begin(c, id);
+    for (int q = 0; q < 3; q++) {
+        c->n_memo = 0;
+        c->body.len = 0;
+        if (c->body.s) c->body.s[0] = 0;
+        cg_line(c, "const int64_t f = base + k * %lldll;", (long long)inner);
+        const char *v = cg_value(c, n->src[0], "f");
+        if (q == 0) cg_line(c, "mx = fmaxf(mx, %s);", v);   /* the row's max, its sum of exponentials, the output */
+        else if (q == 1) cg_line(c, "sum += expf(%s - mx);", v);
+        else if (n->op == OP_LOG_SOFTMAX) cg_line(c, "P%d[f] = %s - lse;", id, v);
+        else cg_line(c, "P%d[f] = expf(%s - mx) * inv;", id, v);
+        sb_printf(&text, "    for (int64_t k = lane; k < %lldll; k += 32) {\n%s    }\n%s", (long long)len, sb_str(&c->body),
+                  q == 0 ? "    mx = tgk_warp_max(mx);\n" : q == 1 ? "    sum = tgk_warp_sum(sum);\n"
+                           "    const float lse = mx + logf(sum), inv = 1.0f / sum;\n" : "");
+    }
+    c->body.len = 0;
+    if (c->body.s) c->body.s[0] = 0;
+    sb_printf(&c->body, "%s", sb_str(&text));
+    free(text.s);
+    char head[300];
+    snprintf(head, sizeof head,
+             "    const int64_t row = ((int64_t)blockIdx.x * %d + threadIdx.x) / 32;\n"
+             "    const int lane = threadIdx.x & 31;\n"
+             "    if (row >= %lldll) return;\n"
+             "    const int64_t base = (row / %lld) * %lld + row %% %lld;\n"
+             "    float mx = -INFINITY, sum = 0;\n",
+             BLOCK, (long long)(outer * inner), (long long)inner, (long long)(len * inner), (long long)inner);
+    end_kernel(c, NULL, 0, head, "");
+    kernel_launch(p, id, outer * inner * 32, BLOCK);
+}
+
 static void special_kernel(cg *c, cuda_plan *p, int id) {
     const tg_node *n = N(c, id), *s0 = N(c, n->src[0]);
     int src0 = n->src[0], src01[2] = { n->src[0], n->nsrc > 1 ? n->src[1] : n->src[0] };
@@ -798,8 +835,9 @@ static void special_kernel(cg *c, cuda_plan *p, int id) {
     case OP_MATMUL: matmul_launch(c, p, id); return;
     case OP_SOFTMAX: case OP_LOG_SOFTMAX:
         cg_axis_split(n->shape, n->axis, &o, &len, &in);
-        call_kernel(c, p, id, &src0, 1, o * in * 32, BLOCK, "tgk_softmax(P%d, P%d, %lldll, %lldll, %lldll, %d)", src0, id,
-                    (long long)o, (long long)len, (long long)in, n->op == OP_LOG_SOFTMAX);
+        if (!c->mat[src0] && !cg_is_bound(s0->op)) softmax_kernel(c, p, id, o, len, in);
+        else call_kernel(c, p, id, &src0, 1, o * in * 32, BLOCK, "tgk_softmax(P%d, P%d, %lldll, %lldll, %lldll, %d)", src0, id,
+                         (long long)o, (long long)len, (long long)in, n->op == OP_LOG_SOFTMAX);
         return;
     case OP_SOFTMAX_CAUSAL: {
         int64_t rows = n->shape.d[n->shape.ndim - 2], cols = n->shape.d[n->shape.ndim - 1];
