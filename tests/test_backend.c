@@ -493,34 +493,37 @@ static bool has_product(tg_probe *p) {
     return false;
 }
 
-/* The CUDA schedule computes a product of at most 16 multiply-adds per element inside the kernel
- * that reads it (FUSE_SMALL_PRODUCTS), a longer one through cuBLAS, and the CPU's schedule every
- * product through its library; the generated code runs on the device (the CUDA cases above). */
-static void test_small_product_schedule(void) {
-    static const bcase cases[2] = {
+/* The CUDA schedule computes a product of at most 16 multiply-adds per element, and a sum of at
+ * most 16 elements, inside the kernel that reads it (FUSE_SMALL_REDUCTIONS), longer ones through
+ * cuBLAS or a kernel of their own, and the CPU's schedule every one in its own kernel or library
+ * call; the generated code runs on the device (the CUDA cases above). */
+static void test_small_reduction_schedule(void) {
+    static const bcase cases[4] = {
         { "linear, k = 16", LINEAR, 3, { F("x", 6, 16), F("y", 16, 5), F("b", 5) }, 0, false, false },
         { "linear, k = 17", LINEAR, 3, { F("x", 6, 17), F("y", 17, 5), F("b", 5) }, 0, false, false },
+        { "mean of 16", MEAN1, 1, { F("x", 4, 16, 3) }, 0, false, false },
+        { "mean of 17", MEAN1, 1, { F("x", 4, 17, 3) }, 0, false, false },
     };
     tg_model *m = tg_model_new(1);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 4; k++) {
         fwd_ctx plain = { &cases[k], false };
         tg_error err;
-        tg_probe *p = tg_probe_new_at("reference", TG_PRECISION_F32, m, fwd, &plain, cases[k].in, 3, false, &err);
+        tg_probe *p = tg_probe_new_at("reference", TG_PRECISION_F32, m, fwd, &plain, cases[k].in, cases[k].n_in, false, &err);
         CHECK(p != NULL, "%s: probe: %s", cases[k].name, err.msg);
         if (!p) continue;
         const tg_graph *g = tg_probe_graph(p);
-        int mm = -1, keep = g->output;
+        int r = -1, keep = g->output;
         for (int i = 0; i < g->n; i++)
-            if (g->nodes[i].op == OP_MATMUL) mm = i;
-        bool mat[64], cublas[64];
+            if (g->nodes[i].op == (k < 2 ? OP_MATMUL : OP_SUM)) r = i;
+        bool mat[64], own[64];
         int alias[64];
-        CHECK(mm >= 0 && g->n <= 64, "%s: one product in a graph of %d nodes", cases[k].name, g->n);
-        if (mm >= 0 && g->n <= 64) {
-            fuse_schedule(g, &keep, 1, true, FUSE_RECOMPUTE | FUSE_SMALL_PRODUCTS, mat, alias);
-            fuse_schedule(g, &keep, 1, true, FUSE_RECOMPUTE, cublas, alias);
-            CHECK(mat[mm] == (k == 1) && mat[keep], "%s: the GPU schedule %s", cases[k].name,
-                  k == 0 ? "computes the product in the bias add's kernel" : "leaves the product to cuBLAS");
-            CHECK(cublas[mm], "%s: without FUSE_SMALL_PRODUCTS the product has a buffer", cases[k].name);
+        CHECK(r >= 0 && r != keep && g->n <= 64, "%s: one reduction, read by one more node, in a graph of %d nodes", cases[k].name, g->n);
+        if (r >= 0 && r != keep && g->n <= 64) {
+            fuse_schedule(g, &keep, 1, true, FUSE_RECOMPUTE | FUSE_SMALL_REDUCTIONS, mat, alias);
+            fuse_schedule(g, &keep, 1, true, FUSE_RECOMPUTE, own, alias);
+            CHECK(mat[r] == (k % 2 == 1) && mat[keep], "%s: the GPU schedule %s", cases[k].name,
+                  k % 2 == 0 ? "computes it in its reader's kernel" : "gives it a kernel (or a cuBLAS call) of its own");
+            CHECK(own[r], "%s: without FUSE_SMALL_REDUCTIONS it has a buffer", cases[k].name);
         }
         tg_probe_free(p);
     }
@@ -633,7 +636,7 @@ int main(void) {
     for (int i = 0; i < N_CASES; i++) compare_case("cpu", TG_PRECISION_F32, &CASES[i], "fused, recomputing");
     unsetenv("TG_FUSE_RECOMPUTE");
     test_isa_paths();
-    test_small_product_schedule();
+    test_small_reduction_schedule();
     /* The kernels every exported file carries (src/export/portable_kernels.h), run by the CPU
      * backend's generated code: every op, forward and backward, fused and unfused. */
     cpu_set_kernel_table(export_kernels);
@@ -659,10 +662,10 @@ int main(void) {
                       worst_seen[TG_PRECISION_F32], worst_seen[TG_PRECISION_TF32], worst_seen[TG_PRECISION_BF16]);
         /* The cases' products are small: the CUDA schedule computes them inside the kernels that
          * read them. Through cuBLAS too, as larger ones go. */
-        setenv("TG_CUDA_SMALL_PRODUCTS", "0", 1);
+        setenv("TG_CUDA_SMALL_REDUCTIONS", "0", 1);
         for (tg_precision p = TG_PRECISION_F32; b && p <= TG_PRECISION_BF16; p += TG_PRECISION_BF16 - TG_PRECISION_F32)
             for (int i = 0; i < N_CASES; i++) compare_case("cuda", p, &CASES[i], p == TG_PRECISION_F32 ? "cuda, cuBLAS" : "cuda bf16, cuBLAS");
-        unsetenv("TG_CUDA_SMALL_PRODUCTS");
+        unsetenv("TG_CUDA_SMALL_REDUCTIONS");
         train_compare(backends[b], "mlp+gelu+dropout, adamw, clipping", mlp_loss,
                       (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, 0);
         train_compare(backends[b], "cnn", cnn_loss, (tg_input_decl[]){ TG_F32("x", 3, 2, 6, 6), TG_I32("y", 3) }, 1);

@@ -46,15 +46,16 @@ void plan_free(tg_plan *p);
  * every other node (the unfused schedule, for tests). `gpu` (FUSE_* flags) asks for what pays
  * where a launch costs more than the work (a GPU; on a CPU it only adds work):
  * FUSE_RECOMPUTE: a cheap value that several kernels read is computed in each of them instead;
- * FUSE_SMALL_PRODUCTS: a small matrix product (fuse_small_product) is computed inside the
- * pointwise or sum kernels that read it, a loop over k per element, instead of a library call;
+ * FUSE_SMALL_REDUCTIONS: a small matrix product or sum (fuse_small_reduction) is computed
+ * inside the kernels that read it, a few terms per element, instead of by cuBLAS or a kernel of
+ * its own;
  * FUSE_SOFTMAX_INPUT: softmax and log-softmax compute their source's expression (once per pass
  * over a row: three times) rather than read it from memory. */
-enum { FUSE_RECOMPUTE = 1, FUSE_SMALL_PRODUCTS = 2, FUSE_SOFTMAX_INPUT = 4 };
+enum { FUSE_RECOMPUTE = 1, FUSE_SMALL_REDUCTIONS = 2, FUSE_SOFTMAX_INPUT = 4 };
 bool fuse_pointwise(tg_op op);
-/* Is MATMUL node id small enough to compute inline: few multiply-adds in all, and few per
- * element (each element's loop runs in one thread)? */
-bool fuse_small_product(const tg_graph *g, int id);
+/* Is node id a product or sum small enough to compute inline: few terms per element (each
+ * element's are added by one thread), and, for a product, few multiply-adds in all? */
+bool fuse_small_reduction(const tg_graph *g, int id);
 /* alias[i] >= 0: node i (a reshape or identity of a buffer already in memory) shares the buffer
  * of node alias[i] and gets no kernel; -1 otherwise. */
 void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, unsigned gpu, bool *materialized,

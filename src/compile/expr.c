@@ -244,7 +244,7 @@ static void operand_base(cg *c, const tg_node *n, int x, const ix_t *ix, const c
     snprintf(base, NAME, "%s", r.flat);
 }
 
-/* A small product computed where it is read (fuse_schedule's FUSE_SMALL_PRODUCTS): element
+/* A small product computed where it is read (fuse_schedule's FUSE_SMALL_REDUCTIONS): element
  * (batch, m, n) as a loop over k, both operands read from memory and rounded as the graph's
  * precision rounds product operands (c->operand_round), summed in f32 as cuBLAS sums, in four
  * independent partial sums so that a thread has several loads in flight. */
@@ -279,6 +279,23 @@ static void product(cg *c, int id, ix_t ix, char *name) {
                                         "(s%1$d_0 + s%1$d_1) + (s%1$d_2 + s%1$d_3)" };
     snprintf(total, sizeof total, add[sums], t);
     cg_def(c, name, "t", "float", "%s", total);
+}
+
+/* A short sum computed where it is read (FUSE_SMALL_REDUCTIONS), its terms written out one by one
+ * rather than in a loop, so that what they compute stays in scope for the rest of the kernel (the
+ * memo may hand it out again), added in double as every sum. */
+static void short_sum(cg *c, int id, ix_t ix, char *name) {
+    const tg_node *n = N(c, id), *s = N(c, n->src[0]);
+    ensure_coords(c, n->shape, &ix);
+    int t = c->ntmp++;
+    cg_line(c, "double s%d = 0;", t);
+    for (int64_t k = 0; k < s->shape.d[n->axis]; k++) {
+        ix_t si = ix;
+        si.has_flat = false;
+        snprintf(si.c[n->axis], NAME, "%lld", (long long)k);
+        cg_line(c, "s%d += %s;", t, val(c, n->src[0], si));
+    }
+    cg_def(c, name, "t", "float", "(float)s%d", t);
 }
 
 /* The value of node id at ix, computed (not loaded): the op's expression over its sources. */
@@ -423,6 +440,7 @@ static const char *compute(cg *c, int id, ix_t ix, char *name) {
         break;
     }
     case OP_MATMUL: product(c, id, ix, name); break;
+    case OP_SUM: short_sum(c, id, ix, name); break;
     default:
         cg_def(c, name, "t", t, "0 /* %s is not pointwise */", op_name(n->op));
         break;

@@ -6,8 +6,8 @@
  * ops become one loop, movement ops (reshape, permute, expand, narrow, pad) become index
  * arithmetic, and gathers (embedding, one_hot, take_along_axis, im2col) read through computed
  * indices. A reduction (sum) reads its inlined producer directly. On a GPU a small matrix
- * product is computed where it is read too (a loop over k per element), its operands read from
- * memory, and softmax computes its source (a classifier's bias add). Everything else (larger products, softmax, scatters, pooling) reads materialized
+ * product or sum is computed where it is read too (a few terms per element), and softmax
+ * computes its source (a classifier's bias add). Everything else (larger products, softmax, scatters, pooling) reads materialized
  * sources from memory. */
 #include "compile/compile.h"
 
@@ -58,18 +58,21 @@ static bool worth_recomputing(int k, int64_t n, int64_t reads, int ops) {
     return ops <= CHEAP_OPS && (double)k * (double)reads <= (double)reads + (double)n * (k + 1);
 }
 
-/* Small products: at most SMALL_PRODUCT_K multiply-adds per element (and SMALL_PRODUCT_MACS in
- * all). A library call for such a product costs more than its work (on an H100 3-6 us, and a
- * launch gap), while computed inside the kernel that reads it (the bias add, the activation's
- * gradient) it adds a few multiply-adds per element. Not longer loops: a thread's loop over k
+/* Small reductions: a product of at most SMALL_REDUCTION multiply-adds per element (and
+ * SMALL_PRODUCT_MACS in all, past which the tensor cores' arithmetic counts), or a sum of at
+ * most SMALL_REDUCTION elements. A library call for such a product costs more than its work (on
+ * an H100 3-6 us, and a launch gap), and a kernel for such a sum (a cross-entropy's sum over 10
+ * classes) about 2 us; computed inside the kernel that reads it (the bias add, the activation's
+ * gradient) either adds a few operations per element. Not longer ones: a thread's loop over k
  * waits on its loads, and a kernel of a few thousand elements has too few threads to hide that
- * (on an H100, k = 64 to 512 inline made sin_mlp's step 0.069 -> 0.128 ms). */
-enum { SMALL_PRODUCT_MACS = 1 << 21, SMALL_PRODUCT_K = 16 };
+ * (on an H100, products with k = 64 to 512 inline made sin_mlp's step 0.069 -> 0.128 ms). */
+enum { SMALL_PRODUCT_MACS = 1 << 21, SMALL_REDUCTION = 16 };
 
-bool fuse_small_product(const tg_graph *g, int id) {
+bool fuse_small_reduction(const tg_graph *g, int id) {
     const tg_node *n = &g->nodes[id], *a = &g->nodes[n->src[0]];
+    if (n->op == OP_SUM) return n->dtype == TG_FLOAT32 && a->shape.d[n->axis] <= SMALL_REDUCTION;
     int64_t k = a->shape.d[a->shape.ndim - (n->iarg[0] ? 2 : 1)];
-    return n->op == OP_MATMUL && k >= 1 && k <= SMALL_PRODUCT_K && (double)n->numel * (double)k <= SMALL_PRODUCT_MACS;
+    return n->op == OP_MATMUL && k >= 1 && k <= SMALL_REDUCTION && (double)n->numel * (double)k <= SMALL_PRODUCT_MACS;
 }
 
 /* Does this consumer read the source through an inlined expression? Pointwise ops and sum do,
@@ -99,11 +102,12 @@ void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, un
     int *uses = tg_alloc(sizeof(int) * (size_t)(n + 1));
     bool *memory_read = tg_alloc(sizeof(bool) * (size_t)(n + 1));
     bool *other_size = tg_alloc(sizeof(bool) * (size_t)(n + 1));   /* read by something not pointwise of its size */
+    bool *by_reduction = tg_alloc(sizeof(bool) * (size_t)(n + 1));   /* read by something not pointwise */
     bool *kept = tg_alloc(sizeof(bool) * (size_t)(n + 1));
     bool *needed = tg_alloc(sizeof(bool) * (size_t)(n + 1));
     int *ops = tg_alloc(sizeof(int) * (size_t)(n + 1));
     int64_t *reads = tg_alloc(sizeof(int64_t) * (size_t)(n + 1));
-    if (!uses || !memory_read || !other_size || !kept || !needed || !ops || !reads) {   /* no memory to analyse: the unfused schedule, as valid */
+    if (!uses || !memory_read || !other_size || !by_reduction || !kept || !needed || !ops || !reads) {   /* no memory to analyse: the unfused schedule, as valid */
         fuse = false;
         free(needed);
         needed = NULL;
@@ -119,6 +123,7 @@ void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, un
             uses[s]++;
             if (!reads_inline(g->nodes[i].op, gpu)) memory_read[s] = true;
             if (!fuse_pointwise(g->nodes[i].op) || g->nodes[i].numel != g->nodes[s].numel) other_size[s] = true;
+            if (!fuse_pointwise(g->nodes[i].op)) by_reduction[s] = true;
         }
     for (int i = 0; i < n; i++) {
         tg_op op = g->nodes[i].op;
@@ -134,9 +139,11 @@ void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, un
             }
             inline_ok = uses[i] <= 1 || trivial(op) || ((gpu & FUSE_RECOMPUTE) && worth_recomputing(uses[i], g->nodes[i].numel, from, count));
             if (inline_ok) ops[i] = count, reads[i] = from;
-        } else if (fuse && (gpu & FUSE_SMALL_PRODUCTS) && fuse_small_product(g, i) && !kept[i] && !memory_read[i]) {
+        } else if (fuse && (gpu & FUSE_SMALL_REDUCTIONS) && fuse_small_reduction(g, i) && !kept[i] && !memory_read[i] &&
+                   (op == OP_MATMUL || !by_reduction[i])) {
             /* read by one kernel, or by pointwise nodes of its size (an optimizer's m and v,
-             * which one thread per element computes together) */
+             * which one thread per element computes together); a sum only by pointwise nodes (a
+             * sum read by a sum is the reader's, over both axes: cuda_refine) */
             inline_ok = uses[i] <= 1 || !other_size[i];
             ops[i] = CHEAP_OPS + 1;   /* never recomputed as part of a cheap value */
         }
@@ -150,6 +157,7 @@ void fuse_schedule(const tg_graph *g, const int *keep, int n_keep, bool fuse, un
     free(reads);
     free(memory_read);
     free(other_size);
+    free(by_reduction);
     free(kept);
     free(needed);
 }

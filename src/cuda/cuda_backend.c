@@ -20,9 +20,9 @@
  * TG_CUDA_PROFILE=1 runs each step's launches one by one, synchronised, and prints the time spent
  * per op (the op of the node each launch writes) when the handle is released; TG_CUDA_PROFILE=graph
  * times each launch alone in a graph of copies of it instead (closer to the step graph's timing
- * for small kernels; the values it computes are wrong). TG_CUDA_SMALL_PRODUCTS=0 sends every
- * product to cuBLAS (small ones are otherwise computed inside the kernels that read them), so
- * that the tests reach both ways.
+ * for small kernels; the values it computes are wrong). TG_CUDA_SMALL_REDUCTIONS=0 sends every
+ * product to cuBLAS and every sum to a kernel of its own (small ones are otherwise computed
+ * inside the kernels that read them), so that the tests reach both ways.
  * "cuda-nvrtc" is a compile-only variant for tests on machines without a GPU: it generates and
  * NVRTC-compiles every kernel for sm_90 and runs nothing. */
 #include "cuda/cuda.h"
@@ -607,8 +607,8 @@ static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_kee
     int *alias = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), *runs = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
     bool ok = mat && want && only && alias && runs;
     if (ok) {
-        const char *small = getenv("TG_CUDA_SMALL_PRODUCTS");   /* =0: every product through cuBLAS (tests) */
-        fuse_schedule(g, keep, n_keep, true, FUSE_RECOMPUTE | FUSE_SOFTMAX_INPUT | (small && small[0] == '0' ? 0 : FUSE_SMALL_PRODUCTS),
+        const char *small = getenv("TG_CUDA_SMALL_REDUCTIONS");   /* =0: none computed inline (tests) */
+        fuse_schedule(g, keep, n_keep, true, FUSE_RECOMPUTE | FUSE_SOFTMAX_INPUT | (small && small[0] == '0' ? 0 : FUSE_SMALL_REDUCTIONS),
                       mat, alias);
         cuda_refine(g, keep, n_keep, mat);
         cuda_kernel_runs(g, mat, alias, runs);

@@ -83,7 +83,7 @@ static int attention_operands(const tg_node *n, int *ops) {
     return k;
 }
 
-/* A product through cuBLAS (not one computed inline: fuse_small_product), which reads its
+/* A product through cuBLAS (not one computed inline: fuse_small_reduction), which reads its
  * operands' rounded copies at tf32 and bf16. */
 static bool on_cublas(const tg_graph *g, const bool *materialized, int id) {
     return g->nodes[id].op == OP_MATMUL && materialized[id];
