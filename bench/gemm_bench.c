@@ -1,7 +1,9 @@
 /* The CPU product kernel alone: GFLOP/s of C = A B for square sizes, on each kernel path this
  * CPU runs (avx512, avx2, portable = OpenBLAS), with 1 thread and with all of OMP_NUM_THREADS,
  * beside the FMA peak of one core measured here (a loop of independent FMAs, eight or sixteen
- * lanes), so the percentage needs no clock frequency from a datasheet.
+ * lanes), so the percentage needs no clock frequency from a datasheet. Where the CPU has AVX512-BF16,
+ * the AVX-512 path's products of bf16 operands too (vdpbf16ps: two multiply-adds per lane, so up
+ * to twice the f32 FMA peak; their error is bf16 rounding's, about 1e-3).
  *
  *   gemm_bench [size ...]          (default 256 512 1024 2048; median of 5 runs each)
  *
@@ -67,8 +69,8 @@ static double peak_avx512(void) { return 0; }
 #endif
 
 /* Median GFLOP/s of C[n,n] = A B over 5 runs (after one warm-up), on `threads` threads. */
-static double product_gflops(int64_t n, int threads, const float *A, const float *B, float *C) {
-    int64_t args[7 + 2] = { 0, 0, n, n, n, 1, 0, 0, 0 };   /* ta, tb, M, N, K, batch, flags, offsets */
+static double product_gflops(int64_t n, int threads, int flags, const float *A, const float *B, float *C) {
+    int64_t args[7 + 2] = { 0, 0, n, n, n, 1, flags, 0, 0 };   /* ta, tb, M, N, K, batch, flags, offsets */
     void *bufs[3] = { (void *)A, (void *)B, C };
     void (*matmul)(const int64_t *, void *const *) = (void (*)(const int64_t *, void *const *))cpu_kernels[0];
     omp_set_num_threads(threads);
@@ -126,18 +128,19 @@ int main(int argc, char **argv) {
     }
     for (int isa = best; isa >= CPU_ISA_PORTABLE; isa--) {
         cpu_kernels_select((cpu_isa)isa);
-        for (int i = 0; i < n_sizes; i++) {
-            int64_t n = sizes[i];
-            double g1 = product_gflops(n, 1, A, B, C);
-            double err = sample_error(n, A, B, C);
-            double gt = threads > 1 ? product_gflops(n, threads, A, B, C) : g1;
-            double pk = peak[isa ? isa : CPU_ISA_AVX2];
-            printf("%-8s n=%5lld  1 thread %6.1f GFLOP/s (%3.0f%% of one core's %s peak)  %d threads %6.1f GFLOP/s "
-                   "(%.2fx)  max rel err %.1e\n",
-                   cpu_isa_name((cpu_isa)isa), (long long)n, g1, pk > 0 ? 100 * g1 / pk : 0, isa == CPU_ISA_AVX512 ? "avx512" : "avx2",
-                   threads, gt, gt / g1, err);
-            fflush(stdout);
-        }
+        for (int bf16 = cpu_isa_bf16((cpu_isa)isa); bf16 >= 0; bf16--)   /* bf16 operands (MM_BF16) first, where the CPU has them */
+            for (int i = 0; i < n_sizes; i++) {
+                int64_t n = sizes[i];
+                double g1 = product_gflops(n, 1, bf16 ? 32 : 0, A, B, C);
+                double err = sample_error(n, A, B, C);
+                double gt = threads > 1 ? product_gflops(n, threads, bf16 ? 32 : 0, A, B, C) : g1;
+                double pk = peak[isa ? isa : CPU_ISA_AVX2];
+                printf("%-8s%s n=%5lld  1 thread %6.1f GFLOP/s (%3.0f%% of one core's %s FMA peak)  %d threads %6.1f GFLOP/s "
+                       "(%.2fx)  max rel err %.1e\n",
+                       cpu_isa_name((cpu_isa)isa), bf16 ? " bf16" : "", (long long)n, g1, pk > 0 ? 100 * g1 / pk : 0,
+                       isa == CPU_ISA_AVX512 ? "avx512" : "avx2", threads, gt, gt / g1, err);
+                fflush(stdout);
+            }
     }
     free(A);
     free(B);

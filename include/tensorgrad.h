@@ -461,9 +461,10 @@ typedef tg_tensor (*tg_forward_fn)(const void *ctx, const tg_tensor *inputs);
  *         optimizer state, softmax, norms, reductions and the loss stay f32. bf16 keeps f32's
  *         exponent range, so no loss scaling is needed (unlike fp16).
  * The reference interpreter rounds at the same points, so each precision has an exact oracle.
- * A backend without the hardware runs what it can, never silently: the "cpu" backend runs f32
- * for every setting (tg_train_precision says what runs). Checkpoints are always f32 and move
- * freely between precisions. */
+ * A backend without the hardware runs what it can, never silently (tg_train_precision says what
+ * runs): the "cpu" backend runs BF16 where the CPU has AVX512-BF16 (vdpbf16ps products; denormal
+ * operands count as zero there) and f32 otherwise, and f32 for TF32. Checkpoints are always f32
+ * and move freely between precisions. */
 typedef enum { TG_PRECISION_DEFAULT = 0, TG_PRECISION_F32, TG_PRECISION_TF32, TG_PRECISION_BF16 } tg_precision;
 
 /* One process of a multi-process data-parallel job (see "Data-parallel training" below). Zero

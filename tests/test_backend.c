@@ -171,6 +171,7 @@ static const bcase CASES[] = {
      * batches the weight gradient sums. */
     { "matmul past the blocks", MATMUL, 2, { F("x", 137, 300), F("y", 300, 531) }, 0, false, true },
     { "matmul past the AVX2 blocks", MATMUL, 2, { F("x", 151, 263), F("y", 263, 517) }, 0, false, true },
+    { "matmul deeper than two bf16 blocks, odd depth", MATMUL, 2, { F("x", 9, 1031), F("y", 1031, 7) }, 0, false, true },
     { "matmul + bias (fused add)", LINEAR, 3, { F("x", 45, 70), F("y", 70, 33), F("b", 33) }, 0, false, true },
     { "matmul batched, long", MATMUL_BATCHED, 2, { F("x", 3, 70, 260), F("y", 260, 41) }, 0, false, true },
     { "matmul broadcast, skinny", MATMUL_BCAST, 2, { F("x", 2, 1, 1, 40), F("y", 3, 17, 40) }, 0, false, true },
@@ -605,6 +606,34 @@ static void test_isa_paths(void) {
           "generated code is built with the ISA's own flags, never -march=native");
 }
 
+/* bf16 on the CPU: where the AVX-512 path has AVX512-BF16, products take bf16 operands through
+ * vdpbf16ps and attention rounds its operands, so every op at bf16 matches the reference's bf16
+ * emulation (which an f32 run would not, by about 1e-3); elsewhere, and on the AVX2 path, the
+ * backend says it runs f32. */
+static void test_cpu_bf16(void) {
+    bool has = cpu_isa_bf16(cpu_isa_best());
+    printf("test_backend: cpu bf16 products %s\n", has ? "through AVX512-BF16" : "not on this CPU (bf16 runs f32)");
+    tg_model *m = tg_model_new(1);
+    fwd_ctx plain = { &CASES[0], false };
+    tg_error err;
+    tg_probe *p = tg_probe_new_at("cpu", TG_PRECISION_BF16, m, fwd, &plain, CASES[0].in, CASES[0].n_in, false, &err);
+    CHECK(p && tg_probe_graph(p)->precision == (has ? TG_PRECISION_BF16 : TG_PRECISION_F32), "cpu at bf16 runs %s",
+          p ? tg_precision_name(tg_probe_graph(p)->precision) : err.msg);
+    tg_probe_free(p);
+    p = tg_probe_new_at("cpu", TG_PRECISION_TF32, m, fwd, &plain, CASES[0].in, CASES[0].n_in, false, &err);
+    CHECK(p && tg_probe_graph(p)->precision == TG_PRECISION_F32, "cpu at tf32 runs f32 (no TF32 on a CPU)");
+    tg_probe_free(p);
+    setenv("TG_CPU_ISA", "avx2", 1);
+    p = tg_probe_new_at("cpu", TG_PRECISION_BF16, m, fwd, &plain, CASES[0].in, CASES[0].n_in, false, &err);
+    CHECK(p && tg_probe_graph(p)->precision == TG_PRECISION_F32, "cpu at bf16 on the AVX2 path runs f32");
+    tg_probe_free(p);
+    unsetenv("TG_CPU_ISA");
+    tg_model_free(m);
+    for (int i = 0; has && i < N_CASES; i++) compare_case("cpu", TG_PRECISION_BF16, &CASES[i], "cpu bf16");
+    if (has) printf("test_backend: cpu bf16 against the reference, worst rel err %.3g\n", worst_seen[TG_PRECISION_BF16]);
+    worst_seen[TG_PRECISION_BF16] = 0;
+}
+
 /* Through the public API a compiler failure is a NULL handle and the compiler's message. */
 static void test_compile_failure(void) {
     setenv("TG_CC", "false", 1);
@@ -636,6 +665,7 @@ int main(void) {
     for (int i = 0; i < N_CASES; i++) compare_case("cpu", TG_PRECISION_F32, &CASES[i], "fused, recomputing");
     unsetenv("TG_FUSE_RECOMPUTE");
     test_isa_paths();
+    test_cpu_bf16();
     test_small_reduction_schedule();
     /* The kernels every exported file carries (src/export/portable_kernels.h), run by the CPU
      * backend's generated code: every op, forward and backward, fused and unfused. */

@@ -5,12 +5,13 @@
  *    operands rounded the same way (so the emulation is exact, not merely close), and nothing
  *    else rounded (an elementwise op at bf16 is the f32 result);
  *  - the settings through the API: what each backend runs (tg_train_precision: the cpu backend
- *    runs f32 and says so), forwards inheriting the training handle's setting, an unknown value
+ *    runs bf16 where the CPU has AVX512-BF16, else f32, and says which), forwards inheriting the training handle's setting, an unknown value
  *    refused, checkpoints moving between precisions;
  *  - training quality, short form: the digits MLP trained in bf16 ends within a few percent of
- *    f32; at length where a GPU is (tests/run_gpu.sh): the digits CNN and chargpt.
+ *    f32 (on the reference, and on the cpu backend where it runs bf16); at length where a GPU is (tests/run_gpu.sh): the digits CNN and chargpt.
  * test_backend compares CUDA with the reference at each precision. */
 #include "internal.h"
+#include "cpu/cpu.h"
 #include "check.h"
 #include "probe_util.h"
 #include "run_example.h"
@@ -216,7 +217,10 @@ static void test_api(void) {
     CHECK(ref && cpu && f32, "compile: %s", err.msg);
     if (!ref || !cpu || !f32) return;
     CHECK(tg_train_precision(ref) == TG_PRECISION_BF16, "the reference runs bf16 as asked");
-    CHECK(tg_train_precision(cpu) == TG_PRECISION_F32, "the cpu backend says it runs f32 when asked for bf16");
+    bool cpu_bf16 = cpu_isa_bf16(cpu_isa_choose());
+    CHECK(tg_train_precision(cpu) == (cpu_bf16 ? TG_PRECISION_BF16 : TG_PRECISION_F32),
+          "the cpu backend says it runs %s when asked for bf16 (this CPU %s AVX512-BF16)", cpu_bf16 ? "bf16" : "f32",
+          cpu_bf16 ? "has" : "lacks");
     CHECK(tg_train_precision(f32) == TG_PRECISION_F32, "the default is f32");
     CHECK(!strcmp(tg_precision_name(TG_PRECISION_BF16), "bf16") && !strcmp(tg_precision_name(TG_PRECISION_TF32), "tf32"), "names");
 
@@ -276,18 +280,23 @@ static double accuracy(void) {
     return acc;
 }
 
-static void test_quality(void) {
-    int rc = run_example("digits", "--epochs 8 --backend reference --precision f32");
+/* The digits MLP trained 8 epochs in f32 and in bf16 on a backend: the reference (everywhere), and
+ * the cpu backend where its products run bf16 (AVX512-BF16). */
+static void test_quality(const char *backend) {
+    char args[200];
+    snprintf(args, sizeof args, "--epochs 8 --backend %s --precision f32", backend);
+    int rc = run_example("digits", args);
     double loss32 = final_loss(), acc32 = accuracy();
-    CHECK(rc == 0 && loss32 > 0, "digits f32 on the reference: exit %d\n%s", rc, example_output);
-    rc = run_example("digits", "--epochs 8 --backend reference --precision bf16");
+    CHECK(rc == 0 && loss32 > 0, "digits f32 on %s: exit %d\n%s", backend, rc, example_output);
+    snprintf(args, sizeof args, "--epochs 8 --backend %s --precision bf16", backend);
+    rc = run_example("digits", args);
     double loss16 = final_loss(), acc16 = accuracy();
-    CHECK(rc == 0 && loss16 > 0 && strstr(example_output, "bf16"), "digits bf16 on the reference: exit %d\n%s", rc,
+    CHECK(rc == 0 && loss16 > 0 && strstr(example_output, "bf16"), "digits bf16 on %s: exit %d\n%s", backend, rc,
           example_output);
-    printf("test_precision: digits MLP, 8 epochs on the reference: loss %.4f (f32) vs %.4f (bf16), accuracy %.2f%% vs %.2f%%\n",
-           loss32, loss16, acc32, acc16);
-    CHECK(fabs(loss16 - loss32) <= 0.05 * loss32, "bf16 loss %.4f within 5%% of f32's %.4f", loss16, loss32);
-    CHECK(fabs(acc16 - acc32) <= 1.5, "bf16 accuracy %.2f%% within 1.5 points of f32's %.2f%%", acc16, acc32);
+    printf("test_precision: digits MLP, 8 epochs on %s: loss %.4f (f32) vs %.4f (bf16), accuracy %.2f%% vs %.2f%%\n",
+           backend, loss32, loss16, acc32, acc16);
+    CHECK(fabs(loss16 - loss32) <= 0.05 * loss32, "%s: bf16 loss %.4f within 5%% of f32's %.4f", backend, loss16, loss32);
+    CHECK(fabs(acc16 - acc32) <= 1.5, "%s: bf16 accuracy %.2f%% within 1.5 points of f32's %.2f%%", backend, acc16, acc32);
 }
 
 /* The last "held-out X" chargpt printed. */
@@ -297,17 +306,17 @@ static double final_heldout(void) {
     return h;
 }
 
-/* At length, where a GPU is (tests/run_gpu.sh): the digits CNN in bf16 within half a point of
- * f32's accuracy, and, given a text in $TG_TEST_CORPUS, chargpt's held-out loss after 2000 steps
- * in bf16 within 2% of f32's. */
-static void test_quality_cuda(void) {
-    char why[256], args[600];
-    if (!tg_backend_available("cuda", why, sizeof why)) return;
+/* At length on a backend with bf16 hardware: the digits CNN in bf16 within half a point of f32's
+ * accuracy (the cpu backend where it has AVX512-BF16, in a second; cuda where a GPU is:
+ * tests/run_gpu.sh), and on cuda, given a text in $TG_TEST_CORPUS, chargpt's held-out loss after
+ * 2000 steps in bf16 within 2% of f32's. */
+static void test_quality_long(const char *backend) {
+    char args[600];
     double acc[2], held[2] = { -1, -1 };
-    const char *corpus = getenv("TG_TEST_CORPUS");
+    const char *corpus = strcmp(backend, "cuda") == 0 ? getenv("TG_TEST_CORPUS") : NULL;
     for (int k = 0; k < 2; k++) {
         const char *p = k ? "bf16" : "f32";
-        snprintf(args, sizeof args, "--cnn --epochs 30 --backend cuda --precision %s", p);
+        snprintf(args, sizeof args, "--cnn --epochs 30 --backend %s --precision %s", backend, p);
         int rc = run_example("digits", args);
         acc[k] = accuracy();
         CHECK(rc == 0 && acc[k] > 0, "digits %s: exit %d\n%s", args, rc, example_output);
@@ -317,9 +326,11 @@ static void test_quality_cuda(void) {
         held[k] = final_heldout();
         CHECK(rc == 0 && held[k] > 0, "chargpt %s: exit %d\n%s", args, rc, example_output);
     }
-    printf("test_precision: cuda: digits CNN accuracy %.2f%% (f32) vs %.2f%% (bf16); chargpt held-out after 2000 steps "
-           "%.4f vs %.4f\n", acc[0], acc[1], held[0], held[1]);
-    CHECK(fabs(acc[1] - acc[0]) <= 0.5, "digits CNN: bf16 accuracy %.2f%% within 0.5 points of f32's %.2f%%", acc[1], acc[0]);
+    printf("test_precision: %s: digits CNN accuracy %.2f%% (f32) vs %.2f%% (bf16)", backend, acc[0], acc[1]);
+    if (corpus) printf("; chargpt held-out after 2000 steps %.4f vs %.4f", held[0], held[1]);
+    printf("\n");
+    CHECK(fabs(acc[1] - acc[0]) <= 0.5, "%s: digits CNN bf16 accuracy %.2f%% within 0.5 points of f32's %.2f%%", backend,
+          acc[1], acc[0]);
     CHECK(!corpus || fabs(held[1] - held[0]) <= 0.02 * held[0], "chargpt: bf16 held-out %.4f within 2%% of f32's %.4f",
           held[1], held[0]);
 }
@@ -329,7 +340,12 @@ int main(int argc, char **argv) {
     test_rounding();
     test_operations();
     test_api();
-    test_quality();
-    test_quality_cuda();
+    test_quality("reference");
+    if (cpu_isa_bf16(cpu_isa_choose())) {
+        test_quality("cpu");
+        test_quality_long("cpu");
+    }
+    char why[256];
+    if (tg_backend_available("cuda", why, sizeof why)) test_quality_long("cuda");
     return check_report("test_precision");
 }

@@ -69,10 +69,12 @@ static bool worth_recomputing(int k, int64_t n, int64_t reads, int ops) {
 enum { SMALL_PRODUCT_MACS = 1 << 21, SMALL_REDUCTION = 16 };
 
 bool fuse_small_reduction(const tg_graph *g, int id) {
-    const tg_node *n = &g->nodes[id], *a = &g->nodes[n->src[0]];
-    if (n->op == OP_SUM) return n->dtype == TG_FLOAT32 && a->shape.d[n->axis] <= SMALL_REDUCTION;
-    int64_t k = a->shape.d[a->shape.ndim - (n->iarg[0] ? 2 : 1)];
-    return n->op == OP_MATMUL && k >= 1 && k <= SMALL_REDUCTION && (double)n->numel * (double)k <= SMALL_PRODUCT_MACS;
+    const tg_node *n = &g->nodes[id];
+    if (n->op != OP_SUM && n->op != OP_MATMUL) return false;
+    const tg_shape *a = &g->nodes[n->src[0]].shape;
+    if (n->op == OP_SUM) return n->dtype == TG_FLOAT32 && a->d[n->axis] <= SMALL_REDUCTION;
+    int64_t k = a->d[a->ndim - (n->iarg[0] ? 2 : 1)];
+    return k >= 1 && k <= SMALL_REDUCTION && (double)n->numel * (double)k <= SMALL_PRODUCT_MACS;
 }
 
 /* Does this consumer read the source through an inlined expression? Pointwise ops and sum do,

@@ -43,6 +43,10 @@ cpu_isa cpu_isa_choose(void);
  * current one. */
 void cpu_kernels_select(cpu_isa isa);
 cpu_isa cpu_kernels_isa(void);
+/* Whether products of bf16 operands run on this CPU's bf16 dot-product instructions (AVX512-BF16's
+ * vdpbf16ps: Zen 4 and later, Intel Cooper Lake and Sapphire Rapids and later) on path isa: only
+ * the AVX-512 path has them. The backend's bf16 precision needs this (else it runs f32). */
+bool cpu_isa_bf16(cpu_isa isa);
 
 /* cpu_attention.c: library kernels (TGK_ATTENTION, TGK_ATTENTION_BWD). */
 void cpu_attention(const int64_t *a, void *const *p);

@@ -20,13 +20,25 @@
 /* Query rows per block: the block's scores [RB, S] stay in cache between its products. */
 #define RB 64
 
-/* a = {batch, T, S, D, E, causal, scale as the bits of a double}. */
-typedef struct { int64_t batch, T, S, D, E; bool causal; float scale; } attn;
+/* a = {batch, T, S, D, E, causal, scale as the bits of a double, bf16}. bf16: q, k, v and d_out
+ * are rounded to bf16 as operands (a graph of bf16 precision), as the reference does; the
+ * products then run in f32 on the rounded copies (p is not rounded, so the p v product has no
+ * bf16 operand pair for vdpbf16ps: the same arithmetic as f32, a copy's cost more). */
+typedef struct { int64_t batch, T, S, D, E; bool causal, bf16; float scale; } attn;
 
 static attn attn_of(const int64_t *a) {
     double scale;
     memcpy(&scale, &a[6], sizeof scale);
-    return (attn){ a[0], a[1], a[2], a[3], a[4], a[5] != 0, (float)scale };
+    return (attn){ a[0], a[1], a[2], a[3], a[4], a[5] != 0, a[7] != 0, (float)scale };
+}
+
+/* x, or (bf16) its n values rounded to bf16 in dst; dst advanced past what it used. */
+static const float *operand(const attn *A, const float *x, int64_t n, float **dst) {
+    if (!A->bf16) return x;
+    float *r = *dst;
+    for (int64_t i = 0; i < n; i++) r[i] = precision_round(TG_PRECISION_BF16, x[i]);
+    *dst += n;
+    return r;
 }
 
 /* The columns row r attends to, and the most any row of the block [r0, r1) does. */
@@ -112,10 +124,12 @@ void cpu_attention(const int64_t *a, void *const *p) {
     #pragma omp parallel for schedule(dynamic) if (work >= PARALLEL_MACS)
     for (int64_t bb = 0; bb < A.batch * blocks; bb++) {
         const int64_t b = bb / blocks, r0 = bb % blocks * RB, r1 = r0 + RB < A.T ? r0 + RB : A.T;
-        float *s = kernel_scratch((size_t)(RB * A.S));
-        if (s)   /* else recorded: the step fails */
-            forward_block(&A, exp_sub, q + b * A.T * A.D, k + b * A.S * A.D, v + b * A.S * A.E,
-                          out ? out + b * A.T * A.E : NULL, lse ? lse + b * A.T : NULL, r0, r1, s);
+        float *s = kernel_scratch((size_t)(RB * A.S + (A.bf16 ? (A.T + A.S) * A.D + A.S * A.E : 0)));
+        if (!s) continue;   /* recorded: the step fails */
+        float *copies = s + RB * A.S;   /* (the head's q, k, v for each block: 1/RB of its products) */
+        forward_block(&A, exp_sub, operand(&A, q + b * A.T * A.D, A.T * A.D, &copies), operand(&A, k + b * A.S * A.D, A.S * A.D, &copies),
+                      operand(&A, v + b * A.S * A.E, A.S * A.E, &copies), out ? out + b * A.T * A.E : NULL,
+                      lse ? lse + b * A.T : NULL, r0, r1, s);
     }
 }
 
@@ -159,10 +173,14 @@ void cpu_attention_bwd(const int64_t *a, void *const *p) {
     const int64_t work = A.batch * A.T * A.S * (2 * A.D + 2 * A.E);
     #pragma omp parallel for schedule(dynamic) if (work >= PARALLEL_MACS)
     for (int64_t b = 0; b < A.batch; b++) {
-        float *buf = kernel_scratch((size_t)(2 * RB * A.S));
-        if (buf)   /* else recorded: the step fails */
-            backward_head(&A, exp_sub, q + b * A.T * A.D, k + b * A.S * A.D, v + b * A.S * A.E, o + b * A.T * A.E,
-                          dout + b * A.T * A.E, lse + b * A.T, dq ? dq + b * A.T * A.D : NULL,
-                          dk ? dk + b * A.S * A.D : NULL, dv ? dv + b * A.S * A.E : NULL, buf);
+        float *buf = kernel_scratch((size_t)(2 * RB * A.S + (A.bf16 ? (A.T + A.S) * (A.D + A.E) : 0)));
+        if (!buf) continue;   /* recorded: the step fails */
+        float *copies = buf + 2 * RB * A.S;
+        const float *qh = operand(&A, q + b * A.T * A.D, A.T * A.D, &copies);
+        const float *kh = operand(&A, k + b * A.S * A.D, A.S * A.D, &copies);
+        const float *vh = operand(&A, v + b * A.S * A.E, A.S * A.E, &copies);
+        backward_head(&A, exp_sub, qh, kh, vh, o + b * A.T * A.E, operand(&A, dout + b * A.T * A.E, A.T * A.E, &copies),
+                      lse + b * A.T, dq ? dq + b * A.T * A.D : NULL, dk ? dk + b * A.S * A.D : NULL,
+                      dv ? dv + b * A.S * A.E : NULL, buf);
     }
 }

@@ -315,9 +315,16 @@ static void *cpu_node_buf(void *h, int node) {
 
 static const char *cpu_source(void *h) { return ((cpu_exec *)h)->source; }
 
-/* No precision hook: every setting runs f32 here (tg_train_precision says so). */
+/* bf16 where the products have bf16 instructions (cpu_isa_bf16, for the ISA the graph's kernels
+ * will run: TG_CPU_ISA's choice), else f32; never TF32, which is a GPU format. Whatever runs,
+ * tg_train_precision says. */
+static tg_precision cpu_precision(tg_precision want) {
+    return want == TG_PRECISION_BF16 && cpu_isa_bf16(cpu_isa_choose()) ? TG_PRECISION_BF16 : TG_PRECISION_F32;
+}
+
 const tg_backend backend_cpu = {
     .name = "cpu", .alloc = cpu_alloc, .free = cpu_free, .write = cpu_write, .upload = cpu_upload, .read = cpu_read,
     .copy = cpu_copy, .prepare = cpu_prepare, .planned_bytes = cpu_planned_bytes, .bind = cpu_bind, .run = cpu_run,
     .node_buf = cpu_node_buf, .release = cpu_release, .source = cpu_source, .available = cpu_available,
+    .precision = cpu_precision,
 };

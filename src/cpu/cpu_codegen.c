@@ -92,7 +92,7 @@ static bool reads_same_index(const tg_graph *g, const bool *mat, int root, int n
     return true;
 }
 
-enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS_COL = 16 };   /* cpu_kernels.c k_matmul */
+enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS_COL = 16, MM_BF16 = 32 };   /* cpu_gemm.c k_matmul */
 
 /* Is the ADD node `add` a product (operand k, through views, node mm) plus a bias that the
  * product kernel can add: the other operand, in memory (node *bias, through views: home(o)),
@@ -754,19 +754,20 @@ static void library_call(gen *G, int id, const char *fn, const int64_t *args, in
 static int attention_call(gen *G, int id, const int *next, int n_next) {
     cg *c = &G->c;
     const tg_node *n = N(c, id);
-    int64_t a[7];
+    int64_t a[8];   /* cg_attention_args, then whether q, k, v and d_out are bf16 operands */
     cg_attention_args(c->g, id, a);
+    a[7] = c->g->precision == TG_PRECISION_BF16;
     int outs[3] = { id }, n_out = 1;
     for (int k = 0; k < n_next && n_out < 3 && cg_attention_joins(c->g, outs[n_out - 1], next[k]); k++) outs[n_out++] = next[k];
     if (n->op == OP_ATTENTION_BWD) {
         int bufs[9] = { n->src[0], n->src[1], n->src[2], n->src[3], n->src[4], n->src[5], -1, -1, -1 };
         for (int r = 0; r < n_out; r++) bufs[6 + N(c, outs[r])->iarg[1]] = outs[r];
-        library_call_n(G, outs, n_out, "TGK_ATTENTION_BWD", a, 7, bufs, 9);
+        library_call_n(G, outs, n_out, "TGK_ATTENTION_BWD", a, 8, bufs, 9);
     } else {
         bool fwd = n->op == OP_ATTENTION;
         int lse = fwd ? (n_out > 1 ? outs[1] : -1) : id;
         int bufs[5] = { n->src[0], n->src[1], fwd ? n->src[2] : n->src[1], fwd ? id : -1, lse };
-        library_call_n(G, outs, n_out, "TGK_ATTENTION", a, 7, bufs, 5);
+        library_call_n(G, outs, n_out, "TGK_ATTENTION", a, 8, bufs, 5);
     }
     return n_out - 1;
 }
@@ -820,6 +821,7 @@ static void matmul_call(gen *G, int id, int mm, int flags) {
         free(m.boff);
         return;
     }
+    if (c->g->precision == TG_PRECISION_BF16) flags |= MM_BF16;
     int64_t head[7] = { m.ta, m.tb, m.M, m.N, m.K, m.batch, flags };
     memcpy(args, head, sizeof head);
     int na = 7;

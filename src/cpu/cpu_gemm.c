@@ -261,10 +261,12 @@ TARGET_AVX2 static void gemm_packed(const gemm_kernel *gk, int ta, int tb, int64
         for (int64_t pc = 0; pc < K; pc += gk->kc) {
             int64_t kc = K - pc < gk->kc ? K - pc : gk->kc;
             pack_b(gk, tb, B, ldb, v, pc, kc, (v ? vj : 0) + jc, nc, bp);
+            if (gk->pairs) gk->pairs(bp, kc, nc, gk->nr);
             int acc_here = acc || pc > 0;
             for (int64_t ic = 0; ic < M; ic += gk->mc) {
                 int64_t mc = M - ic < gk->mc ? M - ic : gk->mc;
                 pack_a(gk, ta, A, lda, ic, mc, pc, kc, ap);
+                if (gk->pairs) gk->pairs(ap, kc, mc, gk->mr);
                 for (int64_t jr = 0; jr < nc; jr += gk->nr) {
                     int64_t nr = nc - jr < gk->nr ? nc - jr : gk->nr;
                     for (int64_t ir = 0; ir < mc; ir += gk->mr) {
@@ -320,7 +322,7 @@ static void gemm(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, in
                  const float *brow, const float *bcol) {
     if (M <= 0 || N <= 0) return;
     float *w = gk ? kernel_pack((size_t)(gk->mc * gk->kc + gk->kc * gk->nc)) : NULL;
-    if (w && !v && K > 0 && (M == 1 || N == 1 || K == 1)) {
+    if (w && !v && K > 0 && !gk->pairs && (M == 1 || N == 1 || K == 1)) {
         gemm_skinny(gk, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, acc, brow, bcol);
         return;
     }
@@ -376,7 +378,7 @@ static void gemm_part(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t 
     }
 }
 
-enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS_COL = 16 };
+enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS_COL = 16, MM_BF16 = 32 };
 
 /* a = {ta, tb, M, N, K, batch, flags, [im2col geometry of B: C H W kh kw stride pad], [col2im
  * geometry of C: the same], A offsets[batch], B offsets[batch]}; p = {A, B, C}.
@@ -385,8 +387,9 @@ enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS
  * MM_IM2COL_B: B[b] is the im2col view of the image at B + offset (a convolution's cols, never
  * materialized). MM_COL2IM_C: C[b] goes through col2im into image b of C (a convolution's input
  * gradient; the cols never materialized either). MM_BIAS_ROW / MM_BIAS_COL: p[3] is a bias added
- * to every product, one value per row / per column (a layer's bias). Threads split the batch or, for few products,
- * each product's rows or columns. */
+ * to every product, one value per row / per column (a layer's bias). MM_BF16: the operands are
+ * rounded to bf16 (a graph of bf16 precision), the sums stay f32. Threads split the batch or, for
+ * few products, each product's rows or columns. */
 void k_matmul(const int64_t *a, void *const *p) {
     int ta = (int)a[0], tb = (int)a[1], flags = (int)a[6];
     int64_t M = a[2], N = a[3], K = a[4], batch = a[5];
@@ -397,6 +400,11 @@ void k_matmul(const int64_t *a, void *const *p) {
     const float *brow = (flags & MM_BIAS_ROW) ? p[3] : NULL, *bcol = (flags & MM_BIAS_COL) ? p[3] : NULL;
     bool view = flags & MM_IM2COL_B;
     const gemm_kernel *gk = gemm_kernel_now();
+#ifdef CPU_X86
+    /* (cpu_precision gives a graph bf16 only where this holds; a process that changes TG_CPU_ISA
+     * under a compiled bf16 graph gets f32 products) */
+    if ((flags & MM_BF16) && cpu_isa_bf16(cpu_kernels_isa())) gk = &gemm_kernel_avx512_bf16;
+#endif
     /* Threads only for enough work: an OpenMP region, even one that runs on one thread, costs
      * microseconds (libgomp builds a team), as much as a small product. */
     int threads = M * N * K * batch >= PARALLEL_MACS ? omp_get_max_threads() : 1;

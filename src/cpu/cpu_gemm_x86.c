@@ -54,29 +54,11 @@ TARGET_AVX512 static void segment_avx512(const im2col_view *v, int64_t r, int64_
     }
 }
 
-TARGET_AVX512 static void tile_avx512(int64_t kc, const float *ap, const float *bp, float *C, int64_t ldc, int64_t mr,
-                                      int64_t nr, int acc, const float *brow, const float *bcol) {
-    /* Every loop over the tile's rows is unrolled with constant bounds (rows past mr are guarded,
-     * not skipped by a variable bound), so the sixteen accumulators stay in registers. */
-    __m512 c0[8], c1[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < 8; r++) {
-        c0[r] = _mm512_setzero_ps();
-        c1[r] = _mm512_setzero_ps();
-    }
-    prefetch_tile(C, ldc, 8, 32);
-    for (int64_t k = 0; k < kc; k++) {
-        __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
-#pragma GCC unroll 8
-        for (int r = 0; r < 8; r++) {
-            __m512 a = _mm512_set1_ps(ap[r]);
-            c0[r] = _mm512_fmadd_ps(a, b0, c0[r]);
-            c1[r] = _mm512_fmadd_ps(a, b1, c1[r]);
-        }
-        ap += 8;
-        bp += 32;
-    }
-    /* What the tile adds to: C itself (acc), else a bias per row (brow) or per column (bcol). */
+/* The tile's accumulators added to what the tile adds to: C itself (acc), else a bias per row
+ * (brow) or per column (bcol); then stored, masked past nr columns and mr rows. */
+TARGET_AVX512 static inline __attribute__((always_inline)) void tile_avx512_store(__m512 *c0, __m512 *c1, float *C, int64_t ldc,
+                                                                                int64_t mr, int64_t nr, int acc,
+                                                                                const float *brow, const float *bcol) {
     __mmask16 m0 = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1);
     __mmask16 m1 = (__mmask16)(nr <= 16 ? 0 : nr >= 32 ? 0xffff : (1u << (nr - 16)) - 1);
     __m512 bc0 = _mm512_setzero_ps(), bc1 = _mm512_setzero_ps();
@@ -103,6 +85,31 @@ TARGET_AVX512 static void tile_avx512(int64_t kc, const float *ap, const float *
     }
 }
 
+TARGET_AVX512 static void tile_avx512(int64_t kc, const float *ap, const float *bp, float *C, int64_t ldc, int64_t mr,
+                                      int64_t nr, int acc, const float *brow, const float *bcol) {
+    /* Every loop over the tile's rows is unrolled with constant bounds (rows past mr are guarded,
+     * not skipped by a variable bound), so the sixteen accumulators stay in registers. */
+    __m512 c0[8], c1[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) {
+        c0[r] = _mm512_setzero_ps();
+        c1[r] = _mm512_setzero_ps();
+    }
+    prefetch_tile(C, ldc, 8, 32);
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            __m512 a = _mm512_set1_ps(ap[r]);
+            c0[r] = _mm512_fmadd_ps(a, b0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(a, b1, c1[r]);
+        }
+        ap += 8;
+        bp += 32;
+    }
+    tile_avx512_store(c0, c1, C, ldc, mr, nr, acc, brow, bcol);
+}
+
 TARGET_AVX512 static void axpy_avx512(float *y, const float *y0, float c0, float a, const float *x, int64_t n) {
     __m512 va = _mm512_set1_ps(a), vc = _mm512_set1_ps(c0);
     for (int64_t j = 0; j < n; j += 16) {
@@ -122,7 +129,55 @@ TARGET_AVX512 static float dot_avx512(const float *a, const float *b, int64_t n)
 }
 
 /* Blocks: an A block of 128 x 256 (128 KB) stays in L2, a B panel of 256 x 32 (32 KB) in L1. */
-const gemm_kernel gemm_kernel_avx512 = { 8, 32, 256, 128, 512, tile_avx512, segment_avx512, axpy_avx512, dot_avx512 };
+const gemm_kernel gemm_kernel_avx512 = { 8, 32, 256, 128, 512, tile_avx512, segment_avx512, axpy_avx512, dot_avx512, NULL };
+
+/* ----- AVX512-BF16: 8 x 32, bf16 operands ----- */
+
+/* Packed panels of f32 (panel after panel, kc x w each, depth-major: row k holds the w values of
+ * depth k) rounded to bf16 to nearest even, in place, depth paired: row p of a panel becomes w
+ * 32-bit words, depth 2p in the low half and 2p + 1 in the high half (0 past kc), the operand
+ * layout of vdpbf16ps. Row p is written over f32 row p once rows 2p and 2p + 1 have been read,
+ * so in place is safe. */
+TARGET_AVX512_BF16 static void pair_panels(float *panels, int64_t kc, int64_t n, int w) {
+    const __mmask16 m = (__mmask16)(w >= 16 ? 0xffff : (1u << w) - 1);
+    for (float *p = panels; p < panels + n * kc; p += w * kc)
+        for (int64_t k = 0; 2 * k < kc; k++)
+            for (int c = 0; c < w; c += 16) {
+                __m512 lo = _mm512_maskz_loadu_ps(m, p + 2 * k * w + c);
+                __m512 hi = 2 * k + 1 < kc ? _mm512_maskz_loadu_ps(m, p + (2 * k + 1) * w + c) : _mm512_setzero_ps();
+                __m512i l = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(lo));
+                __m512i h = _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(hi)), 16);
+                _mm512_mask_storeu_epi32(p + k * w + c, m, _mm512_or_si512(l, h));
+            }
+}
+
+/* tile_avx512 on paired bf16 panels: each vdpbf16ps adds two depths' products (exact in f32) to
+ * an f32 accumulator, twice the multiply-adds of an FMA per instruction. */
+TARGET_AVX512_BF16 static void tile_avx512_bf16(int64_t kc, const float *ap, const float *bp, float *C, int64_t ldc,
+                                                int64_t mr, int64_t nr, int acc, const float *brow, const float *bcol) {
+    __m512 c0[8], c1[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) {
+        c0[r] = _mm512_setzero_ps();
+        c1[r] = _mm512_setzero_ps();
+    }
+    prefetch_tile(C, ldc, 8, 32);
+    for (int64_t k = 0; 2 * k < kc; k++) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_ps(bp), b1 = (__m512bh)_mm512_loadu_ps(bp + 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            __m512bh a = (__m512bh)_mm512_set1_ps(ap[r]);   /* one pair, its bits as they are */
+            c0[r] = _mm512_dpbf16_ps(c0[r], a, b0);
+            c1[r] = _mm512_dpbf16_ps(c1[r], a, b1);
+        }
+        ap += 8;
+        bp += 32;
+    }
+    tile_avx512_store(c0, c1, C, ldc, mr, nr, acc, brow, bcol);
+}
+
+const gemm_kernel gemm_kernel_avx512_bf16 = { 8, 32, 512, 128, 512, tile_avx512_bf16, segment_avx512,
+                                              axpy_avx512, dot_avx512, pair_panels };
 
 /* ----- AVX2 + FMA: 6 x 16 ----- */
 
@@ -221,5 +276,5 @@ TARGET_AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) {
 
 /* Blocks: an A block of 144 x 256 (144 KB) in L2 (Zen 2/3 have 512 KB), a B panel of 256 x 16
  * (16 KB) in L1. */
-const gemm_kernel gemm_kernel_avx2 = { 6, 16, 256, 144, 512, tile_avx2, im2col_segment, axpy_avx2, dot_avx2 };
+const gemm_kernel gemm_kernel_avx2 = { 6, 16, 256, 144, 512, tile_avx2, im2col_segment, axpy_avx2, dot_avx2, NULL };
 #endif

@@ -90,3 +90,19 @@ cpu_isa cpu_kernels_isa(void) {
     int a = atomic_load_explicit(&active, memory_order_relaxed);
     return a < 0 ? cpu_isa_best() : (cpu_isa)a;
 }
+
+bool cpu_isa_bf16(cpu_isa isa) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    static atomic_int has = -1;
+    int h = atomic_load(&has);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("avx512bf16") ? 1 : 0;
+        atomic_store(&has, h);
+    }
+    return isa == CPU_ISA_AVX512 && h;
+#else
+    (void)isa;
+    return false;
+#endif
+}

@@ -19,6 +19,7 @@
 #define CPU_X86 1
 #define TARGET_AVX2 __attribute__((target("avx2,fma,avx")))
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma,avx2,avx")))
+#define TARGET_AVX512_BF16 __attribute__((target("avx512bf16,avx512f,avx512dq,avx512vl,avx512bw,fma,avx2,avx")))
 #endif
 
 /* ----- per-thread scratch (cpu_kernels.c) ----- */
@@ -71,14 +72,18 @@ typedef struct {
     /* y[0..n) = y0[0..n) (or c0 everywhere when y0 is NULL) + a x[0..n); y0 may be y. */
     void (*axpy)(float *y, const float *y0, float c0, float a, const float *x, int64_t n);
     float (*dot)(const float *a, const float *b, int64_t n);
+    /* NULL for f32 tiles. For a tile of bf16 operands: packed panels of width w (kc x w each,
+     * covering n rows or columns) rounded to bf16 in place, depth paired (pair_panels in
+     * cpu_gemm_x86.c); the tile then reads pairs, and skinny products go through it too. */
+    void (*pairs)(float *panels, int64_t kc, int64_t n, int w);
 } gemm_kernel;
 
 #define GEMM_MR_MAX 8
 #define GEMM_NR_MAX 32
-#define GEMM_KC_MAX 256
+#define GEMM_KC_MAX 512
 
 #ifdef CPU_X86
-extern const gemm_kernel gemm_kernel_avx2, gemm_kernel_avx512;   /* cpu_gemm_x86.c */
+extern const gemm_kernel gemm_kernel_avx2, gemm_kernel_avx512, gemm_kernel_avx512_bf16;   /* cpu_gemm_x86.c */
 #endif
 
 #endif
