@@ -204,6 +204,9 @@ static const bcase CASES[] = {
     { "conv2d + bias (fused: a bias per row of the product)", CONV2D_BIAS, 3,
       { F("x", 2, 3, 9, 10), F("y", 20, 3, 3, 3), F("b", 20) }, 0, false, true },
     { "conv2d stride 2 pad 1, wide", CONV2D_BIG, 2, { F("x", 3, 5, 37, 41), F("y", 16, 5, 3, 3) }, 0, false, true },
+    /* a weight gradient summed over five images on two threads or more: each thread sums whole
+     * images (reduce_by_batch in cpu_gemm.c) */
+    { "conv2d, five images", CONV2D, 2, { F("x", 5, 8, 24, 24), F("y", 16, 8, 3, 3) }, 0, false, true },
     { "max_pool2d", MAXPOOL, 1, { F("x", 2, 3, 6, 4) }, 0, false, false },
     { "max_pool2d, rows of 8-window groups and a tail", MAXPOOL, 1, { F("x", 2, 3, 4, 38) }, 0, false, false },
     { "max_pool2d pad", MAXPOOL_PAD, 1, { F("x", 1, 2, 5, 7) }, 0, false, false },

@@ -378,6 +378,36 @@ static void gemm_part(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t 
     }
 }
 
+/* A batched product summed over its batch (MM_REDUCE: a weight gradient) on T threads: thread t
+ * sums its share of the batch, whole products, into a part of its own (thread 0 into C), and the
+ * parts are then added into C in thread order, so a thread count always gives the same result.
+ * Split by rows or columns instead, every thread would pack the whole of the other operand for
+ * every batch element (a convolution's im2col of each image). geo_b: B is an im2col view. */
+#define REDUCE_PART_MAX (1 << 20)   /* floats of C per part: the parts live in per-thread scratch */
+
+static void reduce_by_batch(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, int64_t K, int64_t batch,
+                            const float *A, const float *B, const int64_t *aoff, const int64_t *boff,
+                            const int64_t *geo_b, float *C, const float *brow, const float *bcol, int threads) {
+    float *part[64];
+    if (threads > 64) threads = 64;
+    #pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+        float *mine = t == 0 ? C : kernel_scratch((size_t)(M * N));
+        part[t] = mine;
+        for (int64_t b = batch * t / T; mine && b < batch * (t + 1) / T; b++) {
+            im2col_view v = geo_b ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
+            bool first = b == batch * t / T;
+            gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], geo_b ? &v : NULL, mine, !first,
+                      t == 0 ? brow : NULL, t == 0 ? bcol : NULL, 0, 1);
+        }
+        #pragma omp barrier
+        for (int64_t i = M * N * t / T; i < M * N * (t + 1) / T; i++)   /* C += the other parts, in order */
+            for (int u = 1; u < T; u++)
+                if (part[u]) C[i] += part[u][i];
+    }
+}
+
 enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS_COL = 16, MM_BF16 = 32 };
 
 /* a = {ta, tb, M, N, K, batch, flags, [im2col geometry of B: C H W kh kw stride pad], [col2im
@@ -429,6 +459,10 @@ void k_matmul(const int64_t *a, void *const *p) {
             gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL,
                       C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, 0, 1);
         }
+        return;
+    }
+    if ((flags & MM_REDUCE) && batch >= 2 * threads && M * N <= REDUCE_PART_MAX) {
+        reduce_by_batch(gk, ta, tb, M, N, K, batch, A, B, aoff, boff, view ? geo_b : NULL, C, brow, bcol, threads);
         return;
     }
     if (!(flags & MM_REDUCE) && batch >= threads) {
