@@ -254,8 +254,10 @@ TARGET_AVX2 static void pack_b(const gemm_kernel *gk, int tb, const float *B, in
  * register tile; the tile adds the bias on the first depth block and accumulates on the others. */
 TARGET_AVX2 static void gemm_packed(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
                                     int64_t lda, const float *B, int64_t ldb, const im2col_view *v, int64_t vj, float *C,
-                                    int64_t ldc, int acc, const float *brow, const float *bcol, float *work) {
+                                    int64_t ldc, int acc, const float *brow, const float *bcol, const float *apre,
+                                    float *work) {
     float *ap = work, *bp = work + gk->mc * gk->kc;
+    const int64_t Mp = (M + gk->mr - 1) / gk->mr * gk->mr;
     for (int64_t jc = 0; jc < N; jc += gk->nc) {
         int64_t nc = N - jc < gk->nc ? N - jc : gk->nc;
         for (int64_t pc = 0; pc < K; pc += gk->kc) {
@@ -265,17 +267,36 @@ TARGET_AVX2 static void gemm_packed(const gemm_kernel *gk, int ta, int tb, int64
             int acc_here = acc || pc > 0;
             for (int64_t ic = 0; ic < M; ic += gk->mc) {
                 int64_t mc = M - ic < gk->mc ? M - ic : gk->mc;
-                pack_a(gk, ta, A, lda, ic, mc, pc, kc, ap);
-                if (gk->pairs) gk->pairs(ap, kc, mc, gk->mr);
+                const float *a = apre ? apre + pc * Mp + ic * kc : ap;
+                if (!apre) {
+                    pack_a(gk, ta, A, lda, ic, mc, pc, kc, ap);
+                    if (gk->pairs) gk->pairs(ap, kc, mc, gk->mr);
+                }
                 for (int64_t jr = 0; jr < nc; jr += gk->nr) {
                     int64_t nr = nc - jr < gk->nr ? nc - jr : gk->nr;
                     for (int64_t ir = 0; ir < mc; ir += gk->mr) {
                         int64_t mr = mc - ir < gk->mr ? mc - ir : gk->mr;
-                        gk->tile(kc, ap + ir * kc, bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc, mr, nr, acc_here,
+                        gk->tile(kc, a + ir * kc, bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc, mr, nr, acc_here,
                                  brow && !acc_here ? brow + ic + ir : NULL, bcol && !acc_here ? bcol + jc + jr : NULL);
                     }
                 }
             }
+        }
+    }
+}
+
+/* op(A) [M, K] packed whole, as gemm_packed reads it: depth block pc, row block ic at dst + pc Mp +
+ * ic kc (Mp: M in whole panels). For an A every product of a batch shares (a convolution's
+ * weights), packed once rather than once per image. */
+TARGET_AVX2 static void pack_a_whole(const gemm_kernel *gk, int ta, int64_t M, int64_t K, const float *A, int64_t lda,
+                                     float *dst) {
+    const int64_t Mp = (M + gk->mr - 1) / gk->mr * gk->mr;
+    for (int64_t pc = 0; pc < K; pc += gk->kc) {
+        int64_t kc = K - pc < gk->kc ? K - pc : gk->kc;
+        for (int64_t ic = 0; ic < M; ic += gk->mc) {
+            int64_t mc = M - ic < gk->mc ? M - ic : gk->mc;
+            pack_a(gk, ta, A, lda, ic, mc, pc, kc, dst + pc * Mp + ic * kc);
+            if (gk->pairs) gk->pairs(dst + pc * Mp + ic * kc, kc, mc, gk->mr);
         }
     }
 }
@@ -319,7 +340,7 @@ static void gemm_skinny(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_
  * (bcol) is added. gk: the packed kernel, or NULL for OpenBLAS. */
 static void gemm(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                  const float *B, int64_t ldb, const im2col_view *v, int64_t vj, float *C, int64_t ldc, int acc,
-                 const float *brow, const float *bcol) {
+                 const float *brow, const float *bcol, const float *apre) {
     if (M <= 0 || N <= 0) return;
     float *w = gk ? kernel_pack((size_t)(gk->mc * gk->kc + gk->kc * gk->nc)) : NULL;
     if (w && !v && K > 0 && !gk->pairs && (M == 1 || N == 1 || K == 1)) {
@@ -334,7 +355,7 @@ static void gemm(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, in
     if (K <= 0) return;
 #ifdef CPU_X86
     if (w) {
-        gemm_packed(gk, ta, tb, M, N, K, A, lda, B, ldb, v, vj, C, ldc, acc, brow, bcol, w);
+        gemm_packed(gk, ta, tb, M, N, K, A, lda, B, ldb, v, vj, C, ldc, acc, brow, bcol, apre, w);
         return;
     }
 #endif
@@ -352,29 +373,31 @@ static void gemm(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, in
 
 void kernel_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
                  float *C, int64_t ldc, int acc) {
-    gemm(gemm_kernel_now(), ta, tb, M, N, K, A, lda, B, ldb, NULL, 0, C, ldc, acc, NULL, NULL);
+    gemm(gemm_kernel_now(), ta, tb, M, N, K, A, lda, B, ldb, NULL, 0, C, ldc, acc, NULL, NULL, NULL);
 }
 
 /* Part t of T of one product: a block of rows or of columns (in whole register tiles). Each part
  * packs the whole of the other operand (B for a block of rows, A for a block of columns), so the
- * larger side is split and the packing repeated in every part is the smaller one. */
+ * larger side is split and the packing repeated in every part is the smaller one. apre: A packed
+ * whole already (pack_a_whole), or NULL. */
 static void gemm_part(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
-                      const im2col_view *v, float *C, int acc, const float *brow, const float *bcol, int t, int T) {
+                      const im2col_view *v, float *C, int acc, const float *brow, const float *bcol, const float *apre,
+                      int t, int T) {
     int64_t lda = ta ? M : K, ldb = tb ? K : N, mr = gk ? gk->mr : 8, nr = gk ? gk->nr : 32;
     if (T == 1) {
-        gemm(gk, ta, tb, M, N, K, A, lda, B, ldb, v, 0, C, N, acc, brow, bcol);
+        gemm(gk, ta, tb, M, N, K, A, lda, B, ldb, v, 0, C, N, acc, brow, bcol, apre);
     } else if (M >= 2 * mr * T ? M >= N || N < 2 * nr * T : M >= N) {
         int64_t tiles = (M + mr - 1) / mr, r0 = tiles * t / T * mr, r1 = tiles * (t + 1) / T * mr;
         if (r1 > M) r1 = M;
         if (r1 > r0)
             gemm(gk, ta, tb, r1 - r0, N, K, A + (ta ? r0 : r0 * lda), lda, B, ldb, v, 0, C + r0 * N, N, acc,
-                 brow ? brow + r0 : NULL, bcol);
+                 brow ? brow + r0 : NULL, bcol, NULL);
     } else {
         int64_t tiles = (N + nr - 1) / nr, c0 = tiles * t / T * nr, c1 = tiles * (t + 1) / T * nr;
         if (c1 > N) c1 = N;
         if (c1 > c0)
             gemm(gk, ta, tb, M, c1 - c0, K, A, lda, v ? B : B + (tb ? c0 * ldb : c0), ldb, v, c0, C + c0, N, acc, brow,
-                 bcol ? bcol + c0 : NULL);
+                 bcol ? bcol + c0 : NULL, apre);
     }
 }
 
@@ -399,13 +422,34 @@ static void reduce_by_batch(const gemm_kernel *gk, int ta, int tb, int64_t M, in
             im2col_view v = geo_b ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
             bool first = b == batch * t / T;
             gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], geo_b ? &v : NULL, mine, !first,
-                      t == 0 ? brow : NULL, t == 0 ? bcol : NULL, 0, 1);
+                      t == 0 ? brow : NULL, t == 0 ? bcol : NULL, NULL, 0, 1);
         }
         #pragma omp barrier
         for (int64_t i = M * N * t / T; i < M * N * (t + 1) / T; i++)   /* C += the other parts, in order */
             for (int u = 1; u < T; u++)
                 if (part[u]) C[i] += part[u][i];
     }
+}
+
+/* The A of every product of a batch, packed once by the calling thread for all threads to read,
+ * when the batch shares it (a convolution's weights, for its forward and input gradient); else
+ * NULL, and each product packs its own. */
+#define SHARED_A_MAX (1 << 20)   /* floats */
+
+static const float *shared_a(const gemm_kernel *gk, int ta, int64_t M, int64_t K, const float *A, const int64_t *aoff,
+                             int64_t batch) {
+#ifdef CPU_X86
+    const int64_t Mp = gk ? (M + gk->mr - 1) / gk->mr * gk->mr : 0;
+    if (!gk || batch < 2 || Mp * K > SHARED_A_MAX || M == 1 || K == 1) return NULL;
+    for (int64_t b = 1; b < batch; b++)
+        if (aoff[b] != aoff[0]) return NULL;
+    float *dst = kernel_panels((size_t)(Mp * K));
+    if (dst) pack_a_whole(gk, ta, M, K, A + aoff[0], ta ? M : K, dst);
+    return dst;
+#else
+    (void)gk, (void)ta, (void)M, (void)K, (void)A, (void)aoff, (void)batch;
+    return NULL;
+#endif
 }
 
 enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS_COL = 16, MM_BF16 = 32 };
@@ -438,6 +482,7 @@ void k_matmul(const int64_t *a, void *const *p) {
     /* Threads only for enough work: an OpenMP region, even one that runs on one thread, costs
      * microseconds (libgomp builds a team), as much as a small product. */
     int threads = M * N * K * batch >= PARALLEL_MACS ? omp_get_max_threads() : 1;
+    const float *apre = (flags & MM_REDUCE) ? NULL : shared_a(gk, ta, M, K, A, aoff, batch);
     if (flags & MM_COL2IM_C) {   /* per image: the product into a scratch cols matrix, then col2im */
         im2col_view g = im2col_of(NULL, geo_c);
         #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -447,7 +492,7 @@ void k_matmul(const int64_t *a, void *const *p) {
             for (int64_t b = 0; b < batch; b++) {
                 if (!cols) continue;
                 im2col_view v = view ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
-                gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, cols, 0, NULL, NULL, 0, 1);
+                gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, cols, 0, NULL, NULL, apre, 0, 1);
                 col2im_image(cols, C + b * g.C * g.H * g.W, g.C, g.H, g.W, g.kh, g.kw, g.s, g.pad);
             }
         }
@@ -457,7 +502,7 @@ void k_matmul(const int64_t *a, void *const *p) {
         for (int64_t b = 0; b < batch; b++) {
             im2col_view v = view ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
             gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL,
-                      C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, 0, 1);
+                      C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, apre, 0, 1);
         }
         return;
     }
@@ -469,7 +514,7 @@ void k_matmul(const int64_t *a, void *const *p) {
         #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t b = 0; b < batch; b++) {
             im2col_view v = view ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
-            gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, C + b * M * N, 0, brow, bcol, 0, 1);
+            gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, C + b * M * N, 0, brow, bcol, apre, 0, 1);
         }
         return;
     }
@@ -479,7 +524,7 @@ void k_matmul(const int64_t *a, void *const *p) {
         for (int64_t b = 0; b < batch; b++) {
             im2col_view v = view ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
             gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL,
-                      C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, t, T);
+                      C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, apre, t, T);
         }
     }
 }

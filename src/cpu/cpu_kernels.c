@@ -18,8 +18,8 @@
 /* Per-thread scratch memory, kept for the thread's life (freed when it exits): a product's
  * packing buffers, a convolution's per-image cols. */
 typedef struct {
-    float *pack, *scratch;
-    size_t pack_len, scratch_len;
+    float *pack, *scratch, *panels;
+    size_t pack_len, scratch_len, panels_len;
 } thread_buffers;
 
 static pthread_key_t buffers_key;
@@ -29,6 +29,7 @@ static void buffers_free(void *p) {
     thread_buffers *b = p;
     free(b->pack);
     free(b->scratch);
+    free(b->panels);
     free(b);
 }
 
@@ -69,6 +70,11 @@ float *kernel_scratch(size_t n) {
 float *kernel_pack(size_t n) {
     thread_buffers *b = buffers();
     return b ? grow(&b->pack, &b->pack_len, n) : NULL;
+}
+
+float *kernel_panels(size_t n) {
+    thread_buffers *b = buffers();
+    return b ? grow(&b->panels, &b->panels_len, n) : NULL;
 }
 
 /* The run's vector path for the row kernels. */

@@ -30,6 +30,8 @@ float *kernel_scratch(size_t n);
 /* The same for a product's packing buffers (a second buffer: a convolution's backward holds its
  * cols in scratch while the product packs); NULL is not recorded (the caller has a fallback). */
 float *kernel_pack(size_t n);
+/* A third: an operand packed once for every thread of a product to read (NULL: not recorded). */
+float *kernel_panels(size_t n);
 /* Record that a kernel left its output wrong for want of memory (see TGK_FAILED). */
 void kernel_failed(void);
 
