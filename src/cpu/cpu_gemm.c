@@ -250,6 +250,9 @@ TARGET_AVX2 static void pack_b(const gemm_kernel *gk, int tb, const float *B, in
     else pack_b_nr(gk, tb, B, ldb, v, p0, kc, j0, nc, bp, 16);
 }
 
+/* M rows in whole MR-row panels: the rows a packed A holds. */
+static inline int64_t whole_panels(const gemm_kernel *gk, int64_t M) { return (M + gk->mr - 1) / gk->mr * gk->mr; }
+
 /* The packed product: for each block of B (kc x nc, packed once) and of A (mc x kc), every
  * register tile; the tile adds the bias on the first depth block and accumulates on the others. */
 TARGET_AVX2 static void gemm_packed(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
@@ -257,7 +260,7 @@ TARGET_AVX2 static void gemm_packed(const gemm_kernel *gk, int ta, int tb, int64
                                     int64_t ldc, int acc, const float *brow, const float *bcol, const float *apre,
                                     float *work) {
     float *ap = work, *bp = work + gk->mc * gk->kc;
-    const int64_t Mp = (M + gk->mr - 1) / gk->mr * gk->mr;
+    const int64_t Mp = whole_panels(gk, M);
     for (int64_t jc = 0; jc < N; jc += gk->nc) {
         int64_t nc = N - jc < gk->nc ? N - jc : gk->nc;
         for (int64_t pc = 0; pc < K; pc += gk->kc) {
@@ -290,7 +293,7 @@ TARGET_AVX2 static void gemm_packed(const gemm_kernel *gk, int ta, int tb, int64
  * weights), packed once rather than once per image. */
 TARGET_AVX2 static void pack_a_whole(const gemm_kernel *gk, int ta, int64_t M, int64_t K, const float *A, int64_t lda,
                                      float *dst) {
-    const int64_t Mp = (M + gk->mr - 1) / gk->mr * gk->mr;
+    const int64_t Mp = whole_panels(gk, M);
     for (int64_t pc = 0; pc < K; pc += gk->kc) {
         int64_t kc = K - pc < gk->kc ? K - pc : gk->kc;
         for (int64_t ic = 0; ic < M; ic += gk->mc) {
@@ -439,7 +442,7 @@ static void reduce_by_batch(const gemm_kernel *gk, int ta, int tb, int64_t M, in
 static const float *shared_a(const gemm_kernel *gk, int ta, int64_t M, int64_t K, const float *A, const int64_t *aoff,
                              int64_t batch) {
 #ifdef CPU_X86
-    const int64_t Mp = gk ? (M + gk->mr - 1) / gk->mr * gk->mr : 0;
+    const int64_t Mp = gk ? whole_panels(gk, M) : 0;
     if (!gk || batch < 2 || Mp * K > SHARED_A_MAX || M == 1 || K == 1) return NULL;
     for (int64_t b = 1; b < batch; b++)
         if (aoff[b] != aoff[0]) return NULL;
