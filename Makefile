@@ -2,7 +2,8 @@
 # `make sanitize` runs it under AddressSanitizer + UndefinedBehaviorSanitizer, `make tsan` the
 # concurrency tests under ThreadSanitizer, `make fuzz` the fuzz harnesses in a short mode,
 # `make valgrind` memcheck on the demo, `make install-test` an install into a temporary prefix
-# with programs built against it; `make check` all of them.
+# with programs built against it; `make check` all of them. `make cross-aarch64`: a compile-only
+# check of the portable path for aarch64 (needs gcc-aarch64-linux-gnu; not part of check).
 # `make install` / `make uninstall` honour PREFIX (/usr/local), LIBDIR, INCLUDEDIR and DESTDIR.
 CC      ?= cc
 BUILD   ?= build
@@ -96,6 +97,20 @@ VALGRIND := valgrind --leak-check=full --errors-for-leak-kinds=definite,possible
 valgrind: $(BUILD)/examples/digits
 	TG_CFLAGS=-O2 OMP_WAIT_POLICY=passive $(VALGRIND) $(BUILD)/examples/digits --epochs 1
 
+# Compile-only check of the portable path for aarch64 (Debian's gcc-aarch64-linux-gnu; OpenBLAS's
+# cblas.h from the host, its interface being the same): every library source with the warnings
+# as errors, then the code the CPU backend generates for the bench workloads on the portable path.
+CROSS_CC  ?= aarch64-linux-gnu-gcc
+CROSS_DIR := $(BUILD)/cross-aarch64
+cross-aarch64: $(BUILD)/bench/bench $(GEN_INC)
+	rm -rf $(CROSS_DIR) && mkdir -p $(CROSS_DIR)
+	for f in $(SRC); do $(CROSS_CC) $(CFLAGS) -Isrc -I/usr/include/$$(gcc -dumpmachine)/openblas-pthread \
+	    -c $$f -o $(CROSS_DIR)/$$(echo $$f | tr / _).o || exit 1; done
+	TG_CPU_ISA=portable $(BUILD)/bench/bench --steps-scale 0.05 --kernels $(CROSS_DIR) sin_mlp mnist_mlp cifar_cnn char_gpt_small > /dev/null
+	for w in sin_mlp mnist_mlp cifar_cnn char_gpt_small; do \
+	    $(CROSS_CC) -x c -O3 -fopenmp -fPIC -fno-strict-aliasing -fno-math-errno -fwrapv -c $(CROSS_DIR)/$$w.cpu.txt -o $(CROSS_DIR)/$$w.o || exit 1; done
+	@echo "cross-aarch64: $(words $(SRC)) library sources and 4 generated kernel files compile for aarch64"
+
 SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 sanitize:
 	$(MAKE) BUILD=build-san OPT=-O1 SAN="$(SANFLAGS)" test
@@ -175,5 +190,5 @@ demo: $(BUILD)/examples/digits
 clean:
 	rm -rf build build-san build-tsan build-fuzz
 
-.PHONY: all test check sanitize tsan fuzz fuzz-short fuzz-clang valgrind install uninstall install-test demo clean
+.PHONY: all test check sanitize tsan fuzz fuzz-short fuzz-clang valgrind install uninstall install-test demo clean cross-aarch64
 .SECONDARY:
