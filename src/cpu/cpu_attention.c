@@ -126,10 +126,11 @@ void cpu_attention(const int64_t *a, void *const *p) {
         const int64_t b = bb / blocks, r0 = bb % blocks * RB, r1 = r0 + RB < A.T ? r0 + RB : A.T;
         float *s = kernel_scratch((size_t)(RB * A.S + (A.bf16 ? (A.T + A.S) * A.D + A.S * A.E : 0)));
         if (!s) continue;   /* recorded: the step fails */
-        float *copies = s + RB * A.S;   /* (the head's q, k, v for each block: 1/RB of its products) */
-        forward_block(&A, exp_sub, operand(&A, q + b * A.T * A.D, A.T * A.D, &copies), operand(&A, k + b * A.S * A.D, A.S * A.D, &copies),
-                      operand(&A, v + b * A.S * A.E, A.S * A.E, &copies), out ? out + b * A.T * A.E : NULL,
-                      lse ? lse + b * A.T : NULL, r0, r1, s);
+        float *copies = s + RB * A.S;   /* (the head's q, k, v rounded for each block: a few % of its work) */
+        const float *qh = operand(&A, q + b * A.T * A.D, A.T * A.D, &copies);
+        const float *kh = operand(&A, k + b * A.S * A.D, A.S * A.D, &copies);
+        const float *vh = operand(&A, v + b * A.S * A.E, A.S * A.E, &copies);
+        forward_block(&A, exp_sub, qh, kh, vh, out ? out + b * A.T * A.E : NULL, lse ? lse + b * A.T : NULL, r0, r1, s);
     }
 }
 
