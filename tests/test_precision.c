@@ -5,10 +5,11 @@
  *    operands rounded the same way (so the emulation is exact, not merely close), and nothing
  *    else rounded (an elementwise op at bf16 is the f32 result);
  *  - the settings through the API: what each backend runs (tg_train_precision: the cpu backend
- *    runs bf16 where the CPU has AVX512-BF16, else f32, and says which), forwards inheriting the training handle's setting, an unknown value
- *    refused, checkpoints moving between precisions;
+ *    runs bf16 where the CPU has AVX512-BF16, else f32, and says which), forwards inheriting the
+ *    training handle's setting, an unknown value refused, checkpoints moving between precisions;
  *  - training quality, short form: the digits MLP trained in bf16 ends within a few percent of
- *    f32 (on the reference, and on the cpu backend where it runs bf16); at length where a GPU is (tests/run_gpu.sh): the digits CNN and chargpt.
+ *    f32 (on the reference, and on the cpu backend where it runs bf16); at length: the digits CNN
+ *    (on that cpu, and where a GPU is, tests/run_gpu.sh) and chargpt (GPU).
  * test_backend compares CUDA with the reference at each precision. */
 #include "internal.h"
 #include "cpu/cpu.h"
