@@ -104,7 +104,7 @@ CROSS_CC  ?= aarch64-linux-gnu-gcc
 CROSS_DIR := $(BUILD)/cross-aarch64
 cross-aarch64: $(BUILD)/bench/bench $(GEN_INC)
 	rm -rf $(CROSS_DIR) && mkdir -p $(CROSS_DIR)
-	for f in $(SRC); do $(CROSS_CC) $(CFLAGS) -Isrc -I/usr/include/$$(gcc -dumpmachine)/openblas-pthread \
+	for f in $(SRC); do $(CROSS_CC) $(CFLAGS) -Isrc -I/usr/include/$$($(CC) -dumpmachine)/openblas-pthread \
 	    -c $$f -o $(CROSS_DIR)/$$(echo $$f | tr / _).o || exit 1; done
 	TG_CPU_ISA=portable $(BUILD)/bench/bench --steps-scale 0.05 --kernels $(CROSS_DIR) sin_mlp mnist_mlp cifar_cnn char_gpt_small > /dev/null
 	for w in sin_mlp mnist_mlp cifar_cnn char_gpt_small; do \

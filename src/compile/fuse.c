@@ -7,8 +7,8 @@
  * arithmetic, and gathers (embedding, one_hot, take_along_axis, im2col) read through computed
  * indices. A reduction (sum) reads its inlined producer directly. On a GPU a small matrix
  * product or sum is computed where it is read too (a few terms per element), and softmax
- * computes its source (a classifier's bias add). Everything else (larger products, softmax, scatters, pooling) reads materialized
- * sources from memory. */
+ * computes its source (a classifier's bias add). Everything else (larger products, softmax on
+ * a CPU, scatters, pooling) reads materialized sources from memory. */
 #include "compile/compile.h"
 
 #include <stdlib.h>

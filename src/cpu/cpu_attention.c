@@ -95,12 +95,12 @@ static exp_sub_fn exp_sub_for(cpu_isa isa) {
 
 /* ----- forward ----- */
 
-/* Rows [r0, r1) of one head: s [RB, S] scratch. Row r's probabilities over its kept columns,
- * zeros past them (so the block's p v product needs no mask). */
-static void forward_block(const attn *A, exp_sub_fn exp_sub, const float *q, const float *k, const float *v, float *out,
+/* Rows [r0, r1) of one head (qb: its query row r0): s [RB, S] scratch. Row r's probabilities
+ * over its kept columns, zeros past them (so the block's p v product needs no mask). */
+static void forward_block(const attn *A, exp_sub_fn exp_sub, const float *qb, const float *k, const float *v, float *out,
                           float *lse, int64_t r0, int64_t r1, float *s) {
     const int64_t rows = r1 - r0, cols = kept(A, r1 - 1);   /* the block's widest row */
-    kernel_gemm(0, 1, rows, cols, A->D, q + r0 * A->D, A->D, k, A->D, s, A->S, 0);
+    kernel_gemm(0, 1, rows, cols, A->D, qb, A->D, k, A->D, s, A->S, 0);
     for (int64_t i = 0; i < rows; i++) {
         float *si = s + i * A->S, mx = -INFINITY;
         const int64_t n = kept(A, r0 + i);
@@ -124,13 +124,13 @@ void cpu_attention(const int64_t *a, void *const *p) {
     #pragma omp parallel for schedule(dynamic) if (work >= PARALLEL_MACS)
     for (int64_t bb = 0; bb < A.batch * blocks; bb++) {
         const int64_t b = bb / blocks, r0 = bb % blocks * RB, r1 = r0 + RB < A.T ? r0 + RB : A.T;
-        float *s = kernel_scratch((size_t)(RB * A.S + (A.bf16 ? (A.T + A.S) * A.D + A.S * A.E : 0)));
+        float *s = kernel_scratch((size_t)(RB * A.S + (A.bf16 ? RB * A.D + A.S * (A.D + A.E) : 0)));
         if (!s) continue;   /* recorded: the step fails */
-        float *copies = s + RB * A.S;   /* (the head's q, k, v rounded for each block: a few % of its work) */
-        const float *qh = operand(&A, q + b * A.T * A.D, A.T * A.D, &copies);
+        float *copies = s + RB * A.S;   /* the block's q rows; the head's k and v (1/RB of the block's work) */
+        const float *qb = operand(&A, q + (b * A.T + r0) * A.D, (r1 - r0) * A.D, &copies);
         const float *kh = operand(&A, k + b * A.S * A.D, A.S * A.D, &copies);
         const float *vh = operand(&A, v + b * A.S * A.E, A.S * A.E, &copies);
-        forward_block(&A, exp_sub, qh, kh, vh, out ? out + b * A.T * A.E : NULL, lse ? lse + b * A.T : NULL, r0, r1, s);
+        forward_block(&A, exp_sub, qb, kh, vh, out ? out + b * A.T * A.E : NULL, lse ? lse + b * A.T : NULL, r0, r1, s);
     }
 }
 
