@@ -694,10 +694,15 @@ int main(void) {
         if (b) printf("test_backend: cuda against the reference, worst rel err: f32 %.3g, tf32 %.3g, bf16 %.3g\n",
                       worst_seen[TG_PRECISION_F32], worst_seen[TG_PRECISION_TF32], worst_seen[TG_PRECISION_BF16]);
         /* The cases' products are small: the CUDA schedule computes them inside the kernels that
-         * read them. Through cuBLAS too, as larger ones go. */
+         * read them. Through cuBLAS too, as larger ones go: in f32 through cublasGemmEx (where
+         * cuBLASLt has no algorithm for a product), in bf16 through cuBLASLt as the others. */
         setenv("TG_CUDA_SMALL_REDUCTIONS", "0", 1);
-        for (tg_precision p = TG_PRECISION_F32; b && p <= TG_PRECISION_BF16; p += TG_PRECISION_BF16 - TG_PRECISION_F32)
-            for (int i = 0; i < N_CASES; i++) compare_case("cuda", p, &CASES[i], p == TG_PRECISION_F32 ? "cuda, cuBLAS" : "cuda bf16, cuBLAS");
+        for (tg_precision p = TG_PRECISION_F32; b && p <= TG_PRECISION_BF16; p += TG_PRECISION_BF16 - TG_PRECISION_F32) {
+            setenv("TG_CUDA_LT", p == TG_PRECISION_F32 ? "0" : "1", 1);
+            for (int i = 0; i < N_CASES; i++)
+                compare_case("cuda", p, &CASES[i], p == TG_PRECISION_F32 ? "cuda, cublasGemmEx" : "cuda bf16, cuBLASLt");
+        }
+        unsetenv("TG_CUDA_LT");
         unsetenv("TG_CUDA_SMALL_REDUCTIONS");
         train_compare(backends[b], "mlp+gelu+dropout, adamw, clipping", mlp_loss,
                       (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, 0);

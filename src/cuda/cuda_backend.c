@@ -22,10 +22,13 @@
  * times each launch alone in a graph of copies of it instead (closer to the step graph's timing
  * for small kernels; the values it computes are wrong). TG_CUDA_SMALL_REDUCTIONS=0 sends every
  * product to cuBLAS and every sum to a kernel of its own (small ones are otherwise computed
- * inside the kernels that read them), so that the tests reach both ways.
+ * inside the kernels that read them), so that the tests reach both ways. Products go through
+ * cuBLASLt with an algorithm chosen per shape by timing (cuda_products.c; TG_CUDA_TUNE), or
+ * through cublasGemmEx where cuBLASLt has none, or everywhere with TG_CUDA_LT=0.
  * "cuda-nvrtc" is a compile-only variant for tests on machines without a GPU: it generates and
  * NVRTC-compiles every kernel for sm_90 and runs nothing. */
 #include "cuda/cuda.h"
+#include "cuda/cuda_api.h"
 #include "runtime/backend.h"
 #include "io/cache.h"
 
@@ -38,63 +41,10 @@
 #include <unistd.h>
 #include <time.h>
 
-/* ----- the pieces of the CUDA APIs used, declared here so no CUDA header is needed ----- */
+cuda_driver_api tg_cuda_driver;   /* filled by load_driver (cuda_api.h) */
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphExec, *CUevent;
 typedef void *nvrtcProgram;
 typedef void *cublasHandle_t;
-
-#define CU_ATTR_CC_MAJOR 75
-#define CU_ATTR_CC_MINOR 76
-#define CU_CAPTURE_THREAD_LOCAL 1
-#define CU_FUNC_MAX_DYNAMIC_SHARED 8
-#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
-#define CUDA_ERROR_NOT_FOUND 500
-
-static struct {
-    CUresult (*Init)(unsigned);
-    CUresult (*DeviceGetCount)(int *);
-    CUresult (*DeviceGet)(CUdevice *, int);
-    CUresult (*DeviceGetAttribute)(int *, int, CUdevice);
-    CUresult (*DeviceGetName)(char *, int, CUdevice);
-    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-    CUresult (*CtxSetCurrent)(CUcontext);
-    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-    CUresult (*MemFree)(CUdeviceptr);
-    CUresult (*MemAllocHost)(void **, size_t);
-    CUresult (*MemFreeHost)(void *);
-    CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
-    CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
-    CUresult (*MemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
-    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
-    CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
-    CUresult (*MemsetD32)(CUdeviceptr, unsigned, size_t);
-    CUresult (*MemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
-    CUresult (*ModuleLoadData)(CUmodule *, const void *);
-    CUresult (*ModuleUnload)(CUmodule);
-    CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
-    CUresult (*FuncSetAttribute)(CUfunction, int, int);
-    CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
-                             void **, void **);
-    CUresult (*StreamCreate)(CUstream *, unsigned);
-    CUresult (*StreamSynchronize)(CUstream);
-    CUresult (*StreamBeginCapture)(CUstream, int);
-    CUresult (*StreamEndCapture)(CUstream, CUgraph *);
-    CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
-    CUresult (*GraphLaunch)(CUgraphExec, CUstream);
-    CUresult (*GraphExecDestroy)(CUgraphExec);
-    CUresult (*GraphDestroy)(CUgraph);
-    CUresult (*GetErrorString)(CUresult, const char **);
-    CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
-    CUresult (*EventCreate)(CUevent *, unsigned);
-    CUresult (*EventRecord)(CUevent, CUstream);
-    CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
-    CUresult (*EventDestroy)(CUevent);
-    CUresult (*EventSynchronize)(CUevent);
-} cu;
 
 static struct {
     int (*CreateProgram)(nvrtcProgram *, const char *, const char *, int, const char *const *, const char *const *);
@@ -174,6 +124,7 @@ typedef struct {
     CUcontext ctx;
     CUstream stream;
     cublasHandle_t blas;
+    lt_device lt;           /* cuBLASLt, sharing cuBLAS's workspace (one stream: never at once) */
     char arch[16];          /* "sm_90" */
     char name[128];
 } cuda_device;
@@ -242,6 +193,7 @@ static bool setup_device(int d, cuda_device *v) {
         snprintf(v->why, sizeof v->why, "cuBLAS setup failed on device %d", d);
         return false;
     }
+    v->lt = (lt_device){ d, v->name, lt_handle_new(), v->stream, ws, 32u << 20 };
     return true;
 }
 
@@ -521,6 +473,10 @@ typedef struct {
     CUdeviceptr slot[2];
     int slot_holds[2];       /* the node each slot holds in this enqueue, or -1 */
     int conversions;         /* rounding launches per step */
+    /* Per launch, a product's cuBLASLt descriptors and algorithm (desc NULL: through cublasGemmEx),
+     * chosen before the first capture (products_ready). */
+    lt_product *lt;
+    bool lt_ready;
 } cuda_exec;
 
 #define N_HYPER_SLOTS 8   /* at least: the optimizer's; patch sites may add more */
@@ -591,6 +547,8 @@ static void cuda_release(void *h) {
         if (e->slot[k]) cu.MemFree(e->slot[k]);
     if (e->hyper_host) cu.MemFreeHost(e->hyper_host);
     if (e->loss_host) cu.MemFreeHost(e->loss_host);
+    for (int i = 0; e->lt && i < e->launches.n; i++) lt_product_free(&e->lt[i]);
+    free(e->lt);
     cuda_plan_free(&e->launches);
     plan_free(&e->plan);
     free(e->fn);
@@ -764,38 +722,104 @@ fail:
     return false;
 }
 
-/* One cuBLAS product (possibly batched), row-major C = op(A) op(B) through the column-major
- * identity C^T = op(B)^T op(A)^T, in the graph's precision: f32, TF32 tensor cores, or bf16
- * operands; sums and C are f32 in every case. */
-static bool gemm(cuda_exec *e, const cuda_launch *l, tg_error *err) {
-    const float one = 1, zero = 0;
-    const void *A = (const void *)node_ptr(e, l->a), *B = (const void *)node_ptr(e, l->b);
-    float *C = (float *)node_ptr(e, l->node);
-    tg_precision p = e->g->precision;
-    int type = CUDA_R_32F, compute = p == TG_PRECISION_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    size_t es = 4;   /* operand element bytes */
-    if (p != TG_PRECISION_F32 && !rounded_operands(e, l, &A, &B, err)) return false;
-    if (p == TG_PRECISION_BF16) {
-        type = CUDA_R_16BF;
-        es = 2;
-    }
-    const char *a = A, *b = B;
-    int m = (int)l->M, n = (int)l->N, k = (int)l->K, lda = l->ta ? m : k, ldb = l->tb ? k : n;
-    bool strided = true;   /* offsets in arithmetic progression: one strided-batched call */
+/* A product's operands, in the graph's precision (f32, or rounded copies: rounded_operands), and
+ * its output; es: the operands' element bytes. */
+static bool product_buffers(cuda_exec *e, const cuda_launch *l, const char **A, const char **B, float **C, size_t *es,
+                            tg_error *err) {
+    const void *a = (const void *)node_ptr(e, l->a), *b = (const void *)node_ptr(e, l->b);
+    if (e->g->precision != TG_PRECISION_F32 && !rounded_operands(e, l, &a, &b, err)) return false;
+    *A = a;
+    *B = b;
+    *C = (float *)node_ptr(e, l->node);
+    *es = e->g->precision == TG_PRECISION_BF16 ? 2 : 4;
+    return true;
+}
+
+/* Are a batch's operand offsets in arithmetic progression (one strided-batched call)? */
+static bool strided_batch(const cuda_launch *l) {
+    bool strided = l->batch > 1;
     for (int64_t i = 2; i < l->batch && strided; i++)
         strided = l->aoff[i] - l->aoff[i - 1] == l->aoff[1] - l->aoff[0] && l->boff[i] - l->boff[i - 1] == l->boff[1] - l->boff[0];
+    return strided;
+}
+
+/* The largest power of two up to 256 that divides every address or-ed into `bits`. */
+static uint32_t alignment(uintptr_t bits) {
+    uintptr_t low = bits & (~bits + 1);
+    return low == 0 || low > 256 ? 256 : (uint32_t)low;
+}
+
+/* What cuBLASLt is asked for: one strided call, or the batch's products one by one. */
+static lt_shape product_shape(const cuda_exec *e, const cuda_launch *l, const char *A, const char *B, const float *C, size_t es) {
+    bool strided = strided_batch(l);
+    lt_shape s = { .M = l->M, .N = l->N, .K = l->K, .batch = strided ? l->batch : 1,
+                   .a_stride = strided ? l->aoff[1] - l->aoff[0] : 0, .b_stride = strided ? l->boff[1] - l->boff[0] : 0,
+                   .ta = l->ta, .tb = l->tb, .bf16 = e->g->precision == TG_PRECISION_BF16,
+                   .tf32 = e->g->precision == TG_PRECISION_TF32 };
+    uintptr_t bits[3] = { 0, 0, 0 };
+    for (int64_t i = 0; i < l->batch; i++) {
+        bits[0] |= (uintptr_t)(A + l->aoff[i] * es);
+        bits[1] |= (uintptr_t)(B + l->boff[i] * es);
+        bits[2] |= (uintptr_t)(C + i * l->M * l->N);
+    }
+    for (int k = 0; k < 3; k++) s.align[k] = alignment(bits[k]);
+    return s;
+}
+
+/* Each product's cuBLASLt algorithm, chosen on the step's own buffers before the first capture
+ * (timing cannot run inside one); TG_CUDA_LT=0 keeps every product on cublasGemmEx. */
+static bool products_ready(cuda_exec *e, tg_error *err) {
+    const char *use = getenv("TG_CUDA_LT");
+    if (e->lt_ready || (use && use[0] == '0')) return true;
+    e->lt = tg_alloc(sizeof(lt_product) * (size_t)(e->launches.n + 1));
+    if (!e->lt) { tg_seterr(err, "out of memory choosing the matrix products' algorithms"); return false; }
+    e->slot_holds[0] = e->slot_holds[1] = -1;
+    for (int i = 0; i < e->launches.n; i++) {
+        const cuda_launch *l = &e->launches.launch[i];
+        const char *A, *B;
+        float *C;
+        size_t es;
+        if (l->kind != CL_GEMM) continue;
+        if (!product_buffers(e, l, &A, &B, &C, &es, err)) return false;
+        lt_shape s = product_shape(e, l, A, B, C, es);
+        lt_product_init(&e->lt[i], &e->dev->lt, &s, A + l->aoff[0] * es, B + l->boff[0] * es, C);   /* else cublasGemmEx */
+    }
+    e->lt_ready = true;
+    return true;
+}
+
+/* One product (possibly batched), row-major C = op(A) op(B), in the graph's precision: f32, TF32
+ * tensor cores, or bf16 operands; sums and C are f32 in every case. Through cuBLASLt with the
+ * algorithm products_ready chose, else cublasGemmEx, by the column-major identity
+ * C^T = op(B)^T op(A)^T. */
+static bool gemm(cuda_exec *e, int i, tg_error *err) {
+    const cuda_launch *l = &e->launches.launch[i];
+    const float one = 1, zero = 0;
+    const char *a, *b;
+    float *C;
+    size_t es;
+    if (!product_buffers(e, l, &a, &b, &C, &es, err)) return false;
+    const lt_product *p = e->lt && e->lt[i].desc ? &e->lt[i] : NULL;
+    tg_precision prec = e->g->precision;
+    int type = prec == TG_PRECISION_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    int compute = prec == TG_PRECISION_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    int m = (int)l->M, n = (int)l->N, k = (int)l->K, lda = l->ta ? m : k, ldb = l->tb ? k : n;
     int rc = 0;
-    if (l->batch > 1 && strided) {
+    if (strided_batch(l) && p) {
+        rc = lt_run(p, &e->dev->lt, a + l->aoff[0] * es, b + l->boff[0] * es, C);
+    } else if (strided_batch(l)) {
         rc = cublas.GemmStridedBatchedEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[0] * es, type, ldb,
                                          l->boff[1] - l->boff[0], a + l->aoff[0] * es, type, lda, l->aoff[1] - l->aoff[0],
                                          &zero, C, CUDA_R_32F, n, (long long)m * n, (int)l->batch, compute,
                                          CUBLAS_GEMM_DEFAULT);
     } else {
-        for (int64_t i = 0; i < l->batch && rc == 0; i++)
-            rc = cublas.GemmEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[i] * es, type, ldb, a + l->aoff[i] * es,
-                               type, lda, &zero, C + i * m * n, CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT);
+        for (int64_t j = 0; j < l->batch && rc == 0; j++)
+            rc = p ? lt_run(p, &e->dev->lt, a + l->aoff[j] * es, b + l->boff[j] * es, C + j * m * n)
+                   : cublas.GemmEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[j] * es, type, ldb,
+                                   a + l->aoff[j] * es, type, lda, &zero, C + j * m * n, CUDA_R_32F, n, compute,
+                                   CUBLAS_GEMM_DEFAULT);
     }
-    if (rc) tg_seterr(err, "cuBLAS product failed (status %d) for node %d", rc, l->node);
+    if (rc) tg_seterr(err, "cuBLAS%s product failed (status %d) for node %d", p ? "Lt" : "", rc, l->node);
     return rc == 0;
 }
 
@@ -806,7 +830,7 @@ static bool enqueue_one(cuda_exec *e, int i, tg_error *err) {
     if (l->kind == CL_MEMSET) {
         TRY(cu.MemsetD32Async(node_ptr(e, l->node), 0, (size_t)l->n, e->dev->stream), "memset");
     } else if (l->kind == CL_GEMM) {
-        if (!gemm(e, l, err)) return false;
+        if (!gemm(e, i, err)) return false;
     } else {
         void *args[] = { &e->arena, &table, &hyper };
         TRY(cu.LaunchKernel(e->fn[i], (unsigned)l->grid, (unsigned)l->grid_y, 1, (unsigned)l->block, 1, 1, (unsigned)l->shared,
@@ -887,6 +911,7 @@ fail:
 /* Capture the launch list (plus `tail`, for steps) into an instantiated graph. */
 static bool capture(cuda_exec *e, CUgraphExec *out, bool (*tail)(cuda_exec *, void *, tg_error *), void *ctx, tg_error *err) {
     CUgraph graph = NULL;
+    if (!products_ready(e, err)) return false;
     TRY(cu.StreamBeginCapture(e->dev->stream, CU_CAPTURE_THREAD_LOCAL), "beginning graph capture");
     bool ok = enqueue(e, err) && (!tail || tail(e, ctx, err));
     CUresult r = cu.StreamEndCapture(e->dev->stream, &graph);
@@ -932,7 +957,7 @@ fail:
 static bool run_eager(cuda_exec *e, const double *hyper, bool (*tail)(cuda_exec *, void *, tg_error *), void *ctx,
                       tg_error *err) {
     memcpy(e->hyper_host, hyper, sizeof(double) * (size_t)(e->g->n_hyper > 1 ? e->g->n_hyper : 1));
-    if (!enqueue(e, err) || (tail && !tail(e, ctx, err))) return false;
+    if (!products_ready(e, err) || !enqueue(e, err) || (tail && !tail(e, ctx, err))) return false;
     return cu.StreamSynchronize(e->dev->stream) == 0;
 }
 

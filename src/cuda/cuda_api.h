@@ -1,0 +1,98 @@
+/* The pieces of the CUDA driver API this backend uses, declared here so that no CUDA header is
+ * needed to build it: the types, and the table of entry points that cuda_backend.c fills with
+ * dlsym when CUDA is first used (`cu.MemAlloc(...)` in the backend's files). */
+#ifndef TG_CUDA_API_H
+#define TG_CUDA_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphExec, *CUevent;
+
+#define CU_ATTR_CC_MAJOR 75
+#define CU_ATTR_CC_MINOR 76
+#define CU_CAPTURE_THREAD_LOCAL 1
+#define CU_FUNC_MAX_DYNAMIC_SHARED 8
+#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define CUDA_ERROR_NOT_FOUND 500
+
+typedef struct {
+    CUresult (*Init)(unsigned);
+    CUresult (*DeviceGetCount)(int *);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*DeviceGetAttribute)(int *, int, CUdevice);
+    CUresult (*DeviceGetName)(char *, int, CUdevice);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*MemAllocHost)(void **, size_t);
+    CUresult (*MemFreeHost)(void *);
+    CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
+    CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
+    CUresult (*MemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
+    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*MemsetD32)(CUdeviceptr, unsigned, size_t);
+    CUresult (*MemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
+    CUresult (*ModuleLoadData)(CUmodule *, const void *);
+    CUresult (*ModuleUnload)(CUmodule);
+    CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*FuncSetAttribute)(CUfunction, int, int);
+    CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                             void **, void **);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*StreamBeginCapture)(CUstream, int);
+    CUresult (*StreamEndCapture)(CUstream, CUgraph *);
+    CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*GraphLaunch)(CUgraphExec, CUstream);
+    CUresult (*GraphExecDestroy)(CUgraphExec);
+    CUresult (*GraphDestroy)(CUgraph);
+    CUresult (*GetErrorString)(CUresult, const char **);
+    CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
+    CUresult (*EventCreate)(CUevent *, unsigned);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
+    CUresult (*EventDestroy)(CUevent);
+    CUresult (*EventSynchronize)(CUevent);
+} cuda_driver_api;
+extern cuda_driver_api tg_cuda_driver;
+#define cu tg_cuda_driver
+
+/* cuda_products.c: matrix products through cuBLASLt, each with an algorithm chosen by timing. */
+typedef struct {
+    int ordinal;
+    const char *name;             /* the device's, which the kernel cache's choices are kept under */
+    void *handle;                 /* cublasLtHandle_t; NULL: no cuBLASLt */
+    CUstream stream;
+    CUdeviceptr workspace;
+    size_t workspace_bytes;
+} lt_device;
+/* Row-major C[M, N] = op(A) op(B) in f32, batch times (operands a_stride, b_stride elements
+ * apart; C M * N). No padding: shapes are compared and hashed as bytes. */
+typedef struct {
+    int64_t M, N, K, batch, a_stride, b_stride;
+    int32_t ta, tb, bf16, tf32;   /* bf16 operands; f32 operands on TF32 tensor cores */
+    uint32_t align[3];            /* bytes that every address of A, B and C is a multiple of (<= 256) */
+    uint32_t reserved;
+} lt_shape;
+typedef struct { uint64_t data[8]; } lt_algo;   /* cublasLtMatmulAlgo_t */
+typedef struct {
+    void *desc, *layout[3];       /* the operation; cuBLASLt's A (our B), B (our A) and C */
+    lt_algo algo;
+    size_t workspace;
+} lt_product;
+bool lt_available(void);
+void *lt_handle_new(void);        /* NULL without cuBLASLt */
+/* Descriptors and the algorithm for shape s, the candidates timed on these buffers (whose
+ * contents they overwrite: C); false (p cleared) when cuBLASLt is missing or has none. */
+bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, const void *A, const void *B, void *C);
+int lt_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C);   /* cuBLAS status */
+void lt_product_free(lt_product *p);
+
+#endif
