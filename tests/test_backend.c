@@ -18,8 +18,8 @@ enum {
     SWAPAXES, MATMUL, MATMUL_BATCHED, MATMUL_BCAST, ONE_HOT, EMBEDDING, SOFTMAX, SOFTMAX_MID, LOG_SOFTMAX,
     CROSS_ENTROPY, NLL_SUM, ARGMAX, ARGMIN_ALL, FLATTEN, SPLIT_HEADS, MERGE_HEADS, TAKE_ALONG, ARANGE, ONES,
     NARROW, CONCAT3, STACK, SPLIT, SOFTMAX_CAUSAL, WHERE_CAUSAL, STOP_GRADIENT, DROPOUT, RANDN, CONV2D,
-    CONV2D_S2, CONV2D_BIG, CONV2D_BIAS, LINEAR, MAXPOOL, MAXPOOL_PAD, UPSAMPLE, LAYERNORM_CHAIN, ATTENTION, SCALAR_CHAIN,
-    FUSED_ATTN, FUSED_ATTN_CAUSAL,
+    CONV2D_S2, CONV2D_BIG, CONV2D_BIAS, CONV2D_P2, CONV2D_P0, CONV2D_BIAS_RELU, LINEAR, MAXPOOL, MAXPOOL_PAD,
+    UPSAMPLE, LAYERNORM_CHAIN, ATTENTION, SCALAR_CHAIN, FUSED_ATTN, FUSED_ATTN_CAUSAL,
 };
 
 typedef struct {
@@ -104,6 +104,9 @@ static tg_tensor op_fwd(const bcase *c, const tg_tensor *in) {
     case CONV2D_S2: return tg_conv2d(x, y, 2, 0);
     case CONV2D_BIG: return tg_relu(tg_conv2d(x, y, 2, 1));
     case CONV2D_BIAS: return tg_add(tg_conv2d(x, y, 1, 1), tg_reshape(z, -1, 1, 1));
+    case CONV2D_P2: return tg_conv2d(x, y, 1, 2);
+    case CONV2D_P0: return tg_conv2d(x, y, 1, 0);
+    case CONV2D_BIAS_RELU: return tg_relu(tg_add(tg_conv2d(x, y, 1, 1), tg_reshape(z, -1, 1, 1)));
     case LINEAR: return tg_add(tg_matmul(x, y), z);
     case MAXPOOL: return tg_max_pool2d(x, 2, 2, 0);
     case MAXPOOL_PAD: return tg_max_pool2d(x, 3, 2, 1);
@@ -207,6 +210,16 @@ static const bcase CASES[] = {
     /* a weight gradient summed over five images on two threads or more: each thread sums whole
      * images (reduce_by_batch in cpu_gemm.c) */
     { "conv2d, five images", CONV2D, 2, { F("x", 5, 8, 24, 24), F("y", 16, 8, 3, 3) }, 0, false, true },
+    /* stride 1 on the vector paths: products pack from a zero-padded copy of each image, a panel
+     * one copy per tap where it lies in one output row, else one per piece of a row; weight
+     * gradients transpose eight taps at a time (zeros past the last); input gradients add whole
+     * rows into a padded image. Odd sizes cut output rows across the panels of 16 and 32. */
+    { "conv2d 5x5 pad 2, odd sizes", CONV2D_P2, 2, { F("x", 3, 4, 11, 13), F("y", 6, 4, 5, 5) }, 0, false, true },
+    { "conv2d pad 0", CONV2D_P0, 2, { F("x", 2, 3, 9, 7), F("y", 5, 3, 3, 3) }, 0, false, true },
+    { "conv2d one image, rows wider than a panel", CONV2D, 2, { F("x", 1, 3, 6, 45), F("y", 7, 3, 3, 3) }, 0, false, true },
+    /* the bias gradient: a sum over images and positions of a gradient in memory */
+    { "conv2d + bias + relu, seven images", CONV2D_BIAS_RELU, 3,
+      { F("x", 7, 5, 12, 12), F("y", 9, 5, 3, 3), F("b", 9) }, 0, false, true },
     { "max_pool2d", MAXPOOL, 1, { F("x", 2, 3, 6, 4) }, 0, false, false },
     { "max_pool2d, rows of 8-window groups and a tail", MAXPOOL, 1, { F("x", 2, 3, 4, 38) }, 0, false, false },
     { "max_pool2d pad", MAXPOOL_PAD, 1, { F("x", 1, 2, 5, 7) }, 0, false, false },

@@ -521,8 +521,12 @@ static void sum_kernel(gen *G, int id) {
     }
     begin(G, id);
     const char *ct = cg_ctype(n);
-    const char *it = s->numel < ((int64_t)1 << 31) && !cg_has_pad(c, x, -1) ? "uint32_t" : "int64_t";
     bool inner_kept = ng > 0 && !gred[ng - 1];
+    /* A 32-bit index keeps an inlined producer's index arithmetic cheap; a source in memory has
+     * none, and when the innermost group is reduced, through a 32-bit index GCC no longer sees
+     * that the vectorized loop reads consecutive floats (it loads them one lane at a time: a
+     * bias gradient's sum over a convolution's output took twice as long). */
+    const char *it = s->numel < ((int64_t)1 << 31) && !cg_has_pad(c, x, -1) && (inner_kept || !c->mat[x]) ? "uint32_t" : "int64_t";
     int64_t out = n->numel, J = inner_kept ? gsize[ng - 1] : 1, JB = J > 512 ? 512 : J;
     int64_t nb = (J + JB - 1) / JB, rows = out / J;
     int nkept = inner_kept ? ng - 1 : ng;   /* groups handled by the outer loop (kept ones) */

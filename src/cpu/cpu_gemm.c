@@ -153,6 +153,102 @@ TARGET_AVX2 static inline void transpose8(const float *const *rows, int64_t k, f
     _mm256_storeu_ps(dst + 7 * stride, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
 
+/* dst[0..n) = src[0..n) and dst[0..n) += src[0..n): eight floats at a time. Packing copies pieces
+ * of a few to a few dozen floats, too short for a call of memcpy to pay. */
+TARGET_AVX2 static inline void copy_floats(float *dst, const float *src, int64_t n) {
+    int64_t q = 0;
+    for (; q + 8 <= n; q += 8) _mm256_storeu_ps(dst + q, _mm256_loadu_ps(src + q));
+    for (; q < n; q++) dst[q] = src[q];
+}
+
+TARGET_AVX2 static inline void add_floats(float *dst, const float *src, int64_t n) {
+    int64_t q = 0;
+    for (; q + 8 <= n; q += 8) _mm256_storeu_ps(dst + q, _mm256_add_ps(_mm256_loadu_ps(dst + q), _mm256_loadu_ps(src + q)));
+    for (; q < n; q++) dst[q] += src[q];
+}
+
+/* The view v read through a copy of its image with the zero border stored (pad 0, H + 2 pad rows
+ * of W + 2 pad), in this thread's image buffer, so that packing never tests a coordinate against
+ * the image's edges: at stride 1 every packed row is then a few plain copies (im2col_rows_s1,
+ * im2col_cols_s1). The copy is a fraction of the cols it stands for (kh kw / s^2 times the
+ * image's size). Without memory for it, v as it was (the packing handles any view). */
+TARGET_AVX2 static im2col_view padded_view(im2col_view v) {
+    if (v.pad == 0) return v;
+    int64_t Hp = v.H + 2 * v.pad, Wp = v.W + 2 * v.pad;
+    float *dst = kernel_image((size_t)(v.C * Hp * Wp));
+    if (!dst) return v;
+    for (int64_t c = 0; c < v.C; c++) {
+        float *plane = dst + c * Hp * Wp;
+        memset(plane, 0, sizeof(float) * (size_t)(v.pad * Wp + v.pad));   /* top rows, left of the first */
+        for (int64_t y = 0; y < v.H; y++) {
+            float *row = plane + (y + v.pad) * Wp + v.pad;
+            copy_floats(row, v.x + (c * v.H + y) * v.W, v.W);
+            for (int64_t q = v.W; q < v.W + 2 * v.pad; q++) row[q] = 0.0f;   /* right of this row, left of the next */
+        }
+        memset(plane + (v.H + v.pad) * Wp + v.pad, 0, sizeof(float) * (size_t)(v.pad * Wp - v.pad));   /* bottom rows */
+    }
+    v.x = dst;
+    v.H = Hp;
+    v.W = Wp;
+    v.pad = 0;
+    return v;
+}
+
+/* im2col_rows for a stride-1 view without padding (padded_view's): the n columns are a few pieces
+ * along output rows, each a plain copy from the tap's plane, at offsets every row shares. A panel
+ * within one output row (the usual case) is one copy of NR floats, a constant size. */
+TARGET_AVX2 static inline __attribute__((always_inline)) void im2col_rows_s1(const im2col_view *v, int64_t p0, int64_t kc,
+                                                                           int64_t j, int64_t n, float *dst, const int NR) {
+    int64_t off[GEMM_NR_MAX], len[GEMM_NR_MAX], np = 0;   /* piece p: len[p] columns from offset off[p] */
+    for (int64_t q = 0, oy = j / v->wo, ox = j % v->wo; q < n; q += len[np++], ox = 0, oy++) {
+        len[np] = v->wo - ox < n - q ? v->wo - ox : n - q;
+        off[np] = oy * v->W + ox;
+    }
+    int64_t c = p0 / (v->kh * v->kw), i = p0 / v->kw % v->kh, jj = p0 % v->kw;
+    for (int64_t k = 0; k < kc; k++, dst += NR) {
+        const float *tap = v->x + (c * v->H + i) * v->W + jj;   /* cols row (c, i, jj) at output (0, 0) */
+        if (np == 1 && n == NR) {
+            memcpy(dst, tap + off[0], sizeof(float) * NR);
+        } else {
+            for (int64_t p = 0, q = 0; p < np; q += len[p++]) copy_floats(dst + q, tap + off[p], len[p]);
+        }
+        if (++jj == v->kw) {
+            jj = 0;
+            if (++i == v->kh) {
+                i = 0;
+                c++;
+            }
+        }
+    }
+}
+
+/* A row of zeros as long as any piece a packing reads (at most a depth block). */
+static const float ZEROS[GEMM_KC_MAX];
+
+/* The transposed packing of a stride-1 view without padding: depth [p0, p0 + kc) (output
+ * positions) x columns [j, j + nr) (cols rows, taps) into dst[k * NR + c], columns past nr zero
+ * (a weight gradient's op(B) = cols^T). Along an output row a tap's values are contiguous, so
+ * eight taps' rows transpose eight positions at a time (transpose8), from the image itself. */
+TARGET_AVX2 static inline __attribute__((always_inline)) void im2col_cols_s1(const im2col_view *v, int64_t p0, int64_t kc,
+                                                                           int64_t j, int64_t nr, float *dst, const int NR) {
+    const float *tap[GEMM_NR_MAX];   /* cols row j + c at output (0, 0) */
+    for (int64_t c = 0, r = j; c < nr; c++, r++)
+        tap[c] = v->x + (r / (v->kh * v->kw) * v->H + r / v->kw % v->kh) * v->W + r % v->kw;
+    for (int64_t k = 0, oy = p0 / v->wo, ox = p0 % v->wo; k < kc; ox = 0, oy++) {   /* one piece per output row */
+        int64_t len = v->wo - ox < kc - k ? v->wo - ox : kc - k, off = oy * v->W + ox;
+        float *d = dst + k * NR;
+        for (int c = 0; c < NR; c += 8) {   /* (NR is a multiple of 8; columns past nr read zeros) */
+            const float *rows[8];
+            for (int r = 0; r < 8; r++) rows[r] = c + r < nr ? tap[c + r] + off : ZEROS;
+            int64_t t = 0;
+            for (; t + 8 <= len; t += 8) transpose8(rows, t, d + t * NR + c, NR);
+            for (; t < len; t++)
+                for (int r = 0; r < 8; r++) d[t * NR + c + r] = rows[r][t];
+        }
+        k += len;
+    }
+}
+
 /* Pack rows [i0, i0 + mc) x depth [p0, p0 + kc) of op(A) into MR-row panels, k-major within a
  * panel (ap[panel][k][r]), rows past mc zero. MR is a constant at each (inlined) call. */
 TARGET_AVX2 static inline __attribute__((always_inline)) void pack_a_mr(int ta, const float *A, int64_t lda, int64_t i0,
@@ -178,6 +274,10 @@ TARGET_AVX2 static inline __attribute__((always_inline)) void pack_a_mr(int ta, 
         if (mr == MR && MR == 8) {
             for (; k + 8 <= kc; k += 8) transpose8(rows, k, dst + k * MR, MR);
         } else if (mr == MR) {
+            /* Rows of MR < 8 floats: each transposed row stored whole, its last 8 - MR floats
+             * landing on the next row, which the next store (or, after the last row, the next
+             * block or the loop below) writes over; so the last block goes through t instead. */
+            for (; k + 8 < kc; k += 8) transpose8(rows, k, dst + k * MR, MR);
             float t[64];
             for (; k + 8 <= kc; k += 8) {
                 transpose8(rows, k, t, 8);
@@ -203,9 +303,12 @@ TARGET_AVX2 static inline __attribute__((always_inline)) void pack_b_nr(const ge
         int64_t nr = nc - jr < NR ? nc - jr : NR;
         float *dst = bp + jr * kc;
         if (v && !tb) {   /* op(B) = cols: rows p0 .. of cols, columns j0 + jr .. */
-            im2col_rows(v, p0, kc, j0 + jr, nr, dst, NR);
+            if (v->pad == 0 && v->s == 1) im2col_rows_s1(v, p0, kc, j0 + jr, nr, dst, NR);
+            else im2col_rows(v, p0, kc, j0 + jr, nr, dst, NR);
             for (int64_t k = 0; nr < NR && k < kc; k++)
                 for (int64_t c = nr; c < NR; c++) dst[k * NR + c] = 0.0f;
+        } else if (v && v->pad == 0 && v->s == 1) {   /* op(B) = cols^T, from the image */
+            im2col_cols_s1(v, p0, kc, j0 + jr, nr, dst, NR);
         } else if (v) {   /* op(B) = cols^T: rows j0 + jr .. of cols, depth p0 .., then the transposing pack */
             float rows[GEMM_NR_MAX * GEMM_KC_MAX];
             for (int64_t c = 0; c < nr; c++) gk->segment(v, j0 + jr + c, p0, kc, rows + c * kc);
@@ -404,6 +507,49 @@ static void gemm_part(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t 
     }
 }
 
+/* Image x's im2col view (geometry geo) as kernel gk reads it: through padded_view for the packed
+ * kernels. One per thread at a time: the padded copy lives in the thread's image buffer. */
+static im2col_view view_of(const gemm_kernel *gk, const float *x, const int64_t *geo) {
+    im2col_view v = im2col_of(x, geo);
+#ifdef CPU_X86
+    if (gk) v = padded_view(v);
+#endif
+    return v;
+}
+
+#ifdef CPU_X86
+/* col2im_image for stride 1 on the vector paths: every tap's rows added into a zero-padded image
+ * (this thread's image buffer; img itself without padding), whole output rows at a time with no
+ * edge tests, then its interior copied out. col2im_image's edge tests per row of a tap were a
+ * quarter of a convolution's input gradient. */
+TARGET_AVX2 static bool col2im_s1(const float *cols, float *img, const im2col_view *g) {
+    int64_t Hp = g->H + 2 * g->pad, Wp = g->W + 2 * g->pad, n = g->ho * g->wo;
+    float *P = g->pad ? kernel_image((size_t)(g->C * Hp * Wp)) : img;
+    if (!P) return false;
+    memset(P, 0, sizeof(float) * (size_t)(g->C * Hp * Wp));
+    for (int64_t c = 0; c < g->C; c++)
+        for (int64_t i = 0; i < g->kh; i++)
+            for (int64_t jj = 0; jj < g->kw; jj++) {
+                const float *src = cols + ((c * g->kh + i) * g->kw + jj) * n;
+                float *dst = P + (c * Hp + i) * Wp + jj;   /* where output (0, 0) of tap (c, i, jj) reads */
+                for (int64_t oy = 0; oy < g->ho; oy++) add_floats(dst + oy * Wp, src + oy * g->wo, g->wo);
+            }
+    if (g->pad)
+        for (int64_t c = 0; c < g->C; c++)
+            for (int64_t y = 0; y < g->H; y++)
+                copy_floats(img + (c * g->H + y) * g->W, P + (c * Hp + y + g->pad) * Wp + g->pad, g->W);
+    return true;
+}
+#endif
+
+/* One image's col2im (geometry g) after a product into cols. */
+static void col2im_for(const gemm_kernel *gk, const float *cols, float *img, const im2col_view *g) {
+#ifdef CPU_X86
+    if (gk && g->s == 1 && col2im_s1(cols, img, g)) return;
+#endif
+    col2im_image(cols, img, g->C, g->H, g->W, g->kh, g->kw, g->s, g->pad);
+}
+
 /* A batched product summed over its batch (MM_REDUCE: a weight gradient) on T threads: thread t
  * sums its share of the batch, whole products, into a part of its own (thread 0 into C), and the
  * parts are then added into C in thread order, so a thread count always gives the same result.
@@ -422,7 +568,7 @@ static void reduce_by_batch(const gemm_kernel *gk, int ta, int tb, int64_t M, in
         float *mine = t == 0 ? C : kernel_scratch((size_t)(M * N));
         part[t] = mine;
         for (int64_t b = batch * t / T; mine && b < batch * (t + 1) / T; b++) {
-            im2col_view v = geo_b ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
+            im2col_view v = geo_b ? view_of(gk, B + boff[b], geo_b) : (im2col_view){ 0 };
             bool first = b == batch * t / T;
             gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], geo_b ? &v : NULL, mine, !first,
                       t == 0 ? brow : NULL, t == 0 ? bcol : NULL, NULL, 0, 1);
@@ -494,16 +640,16 @@ void k_matmul(const int64_t *a, void *const *p) {
             #pragma omp for schedule(static)
             for (int64_t b = 0; b < batch; b++) {
                 if (!cols) continue;
-                im2col_view v = view ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
+                im2col_view v = view ? view_of(gk, B + boff[b], geo_b) : (im2col_view){ 0 };
                 gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, cols, 0, NULL, NULL, apre, 0, 1);
-                col2im_image(cols, C + b * g.C * g.H * g.W, g.C, g.H, g.W, g.kh, g.kw, g.s, g.pad);
+                col2im_for(gk, cols, C + b * g.C * g.H * g.W, &g);
             }
         }
         return;
     }
     if (threads == 1) {
         for (int64_t b = 0; b < batch; b++) {
-            im2col_view v = view ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
+            im2col_view v = view ? view_of(gk, B + boff[b], geo_b) : (im2col_view){ 0 };
             gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL,
                       C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, apre, 0, 1);
         }
@@ -516,7 +662,7 @@ void k_matmul(const int64_t *a, void *const *p) {
     if (!(flags & MM_REDUCE) && batch >= threads) {
         #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t b = 0; b < batch; b++) {
-            im2col_view v = view ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
+            im2col_view v = view ? view_of(gk, B + boff[b], geo_b) : (im2col_view){ 0 };
             gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, C + b * M * N, 0, brow, bcol, apre, 0, 1);
         }
         return;
@@ -525,7 +671,7 @@ void k_matmul(const int64_t *a, void *const *p) {
     {
         int t = omp_get_thread_num(), T = omp_get_num_threads();
         for (int64_t b = 0; b < batch; b++) {
-            im2col_view v = view ? im2col_of(B + boff[b], geo_b) : (im2col_view){ 0 };
+            im2col_view v = view ? view_of(gk, B + boff[b], geo_b) : (im2col_view){ 0 };
             gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL,
                       C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, apre, t, T);
         }

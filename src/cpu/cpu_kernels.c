@@ -16,10 +16,10 @@
 #include <string.h>
 
 /* Per-thread scratch memory, kept for the thread's life (freed when it exits): a product's
- * packing buffers, a convolution's per-image cols. */
+ * packing buffers, a convolution's per-image cols, a zero-padded copy of one image. */
 typedef struct {
-    float *pack, *scratch, *panels;
-    size_t pack_len, scratch_len, panels_len;
+    float *pack, *scratch, *panels, *image;
+    size_t pack_len, scratch_len, panels_len, image_len;
 } thread_buffers;
 
 static pthread_key_t buffers_key;
@@ -30,6 +30,7 @@ static void buffers_free(void *p) {
     free(b->pack);
     free(b->scratch);
     free(b->panels);
+    free(b->image);
     free(b);
 }
 
@@ -75,6 +76,11 @@ float *kernel_pack(size_t n) {
 float *kernel_panels(size_t n) {
     thread_buffers *b = buffers();
     return b ? grow(&b->panels, &b->panels_len, n) : NULL;
+}
+
+float *kernel_image(size_t n) {
+    thread_buffers *b = buffers();
+    return b ? grow(&b->image, &b->image_len, n) : NULL;
 }
 
 /* The run's vector path for the row kernels. */
