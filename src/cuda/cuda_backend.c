@@ -771,7 +771,7 @@ static lt_shape product_shape(const cuda_exec *e, const cuda_launch *l, const ch
 static bool products_ready(cuda_exec *e, tg_error *err) {
     const char *use = getenv("TG_CUDA_LT");
     if (e->lt_ready || (use && use[0] == '0')) return true;
-    e->lt = tg_alloc(sizeof(lt_product) * (size_t)(e->launches.n + 1));
+    if (!e->lt) e->lt = tg_alloc(sizeof(lt_product) * (size_t)(e->launches.n + 1));   /* kept from a failed try */
     if (!e->lt) { tg_seterr(err, "out of memory choosing the matrix products' algorithms"); return false; }
     e->slot_holds[0] = e->slot_holds[1] = -1;
     for (int i = 0; i < e->launches.n; i++) {
@@ -779,7 +779,7 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
         const char *A, *B;
         float *C;
         size_t es;
-        if (l->kind != CL_GEMM) continue;
+        if (l->kind != CL_GEMM || e->lt[i].desc) continue;
         if (!product_buffers(e, l, &A, &B, &C, &es, err)) return false;
         lt_shape s = product_shape(e, l, A, B, C, es);
         lt_product_init(&e->lt[i], &e->dev->lt, &s, A + l->aoff[0] * es, B + l->boff[0] * es, C);   /* else cublasGemmEx */
