@@ -18,7 +18,8 @@ enum {
     SWAPAXES, MATMUL, MATMUL_BATCHED, MATMUL_BCAST, ONE_HOT, EMBEDDING, SOFTMAX, SOFTMAX_MID, LOG_SOFTMAX,
     CROSS_ENTROPY, NLL_SUM, ARGMAX, ARGMIN_ALL, FLATTEN, SPLIT_HEADS, MERGE_HEADS, TAKE_ALONG, ARANGE, ONES,
     NARROW, CONCAT3, STACK, SPLIT, SOFTMAX_CAUSAL, WHERE_CAUSAL, STOP_GRADIENT, DROPOUT, RANDN, CONV2D,
-    CONV2D_S2, CONV2D_BIG, CONV2D_BIAS, CONV2D_P2, CONV2D_P0, CONV2D_BIAS_RELU, LINEAR, MAXPOOL, MAXPOOL_PAD,
+    CONV2D_S2, CONV2D_BIG, CONV2D_BIAS, CONV2D_P2, CONV2D_P0, CONV2D_BIAS_RELU, CONV_BLOCK, LINEAR, LINEAR_RELU,
+    MAXPOOL, MAXPOOL_PAD, MAXPOOL_RELU, MAXPOOL_PAD_RELU,
     UPSAMPLE, LAYERNORM_CHAIN, ATTENTION, SCALAR_CHAIN, FUSED_ATTN, FUSED_ATTN_CAUSAL,
 };
 
@@ -107,9 +108,13 @@ static tg_tensor op_fwd(const bcase *c, const tg_tensor *in) {
     case CONV2D_P2: return tg_conv2d(x, y, 1, 2);
     case CONV2D_P0: return tg_conv2d(x, y, 1, 0);
     case CONV2D_BIAS_RELU: return tg_relu(tg_add(tg_conv2d(x, y, 1, 1), tg_reshape(z, -1, 1, 1)));
+    case CONV_BLOCK: return tg_max_pool2d(tg_relu(tg_add(tg_conv2d(x, y, 1, 1), tg_reshape(z, -1, 1, 1))), 2, 2, 0);
     case LINEAR: return tg_add(tg_matmul(x, y), z);
+    case LINEAR_RELU: return tg_relu(tg_add(tg_matmul(x, y), z));
     case MAXPOOL: return tg_max_pool2d(x, 2, 2, 0);
     case MAXPOOL_PAD: return tg_max_pool2d(x, 3, 2, 1);
+    case MAXPOOL_RELU: return tg_max_pool2d(tg_relu(x), 2, 2, 0);
+    case MAXPOOL_PAD_RELU: return tg_max_pool2d(tg_relu(x), 3, 2, 1);
     case UPSAMPLE: return tg_nearest_upsample2d(x, 2);
     case LAYERNORM_CHAIN: {
         tg_tensor mu = tg_mean(x, -1, 1), xc = tg_sub(x, mu);
@@ -176,6 +181,11 @@ static const bcase CASES[] = {
     { "matmul past the AVX2 blocks", MATMUL, 2, { F("x", 151, 263), F("y", 263, 517) }, 0, false, true },
     { "matmul deeper than two bf16 blocks, odd depth", MATMUL, 2, { F("x", 9, 1031), F("y", 1031, 7) }, 0, false, true },
     { "matmul + bias (fused add)", LINEAR, 3, { F("x", 45, 70), F("y", 70, 33), F("b", 33) }, 0, false, true },
+    /* relu(product + bias): the product kernel applies the relu (MM_RELU), on the whole product or,
+     * above PARALLEL_MACS, on each thread's block of columns */
+    { "matmul + bias + relu (fused)", LINEAR_RELU, 3, { F("x", 45, 70), F("y", 70, 33), F("b", 33) }, 0, false, true },
+    { "matmul + bias + relu, split among threads", LINEAR_RELU, 3, { F("x", 64, 300), F("y", 300, 130), F("b", 130) },
+      0, false, true },
     { "matmul batched, long", MATMUL_BATCHED, 2, { F("x", 3, 70, 260), F("y", 260, 41) }, 0, false, true },
     { "matmul broadcast, skinny", MATMUL_BCAST, 2, { F("x", 2, 1, 1, 40), F("y", 3, 17, 40) }, 0, false, true },
     { "one_hot", ONE_HOT, 3, { F("x", 4, 7), F("unused", 1), I("z", 4) }, -7, false, false },
@@ -220,9 +230,21 @@ static const bcase CASES[] = {
     /* the bias gradient: a sum over images and positions of a gradient in memory */
     { "conv2d + bias + relu, seven images", CONV2D_BIAS_RELU, 3,
       { F("x", 7, 5, 12, 12), F("y", 9, 5, 3, 3), F("b", 9) }, 0, false, true },
+    /* input gradients gathered eight columns at a time (col2im_s1): rows of 8 or more, the last
+     * eight overlapping, taps shifted in at both edges; output rows shorter than 8 take the
+     * scalar col2im */
+    { "conv2d pad 0, rows of 8 and more", CONV2D_P0, 2, { F("x", 2, 3, 10, 12), F("y", 4, 3, 3, 3) }, 0, false, true },
+    { "conv2d 5x5 pad 0, output rows of 7", CONV2D_P0, 2, { F("x", 2, 2, 9, 11), F("y", 3, 2, 5, 5) }, 0, false, true },
+    /* a CNN block: relu(conv + bias) from the product kernel, max pooling's gradient times relu's
+     * step in one call, the bias gradient summed per channel in memory order (3 channels: a
+     * block each) */
+    { "conv + bias + relu + max_pool2d", CONV_BLOCK, 3, { F("x", 3, 4, 10, 14), F("y", 3, 4, 3, 3), F("b", 3) }, 0, false, true },
     { "max_pool2d", MAXPOOL, 1, { F("x", 2, 3, 6, 4) }, 0, false, false },
     { "max_pool2d, rows of 8-window groups and a tail", MAXPOOL, 1, { F("x", 2, 3, 4, 38) }, 0, false, false },
     { "max_pool2d pad", MAXPOOL_PAD, 1, { F("x", 1, 2, 5, 7) }, 0, false, false },
+    /* the gradient of max_pool2d(relu(x)): the pooling's kernel multiplies by step(relu(x)) */
+    { "max_pool2d of relu", MAXPOOL_RELU, 1, { F("x", 2, 3, 4, 38) }, 0, false, false },
+    { "max_pool2d pad of relu (overlapping windows)", MAXPOOL_PAD_RELU, 1, { F("x", 2, 2, 7, 9) }, 0, false, false },
     { "nearest_upsample2d", UPSAMPLE, 1, { F("x", 2, 2, 3, 4) }, 0, false, false },
     { "layernorm chain", LAYERNORM_CHAIN, 2, { F("x", 3, 4, 8), F("y", 8) }, 0, false, false },
     { "causal attention", ATTENTION, 2, { F("x", 2, 5, 8), F("y", 2, 5, 8) }, 0, false, false },

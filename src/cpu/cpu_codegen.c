@@ -71,9 +71,11 @@ static int home_of(const tg_graph *g, const bool *mat, const int *alias, int id)
  *  - absorbed producers: a sum read only by another sum (one multi-axis reduction), a batched
  *    product read only by a sum over its batch axis (one accumulating product), a product read
  *    only by col2im (col2im per image of a scratch product), a product read only by the add of
- *    a bias (the product kernel adds it), and an im2col read only by products (packed from the
- *    image, never materialized) are computed by their consumers' kernels: unmaterialized, so the
- *    plan keeps their sources alive until then;
+ *    a bias (the product kernel adds it) or by such an add that only a relu reads (the product
+ *    kernel applies the relu too: MM_RELU), a max pooling's gradient read only by its product
+ *    with the step of the pooling's input (the pooling's kernel multiplies by it), and an
+ *    im2col read only by products (packed from the image, never materialized) are computed by
+ *    their consumers' kernels: unmaterialized, so the plan keeps their sources alive until then;
  *  - in-place write-backs: an optimizer update whose kernel is the last reader of the parameter
  *    or state it replaces, reading it only at the element it writes, writes the persistent
  *    buffer directly; the generated entry returns before the first such kernel when the guard
@@ -92,7 +94,7 @@ static bool reads_same_index(const tg_graph *g, const bool *mat, int root, int n
     return true;
 }
 
-enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS_COL = 16, MM_BF16 = 32 };   /* cpu_gemm.c k_matmul */
+enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS_COL = 16, MM_BF16 = 32, MM_RELU = 64 };   /* cpu_gemm.c k_matmul */
 
 /* Is the ADD node `add` a product (operand k, through views, node mm) plus a bias that the
  * product kernel can add: the other operand, in memory (node *bias, through views: home(o)),
@@ -127,6 +129,28 @@ static int bias_of(const tg_graph *g, int add, int k, int mm, int bias_home, boo
         if (ok) return part == 0 ? MM_BIAS_COL : MM_BIAS_ROW;
     }
     return 0;
+}
+
+/* The product that the ADD node `add` adds a bias to, when the product kernel can add it: the
+ * product (through views, each read only here) materialized, read only by the add, and the
+ * bias in memory, one value per row or column (bias_of); else -1. */
+static int product_of_bias_add(const tg_graph *g, const bool *mat, const int *alias, const int *uses, const bool *kept,
+                               int add) {
+    const tg_node *nd = &g->nodes[add];
+    for (int k = 0; k < 2; k++) {
+        int m = nd->src[k];
+        bool single = true;   /* each view on the way read only here */
+        while ((g->nodes[m].op == OP_RESHAPE || g->nodes[m].op == OP_IDENTITY) && (alias[m] >= 0 || !mat[m])) {
+            single &= uses[m] == 1 && !kept[m];
+            m = g->nodes[m].src[0];
+        }
+        int o = home_of(g, mat, alias, nd->src[1 - k]);
+        bool in_memory = mat[o] || cg_is_bound(g->nodes[o].op);
+        if (single && g->nodes[m].op == OP_MATMUL && mat[m] && !kept[m] && uses[m] == 1 && o != m &&
+            bias_of(g, add, k, m, o, in_memory))
+            return m;
+    }
+    return -1;
 }
 
 /* Unmaterialize node i, absorbed by its consumer; the views (aliases) on the way to it too. */
@@ -184,22 +208,33 @@ void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *mat,
         if (g->nodes[m].op == OP_MATMUL && mat[m] && !kept[m] && uses[m] == 1 && g->nodes[m].shape.ndim == 3)
             absorb(g, mat, alias, m);
     }
-    /* Products read only by the add of a bias. */
+    /* Products read only by the add of a bias; or by the add of a bias that only a relu reads
+     * (computed inside the relu's kernel: the product kernel applies the relu too). */
     for (int i = 0; i < n; i++) {
         const tg_node *nd = &g->nodes[i];
-        if (nd->op != OP_ADD || !mat[i] || alias[i] >= 0) continue;
+        if (mat[i] && alias[i] < 0 && nd->op == OP_ADD) {
+            int m = product_of_bias_add(g, mat, alias, uses, kept, i);
+            if (m >= 0) absorb(g, mat, alias, m);
+        } else if (mat[i] && alias[i] < 0 && nd->op == OP_RELU && nd->dtype == TG_FLOAT32) {
+            int a = nd->src[0], m = -1;
+            if (g->nodes[a].op == OP_ADD && !mat[a] && uses[a] == 1 && !kept[a])
+                m = product_of_bias_add(g, mat, alias, uses, kept, a);
+            if (m >= 0) absorb(g, mat, alias, m);
+        }
+    }
+    /* A max pooling's gradient read only by its product with the step of the pooling's input
+     * (the gradient of max_pool2d(relu(x)), relu's taken at its output): one library call
+     * writes the product (masked_pool_grad). */
+    for (int i = 0; i < n; i++) {
+        const tg_node *nd = &g->nodes[i];
+        if (nd->op != OP_MUL || !mat[i] || alias[i] >= 0 || nd->dtype != TG_FLOAT32) continue;
         for (int k = 0; k < 2; k++) {
-            int m = nd->src[k];
-            bool single = true;   /* each view on the way read only here */
-            while ((g->nodes[m].op == OP_RESHAPE || g->nodes[m].op == OP_IDENTITY) && (alias[m] >= 0 || !mat[m])) {
-                single &= uses[m] == 1 && !kept[m];
-                m = g->nodes[m].src[0];
-            }
-            int o = home_of(g, mat, alias, nd->src[1 - k]);
-            bool in_memory = mat[o] || cg_is_bound(g->nodes[o].op);
-            if (single && g->nodes[m].op == OP_MATMUL && mat[m] && !kept[m] && uses[m] == 1 &&
-                home_of(g, mat, alias, nd->src[1 - k]) != m && bias_of(g, i, k, m, o, in_memory)) {
-                absorb(g, mat, alias, m);
+            int b = nd->src[k], st = nd->src[1 - k];
+            const tg_node *nb = &g->nodes[b], *ns = &g->nodes[st];
+            if (nb->op == OP_MAXPOOL2D_BWD && mat[b] && alias[b] < 0 && !kept[b] && uses[b] == 1 && nb->numel == nd->numel &&
+                nb->dtype == TG_FLOAT32 && ns->op == OP_STEP && !mat[st] && ns->numel == nd->numel &&
+                home_of(g, mat, alias, ns->src[0]) == home_of(g, mat, alias, nb->src[0])) {
+                absorb(g, mat, alias, b);
                 break;
             }
         }
@@ -409,7 +444,9 @@ static bool overlap(gen *G, int a, int b) {
 /* The product an ADD node absorbed (refinement: the product adds the bias), or -1. */
 static int bias_product(const cg *c, int id) {
     const tg_node *n = N(c, id);
-    if (n->op != OP_ADD || !c->mat[id]) return -1;
+    if (!c->mat[id]) return -1;
+    if (n->op == OP_RELU && !c->mat[n->src[0]] && N(c, n->src[0])->op == OP_ADD) n = N(c, n->src[0]);   /* MM_RELU */
+    if (n->op != OP_ADD) return -1;
     for (int k = 0; k < 2; k++) {
         int m = view_base(c, n->src[k]);
         if (!c->mat[m] && N(c, m)->op == OP_MATMUL) return m;
@@ -417,6 +454,19 @@ static int bias_product(const cg *c, int id) {
     return -1;
 }
 
+
+/* The max pooling gradient a MUL node absorbed (refinement: the pooling's kernel multiplies by
+ * the step of its input), or -1. */
+static int masked_pool_grad(const cg *c, int id) {
+    const tg_node *n = N(c, id);
+    if (n->op != OP_MUL || !c->mat[id]) return -1;
+    for (int k = 0; k < 2; k++)
+        if (!c->mat[n->src[k]] && N(c, n->src[k])->op == OP_MAXPOOL2D_BWD) return n->src[k];
+    return -1;
+}
+
+/* Is node id computed by a library call that absorbed its producer, rather than by a loop? */
+static bool library_root(const cg *c, int id) { return bias_product(c, id) >= 0 || masked_pool_grad(c, id) >= 0; }
 
 /* Can the roots so far run as one loop? In-place roots only with in-place roots, no root read
  * from memory (a later root reads an earlier one only at its own element, from the memo), no
@@ -463,7 +513,7 @@ static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
         int r = next[q];
         const tg_node *nr = N(c, r);
         if (!fuse_pointwise(nr->op) || nr->numel != n->numel || strcmp(cg_index_type(c, r, nr->numel), it) != 0 ||
-            bias_product(c, r) >= 0)
+            library_root(c, r))
             break;
         G->roots[G->n_roots++] = r;
         if (!cg_try_root(c, r, group_fits, G)) {
@@ -481,6 +531,38 @@ static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
 
 /* The product behind a reduction's source, when it is an absorbed batched product. */
 static void matmul_call(gen *G, int id, int mm, int flags);
+
+/* A sum over the outer and inner axes of its source [R, K, L] (merged groups: reduced, kept,
+ * reduced; strides st), such as a convolution's bias gradient over [batch, channels, pixels]:
+ * read in memory order, a block of up to 8 kept outputs per iteration of the shared loop (K / 4
+ * when smaller, so that a few channels still make a few blocks), each output's L values per r
+ * summed in their own vectorized loop and added to its accumulator. One output at a time
+ * instead (sum_kernel's order) read a piece of L values, then jumped a whole r ahead: the
+ * hardware prefetcher, which stops at page boundaries, restarted at every piece, and the sum
+ * took two to three times as long. Accumulation in double. */
+static void batch_sum_kernel(gen *G, int id, int x, const int64_t *gsize, const int64_t *st) {
+    cg *c = &G->c;
+    const tg_node *n = N(c, id), *s = N(c, x);
+    int64_t R = gsize[0], K = gsize[1], L = gsize[2], ob = K / 4 < 1 ? 1 : K / 4 > 8 ? 8 : K / 4, nb = (K + ob - 1) / ob;
+    const char *it = s->numel < ((int64_t)1 << 31) && !cg_has_pad(c, x, -1) && !c->mat[x] ? "uint32_t" : "int64_t";
+    begin(G, id);
+    strbuf head = { 0 }, tail = { 0 };
+    sb_printf(&head, "    for (int64_t ob = 0; ob < %lld; ob++) {\n", (long long)nb);
+    sb_printf(&head, "      const int64_t o0 = ob * %lld, on = %lld - o0 < %lld ? %lld - o0 : %lld;\n", (long long)ob,
+              (long long)K, (long long)ob, (long long)K, (long long)ob);
+    sb_printf(&head, "      double acc[%lld];\n      for (int64_t j = 0; j < %lld; j++) acc[j] = 0;\n", (long long)ob, (long long)ob);
+    sb_printf(&head, "      for (int64_t r = 0; r < %lld; r++)\n      for (int64_t j = 0; j < on; j++) {\n", (long long)R);
+    sb_printf(&head, "      double a = 0;\n      #pragma omp simd reduction(+:a)\n");
+    sb_printf(&head, "      for (int64_t l = 0; l < %lld; l++) {\n", (long long)L);
+    cg_line(c, "const %s xf = (%s)(r * %lld + (o0 + j) * %lld + l * %lld);", it, it, (long long)st[0], (long long)st[1],
+            (long long)st[2]);
+    cg_line(c, "a += (double)%s;", cg_value(c, x, "xf"));
+    sb_printf(&tail, "      }\n      acc[j] += a;\n      }\n");
+    sb_printf(&tail, "      for (int64_t j = 0; j < on; j++) P%d[o0 + j] = (%s)acc[j];\n    }\n", id, cg_ctype(n));
+    end_kernel(G, nb > 1 && omp(c, s->numel), head.s, tail.s);
+    free(head.s);
+    free(tail.s);
+}
 
 /* Sum over one or more axes of an inlined producer (a chain of sums the refinement left to this
  * kernel). The source's axes, merged where adjacent ones are alike, alternate between kept and
@@ -518,6 +600,10 @@ static void sum_kernel(gen *G, int id) {
             gstride[ng] = st;
             gred[ng++] = red[k];
         }
+    }
+    if (ng == 3 && gred[0] && !gred[1] && gred[2] && gsize[1] <= 4096) {
+        batch_sum_kernel(G, id, x, gsize, gstride);
+        return;
     }
     begin(G, id);
     const char *ct = cg_ctype(n);
@@ -607,7 +693,7 @@ static int row_role(gen *G, int id, int64_t R, int64_t L) {
     const tg_node *n = N(c, id);
     int64_t r, l;
     if (cg_row_sum(c, id, &r, &l)) return r == R && l == L ? ROW_SUM : -1;
-    if (!fuse_pointwise(n->op) || inplace_of(G, id) >= 0 || bias_product(c, id) >= 0 || cg_has_pad(c, id, id)) return -1;
+    if (!fuse_pointwise(n->op) || inplace_of(G, id) >= 0 || library_root(c, id) || cg_has_pad(c, id, id)) return -1;
     return n->numel == R * L ? ROW_ELEMS : n->numel == R ? ROW_VALUES : -1;
 }
 
@@ -796,7 +882,7 @@ static void matmul_call(gen *G, int id, int mm, int flags) {
     const tg_node *n = N(c, mm);
     cg_gemm m = cg_gemm_of(c->g, mm);
     int64_t batch = n->numel / (n->shape.d[n->shape.ndim - 2] * n->shape.d[n->shape.ndim - 1]);
-    if (m.batch != batch && (flags & ~MM_BIAS_COL)) {   /* unfold: these modes need the products apart */
+    if (m.batch != batch && (flags & ~(MM_BIAS_COL | MM_RELU))) {   /* unfold: these modes need the products apart */
         m.M /= batch;
         m.batch = batch;
         free(m.aoff);
@@ -806,8 +892,8 @@ static void matmul_call(gen *G, int id, int mm, int flags) {
         for (int64_t i = 0; m.aoff && i < batch; i++) m.aoff[i] = i * m.M * m.K;   /* A contiguous, B shared */
     }
     int bufs[4] = { n->src[0], n->src[1], id, -1 }, nbufs = 3;
-    if (flags & (MM_BIAS_ROW | MM_BIAS_COL)) {   /* id is an add of mm and a bias */
-        const tg_node *add = N(c, id);
+    if (flags & (MM_BIAS_ROW | MM_BIAS_COL)) {   /* id is an add of mm and a bias, or (MM_RELU) the relu of one */
+        const tg_node *add = (flags & MM_RELU) ? N(c, N(c, id)->src[0]) : N(c, id);
         bufs[3] = view_base(c, add->src[view_base(c, add->src[0]) == mm ? 1 : 0]);
         nbufs = 4;
     }
@@ -903,7 +989,8 @@ static void special_kernel(gen *G, int id) {
             a[4] = a[5] = n->iarg[0];                            /* k, k, stride, pad */
             a[6] = n->iarg[1];
             a[7] = n->iarg[2];
-            library_call(G, id, n->op == OP_MAXPOOL2D ? "TGK_MAXPOOL" : "TGK_MAXPOOL_BWD", a, 8,
+            a[8] = 0;                                            /* backward: no mask */
+            library_call(G, id, n->op == OP_MAXPOOL2D ? "TGK_MAXPOOL" : "TGK_MAXPOOL_BWD", a, n->op == OP_MAXPOOL2D ? 8 : 9,
                          n->op == OP_MAXPOOL2D ? two : three, n->op == OP_MAXPOOL2D ? 2 : 3);
         }
         return;
@@ -912,6 +999,15 @@ static void special_kernel(gen *G, int id) {
         c->unsupported = id;
         return;
     }
+}
+
+/* Node id, a max pooling's gradient (absorbed node pb) times the step of the pooling's input:
+ * TGK_MAXPOOL_BWD with its mask flag, writing id's buffer. */
+static void masked_pool_call(gen *G, int id, int pb) {
+    const tg_node *b = N(&G->c, pb);
+    int64_t a[9] = { b->shape.d[0], b->shape.d[1], b->shape.d[2], b->shape.d[3], b->iarg[0], b->iarg[0], b->iarg[1], b->iarg[2], 1 };
+    int bufs[3] = { b->src[0], b->src[1], id };
+    library_call(G, id, "TGK_MAXPOOL_BWD", a, 9, bufs, 3);
 }
 
 /* What every generated C file starts with: headers, the libm functions generated expressions
@@ -958,10 +1054,13 @@ static char *generate(const tg_graph *g, const bool *materialized, const tg_plan
         const tg_node *n = &g->nodes[i];
         int joined = 0, mm = bias_product(c, i);
         if (mm >= 0) {
-            const tg_node *a = &g->nodes[i];
+            int add = n->op == OP_RELU ? n->src[0] : i;
+            const tg_node *a = &g->nodes[add];
             int k = view_base(c, a->src[0]) == mm ? 0 : 1, o = view_base(c, a->src[1 - k]);
-            matmul_call(&G, i, mm, bias_of(g, i, k, mm, o, materialized[o] || cg_is_bound(g->nodes[o].op)));
-        } else if (fuse_pointwise(n->op)) joined = pointwise_kernel(&G, i, order + q + 1, n_order - q - 1);
+            matmul_call(&G, i, mm, bias_of(g, add, k, mm, o, materialized[o] || cg_is_bound(g->nodes[o].op)) |
+                                       (n->op == OP_RELU ? MM_RELU : 0));
+        } else if (masked_pool_grad(c, i) >= 0) masked_pool_call(&G, i, masked_pool_grad(c, i));
+        else if (fuse_pointwise(n->op)) joined = pointwise_kernel(&G, i, order + q + 1, n_order - q - 1);
         else if (n->op == OP_SUM && (joined = row_kernel(&G, order + q, n_order - q)) > 0) joined--;
         else if (n->op == OP_SUM) sum_kernel(&G, i);
         else if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_LSE || n->op == OP_ATTENTION_BWD)

@@ -1,7 +1,7 @@
 /* Matrix products of the compiled CPU backend (the library kernel TGK_MATMUL): C (+)= op(A) op(B),
- * row-major with leading dimensions, with what the schedule folds into a product: a bias add, a
- * sum over a batch (a weight gradient), im2col packed straight from the image (a convolution's
- * cols are never materialized) and col2im (a convolution's input gradient).
+ * row-major with leading dimensions, with what the schedule folds into a product: a bias add and
+ * a relu after it, a sum over a batch (a weight gradient), im2col packed straight from the image
+ * (a convolution's cols are never materialized) and col2im (a convolution's input gradient).
  *
  * On x86-64 with AVX2 + FMA or AVX-512, a packed, register-blocked product of our own, in the
  * structure of BLIS: B is packed in blocks of KC x NC, A in blocks of MC x KC, and an MR x NR
@@ -153,18 +153,12 @@ TARGET_AVX2 static inline void transpose8(const float *const *rows, int64_t k, f
     _mm256_storeu_ps(dst + 7 * stride, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
 
-/* dst[0..n) = src[0..n) and dst[0..n) += src[0..n): eight floats at a time. Packing copies pieces
- * of a few to a few dozen floats, too short for a call of memcpy to pay. */
+/* dst[0..n) = src[0..n): eight floats at a time. Packing copies pieces of a few to a few dozen
+ * floats, too short for a call of memcpy to pay. */
 TARGET_AVX2 static inline void copy_floats(float *dst, const float *src, int64_t n) {
     int64_t q = 0;
     for (; q + 8 <= n; q += 8) _mm256_storeu_ps(dst + q, _mm256_loadu_ps(src + q));
     for (; q < n; q++) dst[q] = src[q];
-}
-
-TARGET_AVX2 static inline void add_floats(float *dst, const float *src, int64_t n) {
-    int64_t q = 0;
-    for (; q + 8 <= n; q += 8) _mm256_storeu_ps(dst + q, _mm256_add_ps(_mm256_loadu_ps(dst + q), _mm256_loadu_ps(src + q)));
-    for (; q < n; q++) dst[q] += src[q];
 }
 
 /* The view v read through a copy of its image with the zero border stored (pad 0, H + 2 pad rows
@@ -299,6 +293,15 @@ TARGET_AVX2 static inline __attribute__((always_inline)) void pack_b_nr(const ge
                                                                       int64_t ldb, const im2col_view *v, int64_t p0,
                                                                       int64_t kc, int64_t j0, int64_t nc, float *bp,
                                                                       const int NR) {
+    if (!v && !tb) {   /* op(B) = B: row by row across the panels, so that B is read in order */
+        const float *src = B + p0 * ldb + j0;
+        for (int64_t k = 0; k < kc; k++, src += ldb) {
+            int64_t jr = 0;
+            for (; jr + NR <= nc; jr += NR) memcpy(bp + jr * kc + k * NR, src + jr, sizeof(float) * NR);
+            for (int64_t c = 0; jr < nc && c < NR; c++) bp[jr * kc + k * NR + c] = jr + c < nc ? src[jr + c] : 0.0f;
+        }
+        return;
+    }
     for (int64_t jr = 0; jr < nc; jr += NR) {
         int64_t nr = nc - jr < NR ? nc - jr : NR;
         float *dst = bp + jr * kc;
@@ -313,15 +316,6 @@ TARGET_AVX2 static inline __attribute__((always_inline)) void pack_b_nr(const ge
             float rows[GEMM_NR_MAX * GEMM_KC_MAX];
             for (int64_t c = 0; c < nr; c++) gk->segment(v, j0 + jr + c, p0, kc, rows + c * kc);
             pack_b(gk, 1, rows, kc, NULL, 0, kc, 0, nr, dst);
-        } else if (!tb) {
-            const float *src = B + p0 * ldb + j0 + jr;
-            for (int64_t k = 0; k < kc; k++) {
-                if (nr == NR) {
-                    memcpy(dst + k * NR, src + k * ldb, sizeof(float) * NR);
-                } else {
-                    for (int64_t c = 0; c < NR; c++) dst[k * NR + c] = c < nr ? src[k * ldb + c] : 0.0f;
-                }
-            }
         } else {   /* op(B)[k, j] = B[j * ldb + k]: eight columns at a time through transpose8 */
             int64_t c = 0;
             for (; c + 8 <= nr; c += 8) {
@@ -482,28 +476,38 @@ void kernel_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A
     gemm(gemm_kernel_now(), ta, tb, M, N, K, A, lda, B, ldb, NULL, 0, C, ldc, acc, NULL, NULL, NULL);
 }
 
+/* C[i, j] = max(C[i, j], 0) over rows x cols (row stride ldc), as relu computes it (NaN to 0):
+ * MM_RELU, on the block a thread has just written, while it is still in cache. */
+static void relu_block(float *C, int64_t rows, int64_t cols, int64_t ldc) {
+    for (int64_t i = 0; i < rows; i++, C += ldc)
+        for (int64_t j = 0; j < cols; j++) C[j] = C[j] > 0.0f ? C[j] : 0.0f;
+}
+
 /* Part t of T of one product: a block of rows or of columns (in whole register tiles). Each part
  * packs the whole of the other operand (B for a block of rows, A for a block of columns), so the
  * larger side is split and the packing repeated in every part is the smaller one. apre: A packed
- * whole already (pack_a_whole), or NULL. */
+ * whole already (pack_a_whole), or NULL. relu: the part's block of C goes through relu after. */
 static void gemm_part(const gemm_kernel *gk, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
                       const im2col_view *v, float *C, int acc, const float *brow, const float *bcol, const float *apre,
-                      int t, int T) {
+                      bool relu, int t, int T) {
     int64_t lda = ta ? M : K, ldb = tb ? K : N, mr = gk ? gk->mr : 8, nr = gk ? gk->nr : 32;
     if (T == 1) {
         gemm(gk, ta, tb, M, N, K, A, lda, B, ldb, v, 0, C, N, acc, brow, bcol, apre);
+        if (relu) relu_block(C, M, N, N);
     } else if (M >= 2 * mr * T ? M >= N || N < 2 * nr * T : M >= N) {
         int64_t tiles = (M + mr - 1) / mr, r0 = tiles * t / T * mr, r1 = tiles * (t + 1) / T * mr;
         if (r1 > M) r1 = M;
         if (r1 > r0)
             gemm(gk, ta, tb, r1 - r0, N, K, A + (ta ? r0 : r0 * lda), lda, B, ldb, v, 0, C + r0 * N, N, acc,
                  brow ? brow + r0 : NULL, bcol, NULL);
+        if (relu && r1 > r0) relu_block(C + r0 * N, r1 - r0, N, N);
     } else {
         int64_t tiles = (N + nr - 1) / nr, c0 = tiles * t / T * nr, c1 = tiles * (t + 1) / T * nr;
         if (c1 > N) c1 = N;
         if (c1 > c0)
             gemm(gk, ta, tb, M, c1 - c0, K, A, lda, v ? B : B + (tb ? c0 * ldb : c0), ldb, v, c0, C + c0, N, acc, brow,
                  bcol ? bcol + c0 : NULL, apre);
+        if (relu && c1 > c0) relu_block(C + c0, M, c1 - c0, N);
     }
 }
 
@@ -518,26 +522,44 @@ static im2col_view view_of(const gemm_kernel *gk, const float *x, const int64_t 
 }
 
 #ifdef CPU_X86
-/* col2im_image for stride 1 on the vector paths: every tap's rows added into a zero-padded image
- * (this thread's image buffer; img itself without padding), whole output rows at a time with no
- * edge tests, then its interior copied out. col2im_image's edge tests per row of a tap were a
- * quarter of a convolution's input gradient. */
+/* col2im_image for stride 1 on the vector paths, gathered: each image element is the sum of the
+ * cols values of the taps that read it, added in registers and stored once, eight columns at a
+ * time (the last eight overlapping the ones before when W is not a multiple of eight). A tap's
+ * eight values start at output column t = x + pad - jj; near an edge, where part of [t, t + 8)
+ * is outside [0, wo), they are loaded from the nearest eight inside and moved into place, with
+ * zeros where there is no value. Adding each tap's rows into the image in turn (scatter) cost
+ * three times as much: every row a load, add and store over the previous tap's store. img:
+ * [C, H, W]; cols: [C kh kw, ho wo]. Needs W and wo of at least 8 (else false). */
 TARGET_AVX2 static bool col2im_s1(const float *cols, float *img, const im2col_view *g) {
-    int64_t Hp = g->H + 2 * g->pad, Wp = g->W + 2 * g->pad, n = g->ho * g->wo;
-    float *P = g->pad ? kernel_image((size_t)(g->C * Hp * Wp)) : img;
-    if (!P) return false;
-    memset(P, 0, sizeof(float) * (size_t)(g->C * Hp * Wp));
-    for (int64_t c = 0; c < g->C; c++)
-        for (int64_t i = 0; i < g->kh; i++)
-            for (int64_t jj = 0; jj < g->kw; jj++) {
-                const float *src = cols + ((c * g->kh + i) * g->kw + jj) * n;
-                float *dst = P + (c * Hp + i) * Wp + jj;   /* where output (0, 0) of tap (c, i, jj) reads */
-                for (int64_t oy = 0; oy < g->ho; oy++) add_floats(dst + oy * Wp, src + oy * g->wo, g->wo);
+    int64_t n = g->ho * g->wo;
+    if (g->W < 8 || g->wo < 8) return false;
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t c = 0; c < g->C; c++) {
+        const float *cc = cols + c * g->kh * g->kw * n;
+        for (int64_t y = 0; y < g->H; y++) {
+            float *d = img + (c * g->H + y) * g->W;
+            /* kernel rows whose output row y + pad - i is inside [0, ho) */
+            int64_t i0 = y + g->pad - (g->ho - 1) > 0 ? y + g->pad - (g->ho - 1) : 0;
+            int64_t i1 = y + g->pad < g->kh - 1 ? y + g->pad : g->kh - 1;
+            for (int64_t x0 = 0; x0 < g->W; x0 += 8) {
+                int64_t x = x0 + 8 <= g->W ? x0 : g->W - 8;
+                __m256 s = _mm256_setzero_ps();
+                for (int64_t jj = 0; jj < g->kw; jj++) {
+                    int64_t t = x + g->pad - jj, base = t < 0 ? 0 : t > g->wo - 8 ? g->wo - 8 : t;
+                    /* lane l takes loaded lane l + (t - base), or 0 where that is outside 0..7 */
+                    __m256i at = _mm256_add_epi32(iota, _mm256_set1_epi32((int)(t - base)));
+                    __m256 keep = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_setzero_si256(), at),
+                                                                          _mm256_cmpgt_epi32(_mm256_set1_epi32(8), at)));
+                    for (int64_t i = i0; i <= i1; i++) {
+                        __m256 v = _mm256_loadu_ps(cc + (i * g->kw + jj) * n + (y + g->pad - i) * g->wo + base);
+                        if (t != base) v = _mm256_and_ps(_mm256_permutevar8x32_ps(v, at), keep);
+                        s = _mm256_add_ps(s, v);
+                    }
+                }
+                _mm256_storeu_ps(d + x, s);
             }
-    if (g->pad)
-        for (int64_t c = 0; c < g->C; c++)
-            for (int64_t y = 0; y < g->H; y++)
-                copy_floats(img + (c * g->H + y) * g->W, P + (c * Hp + y + g->pad) * Wp + g->pad, g->W);
+        }
+    }
     return true;
 }
 #endif
@@ -571,7 +593,7 @@ static void reduce_by_batch(const gemm_kernel *gk, int ta, int tb, int64_t M, in
             im2col_view v = geo_b ? view_of(gk, B + boff[b], geo_b) : (im2col_view){ 0 };
             bool first = b == batch * t / T;
             gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], geo_b ? &v : NULL, mine, !first,
-                      t == 0 ? brow : NULL, t == 0 ? bcol : NULL, NULL, 0, 1);
+                      t == 0 ? brow : NULL, t == 0 ? bcol : NULL, NULL, false, 0, 1);
         }
         #pragma omp barrier
         for (int64_t i = M * N * t / T; i < M * N * (t + 1) / T; i++)   /* C += the other parts, in order */
@@ -601,7 +623,7 @@ static const float *shared_a(const gemm_kernel *gk, int ta, int64_t M, int64_t K
 #endif
 }
 
-enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS_COL = 16, MM_BF16 = 32 };
+enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS_COL = 16, MM_BF16 = 32, MM_RELU = 64 };
 
 /* a = {ta, tb, M, N, K, batch, flags, [im2col geometry of B: C H W kh kw stride pad], [col2im
  * geometry of C: the same], A offsets[batch], B offsets[batch]}; p = {A, B, C}.
@@ -611,8 +633,10 @@ enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS
  * materialized). MM_COL2IM_C: C[b] goes through col2im into image b of C (a convolution's input
  * gradient; the cols never materialized either). MM_BIAS_ROW / MM_BIAS_COL: p[3] is a bias added
  * to every product, one value per row / per column (a layer's bias). MM_BF16: the operands are
- * rounded to bf16 (a graph of bf16 precision), the sums stay f32. Threads split the batch or, for
- * few products, each product's rows or columns. */
+ * rounded to bf16 (a graph of bf16 precision), the sums stay f32. MM_RELU (not with MM_REDUCE or
+ * MM_COL2IM_C): C = relu(the product (+ bias)), a layer's activation, each thread's block of C
+ * right after its product. Threads split the batch or, for few products, each product's rows or
+ * columns. */
 void k_matmul(const int64_t *a, void *const *p) {
     int ta = (int)a[0], tb = (int)a[1], flags = (int)a[6];
     int64_t M = a[2], N = a[3], K = a[4], batch = a[5];
@@ -621,7 +645,7 @@ void k_matmul(const int64_t *a, void *const *p) {
     const float *A = p[0], *B = p[1];
     float *C = p[2];
     const float *brow = (flags & MM_BIAS_ROW) ? p[3] : NULL, *bcol = (flags & MM_BIAS_COL) ? p[3] : NULL;
-    bool view = flags & MM_IM2COL_B;
+    bool view = flags & MM_IM2COL_B, relu = (flags & MM_RELU) && !(flags & (MM_REDUCE | MM_COL2IM_C));
     const gemm_kernel *gk = gemm_kernel_now();
 #ifdef CPU_X86
     /* (cpu_precision gives a graph bf16 only where this holds; a process that changes TG_CPU_ISA
@@ -641,7 +665,7 @@ void k_matmul(const int64_t *a, void *const *p) {
             for (int64_t b = 0; b < batch; b++) {
                 if (!cols) continue;
                 im2col_view v = view ? view_of(gk, B + boff[b], geo_b) : (im2col_view){ 0 };
-                gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, cols, 0, NULL, NULL, apre, 0, 1);
+                gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, cols, 0, NULL, NULL, apre, false, 0, 1);
                 col2im_for(gk, cols, C + b * g.C * g.H * g.W, &g);
             }
         }
@@ -651,7 +675,7 @@ void k_matmul(const int64_t *a, void *const *p) {
         for (int64_t b = 0; b < batch; b++) {
             im2col_view v = view ? view_of(gk, B + boff[b], geo_b) : (im2col_view){ 0 };
             gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL,
-                      C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, apre, 0, 1);
+                      C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, apre, relu, 0, 1);
         }
         return;
     }
@@ -663,7 +687,8 @@ void k_matmul(const int64_t *a, void *const *p) {
         #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t b = 0; b < batch; b++) {
             im2col_view v = view ? view_of(gk, B + boff[b], geo_b) : (im2col_view){ 0 };
-            gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, C + b * M * N, 0, brow, bcol, apre, 0, 1);
+            gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, C + b * M * N, 0, brow, bcol, apre, relu,
+                      0, 1);
         }
         return;
     }
@@ -673,7 +698,7 @@ void k_matmul(const int64_t *a, void *const *p) {
         for (int64_t b = 0; b < batch; b++) {
             im2col_view v = view ? view_of(gk, B + boff[b], geo_b) : (im2col_view){ 0 };
             gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL,
-                      C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, apre, t, T);
+                      C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, apre, relu, t, T);
         }
     }
 }

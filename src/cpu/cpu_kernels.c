@@ -487,7 +487,25 @@ static void maxpool_tiled(const float *img, int64_t H, int64_t W, int64_t k, con
     }
 }
 
-/* a = {N, C, H, W, k, k, stride, pad}; p = {in, out} or, backward, {x, grad out, grad in}. */
+/* g[i] = g[i] * step(x[i]) (x > 0 ? 1 : 0), as the graph's product computes it (a NaN or
+ * infinite g times 0 is NaN), with step's 1.0f or 0.0f made from the comparison's bits: written
+ * as a choice, GCC makes it a branch per element, which relu's outputs, positive at random,
+ * mispredict every other time (a quarter of a CNN's step); this way the loop vectorizes. */
+static inline float step_bits(float x) {
+    uint32_t b = (uint32_t)-(int32_t)(x > 0.0f) & 0x3f800000u;   /* 1.0f or 0.0f */
+    float m;
+    memcpy(&m, &b, sizeof m);
+    return m;
+}
+
+static void mask_by_step(float *g, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) g[i] = g[i] * step_bits(x[i]);
+}
+
+/* a = {N, C, H, W, k, k, stride, pad}; p = {in, out} or, backward (a[8]: mask), {x, grad out,
+ * grad in}. With the mask, grad in is then multiplied by step(x) (x > 0 ? 1 : 0), plane by plane
+ * while it is in cache: the gradient of max_pool2d(relu(.)) through the relu too, which else is
+ * one more pass over the layer's activations. */
 static void maxpool(const int64_t *a, void *const *p, bool backward) {
     int64_t N = a[0], C = a[1], H = a[2], W = a[3], k = a[4], s = a[6], pad = a[7];
     int64_t ho = (H + 2 * pad - k) / s + 1, wo = (W + 2 * pad - k) / s + 1;
@@ -500,17 +518,18 @@ static void maxpool(const int64_t *a, void *const *p, bool backward) {
         if (tiled) {
             if (backward) maxpool_tiled(img, H, W, k, (const float *)p[1] + nc * ho * wo, (float *)p[2] + nc * H * W, NULL);
             else maxpool_tiled(img, H, W, k, NULL, NULL, (float *)p[1] + nc * ho * wo);
-            continue;
-        }
-        for (int64_t oy = 0; oy < ho; oy++)
-            for (int64_t ox = 0; ox < wo; ox++) {
-                int64_t at = tgk_window_argmax(img, H, W, k, s, pad, oy, ox), o = (nc * ho + oy) * wo + ox;
-                if (backward) {
-                    if (at >= 0) ((float *)p[2])[nc * H * W + at] += ((const float *)p[1])[o];
-                } else {
-                    ((float *)p[1])[o] = at >= 0 ? img[at] : -INFINITY;
+        } else {
+            for (int64_t oy = 0; oy < ho; oy++)
+                for (int64_t ox = 0; ox < wo; ox++) {
+                    int64_t at = tgk_window_argmax(img, H, W, k, s, pad, oy, ox), o = (nc * ho + oy) * wo + ox;
+                    if (backward) {
+                        if (at >= 0) ((float *)p[2])[nc * H * W + at] += ((const float *)p[1])[o];
+                    } else {
+                        ((float *)p[1])[o] = at >= 0 ? img[at] : -INFINITY;
+                    }
                 }
-            }
+        }
+        if (backward && a[8]) mask_by_step((float *)p[2] + nc * H * W, img, H * W);
     }
 }
 

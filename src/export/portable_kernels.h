@@ -20,7 +20,7 @@
 
 #if defined(TGK_USE_MATMUL)
 /* Flags of a product (a[6]), as cpu_codegen.c emits them. */
-enum { TGK_MM_REDUCE = 1, TGK_MM_IM2COL_B = 2, TGK_MM_COL2IM_C = 4, TGK_MM_BIAS_ROW = 8, TGK_MM_BIAS_COL = 16 };
+enum { TGK_MM_REDUCE = 1, TGK_MM_IM2COL_B = 2, TGK_MM_COL2IM_C = 4, TGK_MM_BIAS_ROW = 8, TGK_MM_BIAS_COL = 16, TGK_MM_RELU = 64 };
 
 /* An image x [C, H, W] read as its im2col matrix cols [C*kh*kw, ho*wo] without materializing
  * it: g = {C, H, W, kh, kw, stride, pad}. */
@@ -166,7 +166,8 @@ static void tgk_gemm_col2im(int ta, int tb, int64_t M, int64_t N, int64_t K, con
  * C[b] = op(A[b]) op(B[b]) for each batch element b. TGK_MM_REDUCE: C = the sum over b.
  * TGK_MM_IM2COL_B: B[b] is the im2col view of the image at B + offset. TGK_MM_COL2IM_C: C[b] goes
  * through col2im into image b of C. TGK_MM_BIAS_ROW / _COL: p[3] is a bias added to every
- * product, one value per row / per column. */
+ * product, one value per row / per column. TGK_MM_RELU (without _REDUCE and _COL2IM_C): C[b]
+ * then goes through relu (NaN to 0). */
 static void tgk_matmul(const int64_t *a, void *const *p) {
     int ta = (int)a[0], tb = (int)a[1], flags = (int)a[6];
     int64_t M = a[2], N = a[3], K = a[4], batch = a[5];
@@ -188,6 +189,8 @@ static void tgk_matmul(const int64_t *a, void *const *p) {
         else
             tgk_gemm(ta, tb, M, N, K, A + aoff[b], B + boff[b], view, C + ((flags & TGK_MM_REDUCE) ? 0 : b * M * N),
                      (flags & TGK_MM_REDUCE) && b > 0, brow, bcol);
+        if ((flags & TGK_MM_RELU) && !(flags & (TGK_MM_REDUCE | TGK_MM_COL2IM_C)))
+            for (float *c = C + b * M * N; c < C + (b + 1) * M * N; c++) *c = *c > 0.0f ? *c : 0.0f;
     }
 }
 #endif
@@ -343,9 +346,9 @@ static int64_t tgk_window_argmax(const float *img, int64_t H, int64_t W, int64_t
 #endif
 
 #if defined(TGK_USE_MAXPOOL) || defined(TGK_USE_MAXPOOL_BWD)
-/* a = {N, C, H, W, k, k, stride, pad}; p = {x, out} or, backward, {x, grad out, grad in}: the
- * max of each window, or its gradient added at the window's first maximum (zero-filled first;
- * padding counts as -inf). */
+/* a = {N, C, H, W, k, k, stride, pad} (backward: then a mask flag); p = {x, out} or, backward,
+ * {x, grad out, grad in}: the max of each window, or its gradient added at the window's first
+ * maximum (zero-filled first; padding counts as -inf), then with the mask multiplied by step(x). */
 static void tgk_maxpool_any(const int64_t *a, void *const *p, int backward) {
     int64_t N = a[0], C = a[1], H = a[2], W = a[3], k = a[4], s = a[6], pad = a[7];
     int64_t ho = (H + 2 * pad - k) / s + 1, wo = (W + 2 * pad - k) / s + 1;
@@ -360,6 +363,8 @@ static void tgk_maxpool_any(const int64_t *a, void *const *p, int backward) {
                 else if (at >= 0) ((float *)p[2])[nc * H * W + at] += ((const float *)p[1])[o];
             }
     }
+    if (backward && a[8])
+        for (int64_t q = 0; q < N * C * H * W; q++) ((float *)p[2])[q] = ((float *)p[2])[q] * (x[q] > 0.0f ? 1.0f : 0.0f);
 }
 #endif
 

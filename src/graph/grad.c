@@ -110,7 +110,7 @@ static void rule(grad_ctx *c, int id) {
     case OP_RSQRT: accumulate(c, s, src0, MUL(go, DIV(MUL(y, num(g, s, -0.5)), x))); break;
     case OP_EXP: accumulate(c, s, src0, MUL(go, y)); break;
     case OP_LOG: accumulate(c, s, src0, DIV(go, x)); break;
-    case OP_RELU: accumulate(c, s, src0, MUL(go, op_unary(s, OP_STEP, x))); break;
+    case OP_RELU: accumulate(c, s, src0, MUL(go, op_unary(s, OP_STEP, y))); break;   /* y > 0 iff x > 0 */
     case OP_TANH: accumulate(c, s, src0, MUL(go, SUB(num(g, s, 1), op_unary(s, OP_SQUARE, y)))); break;
     case OP_SIGMOID: accumulate(c, s, src0, MUL(go, MUL(y, SUB(num(g, s, 1), y)))); break;
     case OP_ADD:
