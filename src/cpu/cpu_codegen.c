@@ -1052,14 +1052,14 @@ static char *generate(const tg_graph *g, const bool *materialized, const tg_plan
     for (int q = 0; q < n_order; q++) {
         int i = order[q];
         const tg_node *n = &g->nodes[i];
-        int joined = 0, mm = bias_product(c, i);
+        int joined = 0, mm = bias_product(c, i), pb = masked_pool_grad(c, i);
         if (mm >= 0) {
             int add = n->op == OP_RELU ? n->src[0] : i;
             const tg_node *a = &g->nodes[add];
             int k = view_base(c, a->src[0]) == mm ? 0 : 1, o = view_base(c, a->src[1 - k]);
             matmul_call(&G, i, mm, bias_of(g, add, k, mm, o, materialized[o] || cg_is_bound(g->nodes[o].op)) |
                                        (n->op == OP_RELU ? MM_RELU : 0));
-        } else if (masked_pool_grad(c, i) >= 0) masked_pool_call(&G, i, masked_pool_grad(c, i));
+        } else if (pb >= 0) masked_pool_call(&G, i, pb);
         else if (fuse_pointwise(n->op)) joined = pointwise_kernel(&G, i, order + q + 1, n_order - q - 1);
         else if (n->op == OP_SUM && (joined = row_kernel(&G, order + q, n_order - q)) > 0) joined--;
         else if (n->op == OP_SUM) sum_kernel(&G, i);

@@ -32,8 +32,8 @@ float *kernel_scratch(size_t n);
 float *kernel_pack(size_t n);
 /* A third: an operand packed once for every thread of a product to read (NULL: not recorded). */
 float *kernel_panels(size_t n);
-/* A fourth: one image of a convolution with its zero border, or its gradient being summed
- * (NULL: not recorded; the caller has a fallback). */
+/* A fourth: one image of a convolution with its zero border (NULL: not recorded; the caller
+ * has a fallback). */
 float *kernel_image(size_t n);
 /* Record that a kernel left its output wrong for want of memory (see TGK_FAILED). */
 void kernel_failed(void);

@@ -87,7 +87,6 @@ typedef struct {
     lt_algo algo;
     size_t workspace;
 } lt_product;
-bool lt_available(void);
 void *lt_handle_new(void);        /* NULL without cuBLASLt */
 /* Descriptors and the algorithm for shape s, the candidates timed on these buffers (whose
  * contents they overwrite: C); false (p cleared) when cuBLASLt is missing or has none. */

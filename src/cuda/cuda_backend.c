@@ -805,9 +805,10 @@ static bool gemm(cuda_exec *e, int i, tg_error *err) {
     int compute = prec == TG_PRECISION_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     int m = (int)l->M, n = (int)l->N, k = (int)l->K, lda = l->ta ? m : k, ldb = l->tb ? k : n;
     int rc = 0;
-    if (strided_batch(l) && p) {
+    bool strided = strided_batch(l);
+    if (strided && p) {
         rc = lt_run(p, &e->dev->lt, a + l->aoff[0] * es, b + l->boff[0] * es, C);
-    } else if (strided_batch(l)) {
+    } else if (strided) {
         rc = cublas.GemmStridedBatchedEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[0] * es, type, ldb,
                                          l->boff[1] - l->boff[0], a + l->aoff[0] * es, type, lda, l->aoff[1] - l->aoff[0],
                                          &zero, C, CUDA_R_32F, n, (long long)m * n, (int)l->batch, compute,

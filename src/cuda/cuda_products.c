@@ -90,7 +90,7 @@ static void load(void) {
     }
 }
 
-bool lt_available(void) {
+static bool lt_available(void) {
     pthread_once(&g_lt.once, load);
     return g_lt.ok;
 }
