@@ -457,9 +457,12 @@ typedef tg_tensor (*tg_forward_fn)(const void *ctx, const tg_tensor *inputs);
  *   TF32  products on TF32 tensor cores (inputs rounded to a 10-bit mantissa, f32 sums);
  *         attention and everything else f32.
  *   BF16  mixed precision as torch.autocast(dtype=torch.bfloat16) does it: the operands of
- *         products and attention are rounded to bfloat16, sums stay f32; parameters, gradients,
- *         optimizer state, softmax, norms, reductions and the loss stay f32. bf16 keeps f32's
- *         exponent range, so no loss scaling is needed (unlike fp16).
+ *         products and attention are rounded to bfloat16, sums stay f32; so are activations
+ *         (the output of a product, and element-wise work on it such as a bias, GELU or ReLU,
+ *         but not a sum with an f32 tensor of its size, such as the residual stream), which
+ *         lets a backend keep them in two bytes; parameters, their gradients, optimizer state,
+ *         softmax, norms, reductions, attention's output and the loss stay f32. bf16 keeps
+ *         f32's exponent range, so no loss scaling is needed (unlike fp16).
  * The reference interpreter rounds at the same points, so each precision has an exact oracle.
  * A backend without the hardware runs what it can, never silently (tg_train_precision says what
  * runs): the "cpu" backend runs BF16 where the CPU has AVX512-BF16 (vdpbf16ps products; denormal

@@ -2,8 +2,9 @@
  *  - the rounding itself: bf16 to nearest even, tf32 to nearest with ties away, NaN and
  *    infinities untouched, exact at the halfway cases;
  *  - products, convolutions and attention at tf32 and bf16 against float64 loops over the
- *    operands rounded the same way (so the emulation is exact, not merely close), and nothing
- *    else rounded (an elementwise op at bf16 is the f32 result);
+ *    operands rounded the same way (so the emulation is exact, not merely close); at bf16 the
+ *    activations rounded too (a product's output, a bias added to it, its gelu), but not an
+ *    elementwise op of f32 inputs, nor a residual sum with an f32 tensor;
  *  - the settings through the API: what each backend runs (tg_train_precision: the cpu backend
  *    runs bf16 where the CPU has AVX512-BF16, else f32, and says which), forwards inheriting the
  *    training handle's setting, an unknown value refused, checkpoints moving between precisions;
@@ -56,7 +57,7 @@ static void test_rounding(void) {
 
 /* ----- operations at each precision against float64 over rounded operands ----- */
 
-typedef enum { MATMUL, MATMUL_BT, CONV, ATTENTION, ELEMENTWISE } opk;
+typedef enum { MATMUL, MATMUL_BT, CONV, ATTENTION, ELEMENTWISE, GELU_BIAS, RESIDUAL } opk;
 typedef struct { opk op; } pctx;
 
 static tg_tensor op_fwd(const void *vc, const tg_tensor *in) {
@@ -66,6 +67,8 @@ static tg_tensor op_fwd(const void *vc, const tg_tensor *in) {
     case CONV: return tg_conv2d(in[0], in[1], 1, 1);
     case ATTENTION: return tg_attention(in[0], in[1], in[2], 1, 0.4);
     case ELEMENTWISE: return tg_mul(tg_exp(in[0]), in[1]);
+    case GELU_BIAS: return tg_gelu(tg_add(tg_matmul(in[0], in[1]), in[2]));
+    case RESIDUAL: return tg_add(in[2], tg_matmul(in[0], in[1]));
     }
     return in[0];
 }
@@ -76,8 +79,17 @@ static void round_all(tg_precision p, ht *x, int n) {
         for (int64_t e = 0; e < nel(x[i].s); e++) x[i].v[e] = precision_round(p, (float)x[i].v[e]);
 }
 
+static double gelu(double x) { return 0.5 * x * (1 + erf(x / sqrt(2))); }
+
 /* float64 of the op on (already rounded) operands */
 static ht expect(opk op, const ht *x) {
+    if (op == GELU_BIAS || op == RESIDUAL) {   /* [B, M, K] x [K, N], then with x[2] (f32): [N] bias or [B, M, N] */
+        ht out = expect(MATMUL, x);
+        int64_t N = out.s.d[2];
+        for (int64_t e = 0; e < nel(out.s); e++)
+            out.v[e] = op == RESIDUAL ? x[2].v[e] + out.v[e] : gelu(out.v[e] + x[2].v[e % N]);
+        return out;
+    }
     if (op == MATMUL || op == MATMUL_BT) {   /* [B, M, K] x [K, N] (or [N, K] transposed) */
         int64_t B = x[0].s.d[0], M = x[0].s.d[1], K = x[0].s.d[2], N = op == MATMUL ? x[1].s.d[1] : x[1].s.d[0];
         ht out = ht_new(TG_SHAPE(B, M, N));
@@ -139,6 +151,24 @@ static ht expect(opk op, const ht *x) {
     return out;
 }
 
+/* bf16 graphs round their activations (graph_bf16_values): a product's output, a bias added to
+ * it and the gelu of that, each to bf16; a residual sum of f32 x[2] and a product stays f32.
+ * `want`: the op on the rounded operands rx, replaced by what a bf16 graph computes. */
+static void activations(opk op, ht *want, const ht *rx) {
+    const tg_precision BF = TG_PRECISION_BF16;
+    if (op == MATMUL || op == MATMUL_BT || op == CONV)
+        for (int64_t e = 0; e < nel(want->s); e++) want->v[e] = precision_round(BF, (float)want->v[e]);
+    if (op != GELU_BIAS && op != RESIDUAL) return;
+    ht mm = expect(MATMUL, rx);
+    int64_t N = mm.s.d[2];
+    for (int64_t e = 0; e < nel(mm.s); e++) {
+        double y = precision_round(BF, (float)mm.v[e]);
+        if (op == RESIDUAL) want->v[e] = rx[2].v[e] + y;
+        else want->v[e] = precision_round(BF, (float)gelu(precision_round(BF, (float)(y + rx[2].v[e % N]))));
+    }
+    free(mm.v);
+}
+
 static void test_operations(void) {
     static const struct { const char *what; opk op; int n; inspec in[3]; } cases[] = {
         { "matmul [2,5,33] x [33,7]", MATMUL, 2, { FIN("a", -2, 2, 2, 5, 33), FIN("b", -2, 2, 33, 7) } },
@@ -146,6 +176,8 @@ static void test_operations(void) {
         { "conv2d [2,3,5,6] * [4,3,3,3]", CONV, 2, { FIN("x", -2, 2, 2, 3, 5, 6), FIN("w", -1, 1, 4, 3, 3, 3) } },
         { "attention [2,9,8] causal", ATTENTION, 3, { FIN("q", -2, 2, 2, 9, 8), FIN("k", -2, 2, 2, 9, 8), FIN("v", -2, 2, 2, 9, 8) } },
         { "exp(x) * y", ELEMENTWISE, 2, { FIN("x", -2, 2, 3, 7), FIN("y", -2, 2, 3, 7) } },
+        { "gelu([2,5,33] x [33,7] + b)", GELU_BIAS, 3, { FIN("a", -2, 2, 2, 5, 33), FIN("b", -1, 1, 33, 7), FIN("c", -1, 1, 7) } },
+        { "r + [2,5,33] x [33,7]", RESIDUAL, 3, { FIN("a", -2, 2, 2, 5, 33), FIN("b", -1, 1, 33, 7), FIN("r", -2, 2, 2, 5, 7) } },
     };
     const tg_precision precisions[] = { TG_PRECISION_F32, TG_PRECISION_TF32, TG_PRECISION_BF16 };
     char what[200];
@@ -162,8 +194,10 @@ static void test_operations(void) {
                 memcpy(rx[i].v, h.x[i].v, sizeof(double) * (size_t)nel(h.x[i].s));
             }
             bool rounds = cases[k].op != ELEMENTWISE && !(cases[k].op == ATTENTION && p == TG_PRECISION_TF32);
-            if (rounds) round_all(p, rx, cases[k].n);
+            bool linear = cases[k].op == GELU_BIAS || cases[k].op == RESIDUAL;   /* a product, then f32 x[2] */
+            if (rounds) round_all(p, rx, linear ? 2 : cases[k].n);
             ht want = expect(cases[k].op, rx);
+            if (p == TG_PRECISION_BF16) activations(cases[k].op, &want, rx);
             tg_error err;
             tg_probe *pr = tg_probe_new_at("reference-f64", p, m, op_fwd, &c, h.decl, cases[k].n, false, &err);
             CHECK(pr != NULL, "%s: probe: %s", cases[k].what, pr ? "" : err.msg);

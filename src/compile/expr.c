@@ -445,6 +445,11 @@ static const char *compute(cg *c, int id, ix_t ix, char *name) {
         cg_def(c, name, "t", t, "0 /* %s is not pointwise */", op_name(n->op));
         break;
     }
+    if (graph_rounds(c->g, c->bf16, id)) {   /* a bf16 activation, rounded where it is computed */
+        char r[NAME];
+        cg_def(c, r, "t", t, "%s(%s)", c->operand_round ? c->operand_round : "tgk_bf16r", name);   /* bf16 graphs: the same rounding */
+        memcpy(name, r, NAME);
+    }
     return name;
 }
 
@@ -458,7 +463,8 @@ static const char *val(cg *c, int id, ix_t ix) {
     if (in_memory(c, id)) {
         ensure_flat(c, n->shape, &ix);
         c->used[id] = true;
-        cg_def(c, name, "t", cg_ctype(n), "P%d[%s]", id, ix.flat);
+        if (cg_unplaced(c, id)) cg_def(c, name, "t", "float", "tgk_bf16f(P%d[%s])", id, ix.flat);   /* kept in bf16 only */
+        else cg_def(c, name, "t", cg_ctype(n), "P%d[%s]", id, ix.flat);
     } else {
         compute(c, id, ix, name);
     }
@@ -598,6 +604,9 @@ void cg_pointer(cg *c, strbuf *decl, int id, bool out, const char *restrict_kw) 
     const char *t = cg_ctype(n), *q = out ? "" : "const ";
     if (cg_is_bound(N(c, home)->op))
         sb_printf(decl, "    %s%s *%s P%d = (%s%s *)B[%d];\n", q, t, restrict_kw, id, q, t, home);
+    else if (c->plan->offset[home] == PLAN_BOUND && !out && c->plan->shadow && c->plan->shadow[home] != PLAN_BOUND)
+        sb_printf(decl, "    const unsigned short *%s P%d = (const unsigned short *)(A + %zu);\n", restrict_kw, id,
+                  c->plan->shadow[home]);   /* a bf16 activation kept only as its bf16 copy: read by cg_value */
     else if (c->plan->offset[home] == PLAN_BOUND)   /* a value kept only as a rounded copy: a planner bug, not a crash */
         c->unsupported = id;
     else
@@ -614,7 +623,7 @@ bool cg_init(cg *c, const tg_graph *g, const bool *materialized, const tg_plan *
     c->used = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
     c->cap_memo = 64;
     c->memo = tg_alloc(sizeof(memo_t) * (size_t)c->cap_memo);
-    return c->used && c->memo;
+    return graph_bf16_values(g, &c->bf16) && c->used && c->memo;
 }
 
 memo_t *cg_memo_slot(cg *c) {
@@ -631,6 +640,7 @@ void cg_release(cg *c) {
     free(c->body.s);
     free(c->memo);
     free(c->used);
+    free(c->bf16);
 }
 
 void cg_begin(cg *c, int root) {
@@ -661,6 +671,15 @@ static const char *const HELPERS[] = {
     "double tgk_normal(uint64_t seed, uint64_t salt, uint64_t i) {\n"
     "    double u1 = tgk_uniform(seed, salt, 2 * i), u2 = tgk_uniform(seed, salt, 2 * i + 1);\n"
     "    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);\n}\n",
+    "float tgk_bf16r(float x) {\n"   /* graph.h's precision_round at bf16 */
+    "    union { float f; uint32_t u; } v;\n"
+    "    v.f = x;\n"
+    "    if ((v.u & 0x7f800000u) != 0x7f800000u) v.u = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u;\n"
+    "    return v.f;\n}\n",
+    "float tgk_bf16f(unsigned short h) {\n"
+    "    union { float f; uint32_t u; } v;\n"
+    "    v.u = (uint32_t)h << 16;\n"
+    "    return v.f;\n}\n",
     "float tgk_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }\n",
     "float tgk_gelu_grad(float x) {\n"
     "    return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * 0.39894228040143268f * expf(-0.5f * x * x);\n}\n",

@@ -33,7 +33,9 @@ typedef struct {
     int n_memo, cap_memo;
     bool *used;          /* per node: read from memory by the current kernel */
     int parallel_min;    /* CPU: elements below which a kernel runs on one thread */
-    const char *operand_round;   /* products computed inline: the function rounding each operand (NULL: none) */
+    const char *operand_round;   /* products computed inline: the function rounding each operand (NULL: none);
+                                  * at bf16 also the activations' (else tgk_bf16r) */
+    bool *bf16;          /* bf16 graphs: the activations rounded to bf16 (graph_bf16_values), else NULL */
     int unsupported;     /* a node the generator has no kernel or no buffer for (the source is void), or -1 */
 } cg;
 

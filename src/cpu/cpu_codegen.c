@@ -40,6 +40,7 @@ typedef struct {
     char **names;
     int n_texts, cap_texts;
     bool standalone;      /* codegen_c_standalone: see the top of this file */
+    const char *prefix;   /* of the kernel's name, before its first root: "k", or "kround" (round_kernel) */
 } gen;
 
 static int inplace_of(const gen *G, int id) { return G->inplace ? G->inplace[id] : -1; }
@@ -209,19 +210,23 @@ void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *mat,
             absorb(g, mat, alias, m);
     }
     /* Products read only by the add of a bias; or by the add of a bias that only a relu reads
-     * (computed inside the relu's kernel: the product kernel applies the relu too). */
-    for (int i = 0; i < n; i++) {
+     * (computed inside the relu's kernel: the product kernel applies the relu too). Not a bf16
+     * activation, which is rounded before the bias is added (graph_bf16_values). */
+    bool *bf16 = NULL;
+    bool rounding_known = graph_bf16_values(g, &bf16);
+    for (int i = 0; rounding_known && i < n; i++) {
         const tg_node *nd = &g->nodes[i];
+        int m = -1;
         if (mat[i] && alias[i] < 0 && nd->op == OP_ADD) {
-            int m = product_of_bias_add(g, mat, alias, uses, kept, i);
-            if (m >= 0) absorb(g, mat, alias, m);
+            m = product_of_bias_add(g, mat, alias, uses, kept, i);
         } else if (mat[i] && alias[i] < 0 && nd->op == OP_RELU && nd->dtype == TG_FLOAT32) {
-            int a = nd->src[0], m = -1;
+            int a = nd->src[0];
             if (g->nodes[a].op == OP_ADD && !mat[a] && uses[a] == 1 && !kept[a])
                 m = product_of_bias_add(g, mat, alias, uses, kept, a);
-            if (m >= 0) absorb(g, mat, alias, m);
         }
+        if (m >= 0 && !(bf16 && bf16[m])) absorb(g, mat, alias, m);
     }
+    free(bf16);
     /* A max pooling's gradient read only by its product with the step of the pooling's input
      * (the gradient of max_pool2d(relu(x)), relu's taken at its output): one library call
      * writes the product (masked_pool_grad). */
@@ -392,7 +397,7 @@ static void end_kernel(gen *G, bool parallel, const char *head, const char *tail
     const char *name = NULL;
     for (int k = 0; canon && k < G->n_texts && !name; k++)
         if (strcmp(G->texts[k], canon) == 0) name = G->names[k];
-    snprintf(buf, sizeof buf, "k%d", G->roots[0]);
+    snprintf(buf, sizeof buf, "%s%d", G->prefix, G->roots[0]);
     if (!canon || name) {   /* out of memory (the output is discarded: see alloc_failures), or a twin */
         free(canon);
     } else if (grow_texts(G)) {
@@ -422,6 +427,7 @@ static void begin(gen *G, int root) {
     G->slots.len = 0;
     if (G->slots.s) G->slots.s[0] = 0;
     G->n_slots = 0;
+    G->prefix = "k";
 }
 
 /* Shapes are constants, so whether a loop is worth threads is decided here: small kernels get
@@ -527,6 +533,18 @@ static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
     snprintf(head, sizeof head, "    for (%s i = 0; i < %lld; i++) {\n", it, (long long)n->numel);
     end_kernel(G, omp(c, n->numel * G->n_roots), head, "    }\n");
     return joined;
+}
+
+/* A product's output rounded in place to bf16 (a bf16 activation: graph_bf16_values); the
+ * product kernel itself sums in f32. */
+static void round_kernel(gen *G, int id) {
+    cg *c = &G->c;
+    begin(G, id);
+    G->prefix = "kround";   /* the product's own call is k<id> */
+    cg_line(c, "P%d[i] = tgk_bf16r(P%d[i]);", id, id);
+    char head[128];
+    snprintf(head, sizeof head, "    for (int64_t i = 0; i < %lld; i++) {\n", (long long)N(c, id)->numel);
+    end_kernel(G, omp(c, N(c, id)->numel), head, "    }\n");
 }
 
 /* The product behind a reduction's source, when it is an absorbed batched product. */
@@ -1031,6 +1049,7 @@ static char *generate(const tg_graph *g, const bool *materialized, const tg_plan
     strbuf out = { 0 };
     gen G;
     memset(&G, 0, sizeof G);
+    G.prefix = "k";
     cg *c = &G.c;
     long failures = alloc_failures();   /* any allocation failing from here on voids the source */
     if (!cg_init(c, g, materialized, plan, &out)) {
@@ -1066,6 +1085,10 @@ static char *generate(const tg_graph *g, const bool *materialized, const tg_plan
         else if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_LSE || n->op == OP_ATTENTION_BWD)
             joined = attention_call(&G, i, order + q + 1, n_order - q - 1);
         else special_kernel(&G, i);
+        if (n->op == OP_MATMUL && graph_rounds(g, c->bf16, i)) {   /* a bf16 activation out of the product kernel */
+            sb_printf(&entry, "%s", sb_str(&G.call));
+            round_kernel(&G, i);
+        }
         bool writes_leaf = false;
         for (int r = 0; r < G.n_roots; r++) writes_leaf |= inplace_of(&G, G.roots[r]) >= 0;
         if (writes_leaf && !guarded) {

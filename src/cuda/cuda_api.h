@@ -73,13 +73,14 @@ typedef struct {
     CUdeviceptr workspace;
     size_t workspace_bytes;
 } lt_device;
-/* Row-major C[M, N] = op(A) op(B) in f32, batch times (operands a_stride, b_stride elements
- * apart; C M * N). No padding: shapes are compared and hashed as bytes. */
+/* Row-major C[M, N] = op(A) op(B) summed in f32, batch times (operands a_stride, b_stride
+ * elements apart; C M * N), C stored in f32 or rounded to bf16. No padding: shapes are compared
+ * and hashed as bytes. */
 typedef struct {
     int64_t M, N, K, batch, a_stride, b_stride;
     int32_t ta, tb, bf16, tf32;   /* bf16 operands; f32 operands on TF32 tensor cores */
     uint32_t align[3];            /* bytes that every address of A, B and C is a multiple of (<= 256) */
-    uint32_t reserved;
+    uint32_t c_bf16;              /* C in bf16 (a bf16 activation: graph_bf16_values) */
 } lt_shape;
 typedef struct { uint64_t data[8]; } lt_algo;   /* cublasLtMatmulAlgo_t */
 typedef struct {

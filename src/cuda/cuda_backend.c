@@ -723,15 +723,19 @@ fail:
 }
 
 /* A product's operands, in the graph's precision (f32, or rounded copies: rounded_operands), and
- * its output; es: the operands' element bytes. */
-static bool product_buffers(cuda_exec *e, const cuda_launch *l, const char **A, const char **B, float **C, size_t *es,
-                            tg_error *err) {
+ * its output: f32, or only its bf16 copy (a bf16 activation that nothing reads in f32: unplaced,
+ * cuda_shadow_wanted); es, cs: the operands' and the output's element bytes. */
+static bool product_buffers(cuda_exec *e, const cuda_launch *l, const char **A, const char **B, char **C, size_t *es,
+                            size_t *cs, tg_error *err) {
     const void *a = (const void *)node_ptr(e, l->a), *b = (const void *)node_ptr(e, l->b);
     if (e->g->precision != TG_PRECISION_F32 && !rounded_operands(e, l, &a, &b, err)) return false;
     *A = a;
     *B = b;
-    *C = (float *)node_ptr(e, l->node);
+    int h = plan_home(&e->plan, l->node);
+    bool half = e->plan.offset[h] == PLAN_BOUND && e->plan.shadow && e->plan.shadow[h] != PLAN_BOUND;
+    *C = half ? (char *)(e->arena + e->plan.shadow[h] * 4) : (char *)node_ptr(e, l->node);
     *es = e->g->precision == TG_PRECISION_BF16 ? 2 : 4;
+    *cs = half ? 2 : 4;
     return true;
 }
 
@@ -750,17 +754,18 @@ static uint32_t alignment(uintptr_t bits) {
 }
 
 /* What cuBLASLt is asked for: one strided call, or the batch's products one by one. */
-static lt_shape product_shape(const cuda_exec *e, const cuda_launch *l, const char *A, const char *B, const float *C, size_t es) {
+static lt_shape product_shape(const cuda_exec *e, const cuda_launch *l, const char *A, const char *B, const char *C, size_t es,
+                              size_t cs) {
     bool strided = strided_batch(l);
     lt_shape s = { .M = l->M, .N = l->N, .K = l->K, .batch = strided ? l->batch : 1,
                    .a_stride = strided ? l->aoff[1] - l->aoff[0] : 0, .b_stride = strided ? l->boff[1] - l->boff[0] : 0,
                    .ta = l->ta, .tb = l->tb, .bf16 = e->g->precision == TG_PRECISION_BF16,
-                   .tf32 = e->g->precision == TG_PRECISION_TF32 };
+                   .tf32 = e->g->precision == TG_PRECISION_TF32, .c_bf16 = cs == 2 };
     uintptr_t bits[3] = { 0, 0, 0 };
     for (int64_t i = 0; i < l->batch; i++) {
         bits[0] |= (uintptr_t)(A + l->aoff[i] * es);
         bits[1] |= (uintptr_t)(B + l->boff[i] * es);
-        bits[2] |= (uintptr_t)(C + i * l->M * l->N);
+        bits[2] |= (uintptr_t)(C + i * l->M * l->N * cs);
     }
     for (int k = 0; k < 3; k++) s.align[k] = alignment(bits[k]);
     return s;
@@ -777,11 +782,11 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
     for (int i = 0; i < e->launches.n; i++) {
         const cuda_launch *l = &e->launches.launch[i];
         const char *A, *B;
-        float *C;
-        size_t es;
+        char *C;
+        size_t es, cs;
         if (l->kind != CL_GEMM || e->lt[i].desc) continue;
-        if (!product_buffers(e, l, &A, &B, &C, &es, err)) return false;
-        lt_shape s = product_shape(e, l, A, B, C, es);
+        if (!product_buffers(e, l, &A, &B, &C, &es, &cs, err)) return false;
+        lt_shape s = product_shape(e, l, A, B, C, es, cs);
         lt_product_init(&e->lt[i], &e->dev->lt, &s, A + l->aoff[0] * es, B + l->boff[0] * es, C);   /* else cublasGemmEx */
     }
     e->lt_ready = true;
@@ -789,19 +794,19 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
 }
 
 /* One product (possibly batched), row-major C = op(A) op(B), in the graph's precision: f32, TF32
- * tensor cores, or bf16 operands; sums and C are f32 in every case. Through cuBLASLt with the
- * algorithm products_ready chose, else cublasGemmEx, by the column-major identity
- * C^T = op(B)^T op(A)^T. */
+ * tensor cores, or bf16 operands; sums are f32 in every case, C f32 or rounded to bf16
+ * (product_buffers). Through cuBLASLt with the algorithm products_ready chose, else
+ * cublasGemmEx, by the column-major identity C^T = op(B)^T op(A)^T. */
 static bool gemm(cuda_exec *e, int i, tg_error *err) {
     const cuda_launch *l = &e->launches.launch[i];
     const float one = 1, zero = 0;
     const char *a, *b;
-    float *C;
-    size_t es;
-    if (!product_buffers(e, l, &a, &b, &C, &es, err)) return false;
+    char *C;
+    size_t es, cs;
+    if (!product_buffers(e, l, &a, &b, &C, &es, &cs, err)) return false;
     const lt_product *p = e->lt && e->lt[i].desc ? &e->lt[i] : NULL;
     tg_precision prec = e->g->precision;
-    int type = prec == TG_PRECISION_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    int type = prec == TG_PRECISION_BF16 ? CUDA_R_16BF : CUDA_R_32F, ctype = cs == 2 ? CUDA_R_16BF : CUDA_R_32F;
     int compute = prec == TG_PRECISION_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     int m = (int)l->M, n = (int)l->N, k = (int)l->K, lda = l->ta ? m : k, ldb = l->tb ? k : n;
     int rc = 0;
@@ -811,13 +816,13 @@ static bool gemm(cuda_exec *e, int i, tg_error *err) {
     } else if (strided) {
         rc = cublas.GemmStridedBatchedEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[0] * es, type, ldb,
                                          l->boff[1] - l->boff[0], a + l->aoff[0] * es, type, lda, l->aoff[1] - l->aoff[0],
-                                         &zero, C, CUDA_R_32F, n, (long long)m * n, (int)l->batch, compute,
+                                         &zero, C, ctype, n, (long long)m * n, (int)l->batch, compute,
                                          CUBLAS_GEMM_DEFAULT);
     } else {
         for (int64_t j = 0; j < l->batch && rc == 0; j++)
-            rc = p ? lt_run(p, &e->dev->lt, a + l->aoff[j] * es, b + l->boff[j] * es, C + j * m * n)
+            rc = p ? lt_run(p, &e->dev->lt, a + l->aoff[j] * es, b + l->boff[j] * es, C + j * m * n * cs)
                    : cublas.GemmEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[j] * es, type, ldb,
-                                   a + l->aoff[j] * es, type, lda, &zero, C + j * m * n, CUDA_R_32F, n, compute,
+                                   a + l->aoff[j] * es, type, lda, &zero, C + j * m * n * cs, ctype, n, compute,
                                    CUBLAS_GEMM_DEFAULT);
     }
     if (rc) tg_seterr(err, "cuBLAS%s product failed (status %d) for node %d", p ? "Lt" : "", rc, l->node);

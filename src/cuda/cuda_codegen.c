@@ -16,6 +16,10 @@
 #include <string.h>
 
 #define BLOCK 256
+/* Elements a thread of a pointwise kernel takes when it has one segment of at least ELEMS_MIN
+ * elements, a multiple of BLOCK * ELEMS (pointwise_kernel). */
+#define ELEMS 4
+#define ELEMS_MIN (1 << 20)
 
 static const tg_node *N(const cg *c, int id) { return &c->g->nodes[id]; }
 
@@ -135,8 +139,16 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
         }
     }
     /* A computed node whose kernel writes its copy, and that only products and tensor-core
-     * attention read, keeps no f32 copy at all. */
-    for (int i = 0; i < g->n; i++) only[i] = want[i] && !cg_is_bound(g->nodes[i].op) && alias[i] < 0 && writes_shadow(g, materialized, i);
+     * attention read, keeps no f32 copy at all; nor does a bf16 activation (graph_bf16_values:
+     * its f32 value is its bf16 one) computed by one of our kernels or by cuBLAS, where every
+     * reader is a product or reads it through the expression engine (cg_value). */
+    bool *bf16;
+    graph_bf16_values(g, &bf16);   /* NULL when memory runs out: every activation in f32 too */
+    for (int i = 0; i < g->n; i++) {
+        bool computed = !cg_is_bound(g->nodes[i].op) && alias[i] < 0;
+        only[i] = computed && ((want[i] && writes_shadow(g, materialized, i)) ||
+                               (bf16 && bf16[i] && (writes_shadow(g, materialized, i) || on_cublas(g, materialized, i))));
+    }
     for (int k = 0; k < n_keep; k++)
         if (keep[k] >= 0) only[home_of(alias, keep[k])] = false;
     for (int k = 0; k < g->n_assigns; k++) only[home_of(alias, g->assigns[k].src)] = false;
@@ -157,11 +169,16 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
         if (materialized[i] && alias[i] < 0) prev = i;
         if (!live[i] || alias[i] >= 0 || on_cublas(g, materialized, i)) continue;   /* relabels, and cuBLAS's products: they read copies */
         bool mma = is_attention(n->op) && cuda_attention_mma(g, i, sm);
-        for (int k = 0; k < n->nsrc; k++)
-            if ((!mma || (k == 3 || k == 5)) && !(own && k == 0))   /* tensor-core attention reads out and lse as f32 */
-                only[home_of(alias, n->src[k])] = false;
+        bool expr = !materialized[i] || fuse_pointwise(n->op) || n->op == OP_SUM;   /* reads through cg_value */
+        for (int k = 0; k < n->nsrc; k++) {
+            int h = home_of(alias, n->src[k]);
+            if ((!mma || (k == 3 || k == 5)) && !(own && k == 0) && !(expr && bf16 && bf16[h]))   /* tensor-core attention reads out and lse as f32 */
+                only[h] = false;
+        }
     }
+    for (int i = 0; i < g->n; i++) want[i] |= only[i];
     free(live);
+    free(bf16);
 }
 
 static bool has_shadow(const cg *c, int id) { return c->plan->shadow && c->plan->shadow[id] != PLAN_BOUND; }
@@ -374,15 +391,24 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
                   (long long)(total + numel), it, it, (long long)total, sb_str(&c->body));
         total += numel;
     }
-    char head[160];
-    snprintf(head, sizeof head, "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n", BLOCK);
+    /* One large segment: each thread takes ELEMS elements a block apart, so that their loads
+     * are in flight together (one element a thread leaves HBM idle while each thread waits on
+     * its loads, and the load of a bound buffer's address before them). */
+    int elems = 1, want = getenv("TG_CUDA_ELEMS") ? atoi(getenv("TG_CUDA_ELEMS")) : ELEMS;   /* the variable: A/B runs */
+    if (want > 1 && want <= 16 && total == N(c, roots[0])->numel && total >= ELEMS_MIN && total % (BLOCK * want) == 0) elems = want;
+    char head[200];
+    if (elems > 1)
+        snprintf(head, sizeof head, "    #pragma unroll\n    for (int u = 0; u < %d; u++) {\n"
+                                    "    const int64_t g = (int64_t)blockIdx.x * %d + u * %d + threadIdx.x;\n", elems, BLOCK * elems, BLOCK);
+    else
+        snprintf(head, sizeof head, "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n", BLOCK);
     c->body.len = 0;   /* the kernel's body: its segments */
     if (c->body.s) c->body.s[0] = 0;
     sb_printf(&c->body, "%s", sb_str(&code));
     free(code.s);
     c->root = roots[0];
-    end_kernel_roots(c, roots, gr.n_roots, NULL, 0, head, "", 0);
-    kernel_launch(p, roots[0], total, BLOCK);
+    end_kernel_roots(c, roots, gr.n_roots, NULL, 0, head, elems > 1 ? "    }\n" : "", 0);
+    kernel_launch(p, roots[0], total / elems, BLOCK);
     free(gr.seen);
     return q;
 }
@@ -774,17 +800,23 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     return n_out - 1;
 }
 
-/* The rounded copy of node id, when it has one that its own kernel does not write (a product's
- * output read by attention on tensor cores): one pass right after the node is computed. */
+/* After a product through cuBLAS that wrote f32: its values rounded in place when it is a bf16
+ * activation (graph_bf16_values), and its rounded copy when it has one (read by attention on
+ * tensor cores): one pass right after the node is computed. */
 static void fill_shadow(cg *c, cuda_plan *p, int id) {
-    if (!has_shadow(c, id) || writes_shadow(c->g, c->mat, id)) return;
+    bool rounds = on_cublas(c->g, c->mat, id) && graph_rounds(c->g, c->bf16, id);
+    bool fills = has_shadow(c, id) && !writes_shadow(c->g, c->mat, id);
+    if (cg_unplaced(c, id) || (!rounds && !fills)) return;   /* unplaced: cuBLAS wrote the bf16 copy itself */
     strbuf decl = { 0 };
-    pointer(c, &decl, id, false);
+    pointer(c, &decl, id, rounds);
     shadow_pointer(c, &decl, id);
+    char store[120] = "", round[120] = "";
+    if (rounds) snprintf(round, sizeof round, " v = tgk_round_bf16_float(v); P%d[i] = v;", id);
+    if (fills) snprintf(store, sizeof store, " S%d[i] = %s(v);", id, round_fn(c));
     sb_printf(c->out, "extern \"C\" __global__ void kfill%d(float *A, void *const *B, const double *H) {\n%s"
                       "    const int64_t i = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
-                      "    if (i < %lldll) S%d[i] = %s(P%d[i]);\n}\n\n",
-              id, sb_str(&decl), BLOCK, (long long)N(c, id)->numel, id, round_fn(c), id);
+                      "    if (i < %lldll) { float v = P%d[i];%s%s }\n}\n\n",
+              id, sb_str(&decl), BLOCK, (long long)N(c, id)->numel, id, round, store);
     free(decl.s);
     kernel_launch(p, id, N(c, id)->numel, BLOCK);
     snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "kfill%d", id);
@@ -1035,9 +1067,15 @@ static const char DEVICE_KERNELS[] =
     "static __device__ inline float tgk_round_tf32(float x) {\n"
     "    const unsigned u = __float_as_uint(x);\n"
     "    return (u & 0x7f800000u) == 0x7f800000u ? x : __uint_as_float((u + 0x1000u) & 0xffffe000u);\n}\n"
-    "static __device__ inline unsigned short tgk_round_bf16(float x) {\n"
+    "static __device__ inline unsigned short tgk_round_bf16(float x) {\n"   /* one instruction from sm_80 on */
+    "#if __CUDA_ARCH__ >= 800\n"
+    "    unsigned short h;\n"
+    "    asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(x));\n"
+    "    return h;\n"
+    "#else\n"
     "    const unsigned u = __float_as_uint(x);\n"
-    "    return (unsigned short)(((u & 0x7f800000u) == 0x7f800000u ? u : u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}\n"
+    "    return (unsigned short)(((u & 0x7f800000u) == 0x7f800000u ? u : u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n"
+    "#endif\n}\n"
     "static __device__ inline float tgk_round_bf16_float(float x) { return __uint_as_float((unsigned)tgk_round_bf16(x) << 16); }\n"
     "extern \"C\" __global__ void tg_to_tf32(const float *src, float *dst, long long n) {\n"
     "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)\n"

@@ -120,7 +120,7 @@ static bool describe(lt_product *p, const lt_shape *s) {
                            s->tb ? s->K : s->N) == 0 &&
            lt.LayoutCreate(&p->layout[1], type, (uint64_t)(s->ta ? s->M : s->K), (uint64_t)(s->ta ? s->K : s->M),
                            s->ta ? s->M : s->K) == 0 &&
-           lt.LayoutCreate(&p->layout[2], LT_R_32F, (uint64_t)s->N, (uint64_t)s->M, s->N) == 0 &&
+           lt.LayoutCreate(&p->layout[2], s->c_bf16 ? LT_R_16BF : LT_R_32F, (uint64_t)s->N, (uint64_t)s->M, s->N) == 0 &&
            set_batch(p->layout[0], s, s->b_stride) && set_batch(p->layout[1], s, s->a_stride) &&
            set_batch(p->layout[2], s, c_stride);
 }
@@ -188,9 +188,9 @@ static unsigned config(const lt_algo *a, int attr) {
 }
 
 static void report(const lt_shape *s, const lt_heuristic *h, const double *ms, int n, int best) {
-    fprintf(stderr, "tensorgrad: product [%lld x %lld] x [%lld x %lld]%s%s x%lld %s:", (long long)s->M, (long long)s->K,
+    fprintf(stderr, "tensorgrad: product [%lld x %lld] x [%lld x %lld]%s%s x%lld %s%s:", (long long)s->M, (long long)s->K,
             (long long)s->K, (long long)s->N, s->ta ? " (A^T)" : "", s->tb ? " (B^T)" : "", (long long)s->batch,
-            s->bf16 ? "bf16" : s->tf32 ? "tf32" : "f32");
+            s->bf16 ? "bf16" : s->tf32 ? "tf32" : "f32", s->c_bf16 ? " to bf16" : "");
     for (int i = 0; i < n; i++)
         fprintf(stderr, " %s%.4f (algo %u tile %u split %u)", i == best ? "*" : "", ms ? ms[i] : NAN,
                 config(&h[i].algo, LT_CONFIG_ID), config(&h[i].algo, LT_CONFIG_TILE), config(&h[i].algo, LT_CONFIG_SPLITK));

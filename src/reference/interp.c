@@ -13,6 +13,7 @@ struct ref_exec {
     double *arena;
     double **bufs;          /* per node: its values (arena slot or bound storage) */
     bool round_f32;
+    bool *bf16;             /* bf16 graphs: the activations rounded to bf16 (graph_bf16_values) */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -939,6 +940,10 @@ ref_exec *ref_exec_new(const tg_graph *g, const tg_plan *plan, bool round_f32)
         return NULL;
     e->g = g;
     e->round_f32 = round_f32;
+    if (!graph_bf16_values(g, &e->bf16)) {
+        free(e);
+        return NULL;
+    }
     e->arena = tg_alloc((plan->arena > 0 ? plan->arena : 1) * sizeof *e->arena);
     e->bufs = tg_alloc((size_t)(g->n > 0 ? g->n : 1) * sizeof *e->bufs);
     if (!e->arena || !e->bufs) {
@@ -967,6 +972,11 @@ void ref_exec_run(ref_exec *e, const double *hyper)
             for (int64_t i = 0; i < n->numel; i++)
                 v[i] = (double)(float)v[i];
         }
+        if (graph_rounds(g, e->bf16, id)) {
+            double *v = e->bufs[id];
+            for (int64_t i = 0; i < n->numel; i++)
+                v[i] = (double)precision_round(TG_PRECISION_BF16, (float)v[i]);
+        }
         if (n->dtype == TG_INT32) {
             double *v = e->bufs[id];
             for (int64_t i = 0; i < n->numel; i++)
@@ -983,5 +993,6 @@ void ref_exec_free(ref_exec *e)
         return;
     free(e->arena);
     free(e->bufs);
+    free(e->bf16);
     free(e);
 }

@@ -7,7 +7,8 @@
 /* interp.c: the reference interpreter. Every value is a double; with round_f32 set, each
  * f32 node's result is rounded to float after its kernel, so it computes what an f32 machine
  * does (up to accumulation order) and, unset, runs the same graph in double precision for
- * gradient checks. */
+ * gradient checks. A bf16 graph's activations (graph_bf16_values) are rounded to bf16 either
+ * way. */
 typedef struct ref_exec ref_exec;
 ref_exec *ref_exec_new(const tg_graph *g, const tg_plan *plan, bool round_f32);   /* NULL: out of memory */
 void ref_exec_bind(ref_exec *e, int node, double *storage);   /* for INPUT/PARAM/STATE leaves */
