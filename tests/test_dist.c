@@ -185,6 +185,19 @@ static void settings_errors(void) {
     setenv("TG_MASTER_PORT", "http", 1);
     expect_error((setup){ .batch = 6, .dist = &(tg_dist_spec){ 0 } }, "TG_MASTER_PORT='http'", "bad port variable");
     unsetenv("TG_MASTER_PORT");
+    /* Under torchrun its agent's store holds MASTER_PORT: our rendezvous takes the next port. */
+    dist_settings ds;
+    const tg_train_spec dspec = { .dist = &(tg_dist_spec){ 0 } };
+    setenv("MASTER_PORT", "29600", 1);
+    CHECK(dist_settings_resolve(&dspec, &ds, &err) && ds.port == 29600, "MASTER_PORT alone: that port (%d)", ds.port);
+    setenv("TORCHELASTIC_RUN_ID", "none", 1);
+    CHECK(dist_settings_resolve(&dspec, &ds, &err) && ds.port == 29601, "MASTER_PORT under torchrun: the next port (%d)", ds.port);
+    setenv("TG_MASTER_PORT", "29700", 1);
+    CHECK(dist_settings_resolve(&dspec, &ds, &err) && ds.port == 29700, "TG_MASTER_PORT as given, even under torchrun (%d)",
+          ds.port);
+    unsetenv("TG_MASTER_PORT");
+    unsetenv("TORCHELASTIC_RUN_ID");
+    unsetenv("MASTER_PORT");
     setenv("TG_DIST_TIMEOUT", "soon", 1);
     expect_error((setup){ .batch = 6, .dist = &(tg_dist_spec){ 0 } }, "timeout soon", "bad timeout variable");
     unsetenv("TG_DIST_TIMEOUT");

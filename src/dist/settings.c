@@ -105,8 +105,15 @@ static bool rendezvous_point(const tg_dist_spec *d, dist_settings *s, tg_error *
     }
     snprintf(s->addr, sizeof s->addr, "%s", addr);
     s->port = DIST_DEFAULT_PORT;
+    const char *port_from;
     if (d->master_port) s->port = d->master_port;
     else if (!env_int("TG_MASTER_PORT", "MASTER_PORT", 1, 65535, &s->port, err)) return false;
+    /* Under torchrun (its agent sets TORCHELASTIC_RUN_ID), MASTER_PORT is the port of torchrun's
+     * own store, which its agent already listens on: ours is the next one. TG_MASTER_PORT is
+     * taken as given. */
+    else if (env_pair("TG_MASTER_PORT", "MASTER_PORT", &port_from) && strcmp(port_from, "MASTER_PORT") == 0 &&
+             getenv("TORCHELASTIC_RUN_ID") && s->port < 65535)
+        s->port++;
     if (s->port < 1 || s->port > 65535) {
         tg_seterr(err, "dist: master port %d is not a TCP port (1 .. 65535)", s->port);
         return false;
