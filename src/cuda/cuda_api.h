@@ -19,6 +19,7 @@ typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphEx
 #define CU_FUNC_MAX_DYNAMIC_SHARED 8
 #define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 #define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_READY 600
 
 typedef struct {
     CUresult (*Init)(unsigned);
@@ -60,6 +61,7 @@ typedef struct {
     CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
     CUresult (*EventDestroy)(CUevent);
     CUresult (*EventSynchronize)(CUevent);
+    CUresult (*StreamQuery)(CUstream);
 } cuda_driver_api;
 extern cuda_driver_api tg_cuda_driver;
 #define cu tg_cuda_driver

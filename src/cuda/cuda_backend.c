@@ -35,6 +35,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +97,7 @@ static const char *const CU_NAMES[] = {
     "cuMemsetD32Async", "cuModuleLoadData", "cuModuleUnload", "cuModuleGetFunction", "cuFuncSetAttribute",
     "cuLaunchKernel", "cuStreamCreate", "cuStreamSynchronize", "cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
     "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy", "cuGetErrorString", "cuPointerGetAttribute",
-    "cuEventCreate", "cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2", "cuEventSynchronize",
+    "cuEventCreate", "cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2", "cuEventSynchronize", "cuStreamQuery",
 };
 static const char *const NVRTC_NAMES[] = {
     "nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize", "nvrtcGetProgramLog",
@@ -1156,15 +1157,20 @@ static bool dp_grads(dp_replica *rep, int n, const dp_reduce *red, bool in_graph
 }
 
 /* Wait for every replica's gradients and their averaging, under the communicator's watchdog
- * (which aborts NCCL, ending the wait, when a peer dies or the timeout passes). */
+ * (which aborts NCCL when a peer dies or the timeout passes). The wait polls the streams rather
+ * than blocking in cuStreamSynchronize, as NCCL advises: an abort from the watchdog's thread can
+ * deadlock against a blocked synchronize, and the kernels of a dead peer's all-reduce may never
+ * end. Once aborted the step fails without waiting further. */
 static bool dp_wait(dp_replica *rep, int n, const dp_reduce *red, tg_error *err) {
     CUresult first = 0;
     red->watch(red->ctx, true);
     for (int r = 0; r < n; r++) {
         cuda_exec *e = rep[r].grad;
         cu.CtxSetCurrent(e->dev->ctx);
-        CUresult rc = cu.StreamSynchronize(e->dev->stream);
-        if (rc && !first) first = rc;
+        CUresult rc;
+        tg_error why;
+        while ((rc = cu.StreamQuery(e->dev->stream)) == CUDA_ERROR_NOT_READY && red->ok(red->ctx, &why)) sched_yield();
+        if (rc && rc != CUDA_ERROR_NOT_READY && !first) first = rc;
     }
     red->watch(red->ctx, false);
     if (!red->ok(red->ctx, err)) return false;

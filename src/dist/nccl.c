@@ -134,7 +134,7 @@ struct nccl_group {
     bool has_thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bool watching, quit, aborted;
+    bool watching, quit, aborted, aborting;   /* aborting: NCCL's abort still running */
     struct timespec deadline;        /* CLOCK_REALTIME, for pthread_cond_timedwait */
     char why[TG_ERROR_LEN];
 };
@@ -152,14 +152,23 @@ static bool before(struct timespec a, struct timespec b) {
     return a.tv_sec < b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec < b.tv_nsec);
 }
 
-/* Abort every communicator, once; the first reason is kept. Called with g->mu held. */
+/* Abort every communicator, once; the first reason is kept. Called with g->mu held, which is let
+ * go while NCCL aborts: with a dead peer on the same host that can take long (or, with some NCCL
+ * versions, never end), and a step polling nccl_group_ok must see the abort at once. */
 static void abort_locked(nccl_group *g, const char *why) {
     if (g->aborted) return;
-    g->aborted = true;
+    g->aborted = g->aborting = true;
     snprintf(g->why, sizeof g->why, "%s", why);
+    nccl_comm comm[DIST_MAX_LOCAL];
+    for (int i = 0; i < g->n; i++) {
+        comm[i] = g->comm[i];
+        g->comm[i] = NULL;
+    }
+    pthread_mutex_unlock(&g->mu);
     for (int i = 0; i < g->n; i++)
-        if (g->comm[i]) nc.CommAbort(g->comm[i]);
-    for (int i = 0; i < g->n; i++) g->comm[i] = NULL;
+        if (comm[i]) nc.CommAbort(comm[i]);
+    pthread_mutex_lock(&g->mu);
+    g->aborting = false;
 }
 
 /* A communicator's asynchronous error, as a reason, or NULL while all is well. */
@@ -268,8 +277,13 @@ void nccl_group_free(nccl_group *g) {
     if (g->has_thread) {
         pthread_mutex_lock(&g->mu);
         g->quit = true;
+        bool stuck = g->aborting;
         pthread_cond_signal(&g->cv);
         pthread_mutex_unlock(&g->mu);
+        if (stuck) {   /* the watchdog is inside NCCL's abort, which may not return: leave it the group */
+            pthread_detach(g->thread);
+            return;
+        }
         pthread_join(g->thread, NULL);
     }
     for (int i = 0; i < g->n; i++)

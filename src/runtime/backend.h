@@ -12,7 +12,7 @@ typedef struct {
     bool (*enqueue)(void *ctx, void *const *streams, int n, tg_error *err);
     bool in_graph;                    /* it may be captured inside the replica's CUDA graph */
     void (*watch)(void *ctx, bool on);   /* a watchdog over the wait for it (on before, off after) */
-    bool (*ok)(void *ctx, tg_error *err);   /* after the wait: it completed, else why not */
+    bool (*ok)(void *ctx, tg_error *err);   /* during or after the wait: not aborted, else why */
 } dp_reduce;
 
 /* One local replica's part of a data-parallel step: its `grad` executor (forward and backward
