@@ -20,8 +20,10 @@
 #include <string.h>
 
 /* Products of fewer multiply-adds than this run on one thread: some 12 us on one core, below
- * which a second thread measurably does not pay. */
-#define PARALLEL_MACS (1 << 21)
+ * which a second thread measurably does not pay. (gemm_bench on a 2-core Ice Lake VM, AVX2 path:
+ * square n = 64, this size, 1.1-1.8x on 2 threads; n = 80-128, 1.6-1.9x. It was 2^21, which
+ * kept sin_mlp's 2^20-multiply-add products on one thread.) */
+#define PARALLEL_MACS (1 << 18)
 
 void im2col_segment(const im2col_view *v, int64_t r, int64_t j0, int64_t n, float *dst) {
     int64_t c = r / (v->kh * v->kw), i = r / v->kw % v->kh, jj = r % v->kw;

@@ -96,6 +96,7 @@ TARGET_AVX512 static void tile_avx512(int64_t kc, const float *ap, const float *
         c1[r] = _mm512_setzero_ps();
     }
     prefetch_tile(C, ldc, 8, 32);
+#pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
 #pragma GCC unroll 8
@@ -202,6 +203,7 @@ TARGET_AVX2 static void tile_avx2(int64_t kc, const float *ap, const float *bp, 
         c1[r] = _mm256_setzero_ps();
     }
     prefetch_tile(C, ldc, 6, 16);
+#pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
 #pragma GCC unroll 6
