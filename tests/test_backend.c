@@ -710,17 +710,22 @@ static void test_compile_failure(void) {
     unsetenv("TG_CFLAGS");
 }
 
+/* Every case on CUDA at each precision against the reference. */
+static void cuda_precisions(void) {
+    static const char *const label[4] = { "", "cuda", "cuda tf32", "cuda bf16" };
+    for (tg_precision p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++)
+        for (int i = 0; i < N_CASES; i++) compare_case("cuda", p, &CASES[i], label[p]);
+    printf("test_backend: cuda against the reference, worst rel err: f32 %.3g, tf32 %.3g, bf16 %.3g\n",
+           worst_seen[TG_PRECISION_F32], worst_seen[TG_PRECISION_TF32], worst_seen[TG_PRECISION_BF16]);
+}
+
 int main(void) {
     char dir[] = "/tmp/tg_test_backend_XXXXXX";
     if (!mkdtemp(dir)) return 1;
     setenv("TG_CACHE_DIR", dir, 1);
     if (getenv("TG_TEST_CUDA_ONLY")) {   /* device runs: the passes a GPU machine adds (cuda, and cpu bf16) */
         test_cpu_bf16();
-        static const char *const label[4] = { "", "cuda", "cuda tf32", "cuda bf16" };
-        for (tg_precision p = TG_PRECISION_F32; tg_backend_available("cuda", NULL, 0) && p <= TG_PRECISION_BF16; p++)
-            for (int i = 0; i < N_CASES; i++) compare_case("cuda", p, &CASES[i], label[p]);
-        printf("test_backend: cuda against the reference, worst rel err: f32 %.3g, tf32 %.3g, bf16 %.3g\n",
-               worst_seen[TG_PRECISION_F32], worst_seen[TG_PRECISION_TF32], worst_seen[TG_PRECISION_BF16]);
+        if (tg_backend_available("cuda", NULL, 0)) cuda_precisions();
         return check_report("test_backend");
     }
     for (int fused = 1; fused >= 0; fused--) {
@@ -753,11 +758,7 @@ int main(void) {
     printf("test_backend: cuda %s%s\n", cuda ? "available" : "not available: ", why);
     const char *backends[2] = { "cpu", "cuda" };
     for (int b = 0; b < (cuda ? 2 : 1); b++) {
-        static const char *const label[4] = { "", "cuda", "cuda tf32", "cuda bf16" };
-        for (tg_precision p = TG_PRECISION_F32; b && p <= TG_PRECISION_BF16; p++)
-            for (int i = 0; i < N_CASES; i++) compare_case("cuda", p, &CASES[i], label[p]);
-        if (b) printf("test_backend: cuda against the reference, worst rel err: f32 %.3g, tf32 %.3g, bf16 %.3g\n",
-                      worst_seen[TG_PRECISION_F32], worst_seen[TG_PRECISION_TF32], worst_seen[TG_PRECISION_BF16]);
+        if (b) cuda_precisions();
         /* The cases' products are small: the CUDA schedule computes them inside the kernels that
          * read them. Through cuBLAS too, as larger ones go: in f32 through cublasGemmEx (where
          * cuBLASLt has no algorithm for a product), in bf16 through cuBLASLt as the others. */
