@@ -25,6 +25,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 run() { echo "== $*"; "$@" 2>&1 | tee -a "$out/log.txt" | grep -E "FAIL|passed|accuracy|cuda" | tail -n 25; }
 if [ "$what" = tests ] || [ "$what" = all ]; then
     run build/tests/test_backend
+    for l in 1 2 4; do   # each vector-lane path on every shape that allows it (the default picks by size)
+        TG_CUDA_LANES=$l TG_TEST_CUDA_ONLY=1 run build/tests/test_backend
+    done
     run build/tests/test_attention   # fused attention on CUDA: causal or not, odd T, head sizes, bf16 tensor cores
     run build/tests/test_models
     TG_SESSION_BACKENDS=cuda run build/tests/test_session

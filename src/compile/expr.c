@@ -453,6 +453,29 @@ static const char *compute(cg *c, int id, ix_t ix, char *name) {
     return name;
 }
 
+/* Lane c->lane's element of the vector of node id at lane_base (cg.lanes), loading the vector
+ * first if no lane has yet; false where the node's pointer may not be aligned for it (a bound
+ * leaf: arena buffers are 64-byte aligned) or its elements are not floats. */
+static bool lane_load(cg *c, int id, char *name) {
+    const tg_node *n = N(c, id);
+    int home = plan_home(c->plan, id), k = 0;
+    bool bf16 = cg_unplaced(c, id);
+    if (cg_is_bound(N(c, home)->op) || n->dtype != TG_FLOAT32 || (c->lanes != 2 && c->lanes != 4)) return false;
+    while (k < c->n_vec && c->vec[k].node != id) k++;
+    if (k == c->n_vec) {
+        if (k == (int)(sizeof c->vec / sizeof c->vec[0])) return false;
+        const char *t = bf16 ? (c->lanes == 4 ? "uint2" : "unsigned") : (c->lanes == 4 ? "float4" : "float2");
+        c->vec[k].node = id;
+        cg_def(c, c->vec[k].name, "v", t, "*(const %s *)(P%d + %s)", t, id, c->lane_base);
+        c->n_vec++;
+    }
+    static const char *const part[] = { ".x", ".y", ".z", ".w" };
+    if (!bf16) cg_def(c, name, "t", "float", "%s%s", c->vec[k].name, part[c->lane]);
+    else cg_def(c, name, "t", "float", c->lane % 2 ? "__uint_as_float(%s%s & 0xffff0000u)" : "__uint_as_float(%s%s << 16)",
+                c->vec[k].name, c->lanes == 4 ? part[c->lane / 2] : "");
+    return true;
+}
+
 static const char *val(cg *c, int id, ix_t ix) {
     const tg_node *n = N(c, id);
     char key[sizeof c->memo[0].key];
@@ -463,7 +486,9 @@ static const char *val(cg *c, int id, ix_t ix) {
     if (in_memory(c, id)) {
         ensure_flat(c, n->shape, &ix);
         c->used[id] = true;
-        if (cg_unplaced(c, id)) cg_def(c, name, "t", "float", "tgk_bf16f(P%d[%s])", id, ix.flat);   /* kept in bf16 only */
+        if (c->lanes && strcmp(ix.flat, c->lane_ix) == 0 && lane_load(c, id, name)) {
+            /* a lane of one wide load */
+        } else if (cg_unplaced(c, id)) cg_def(c, name, "t", "float", "tgk_bf16f(P%d[%s])", id, ix.flat);   /* kept in bf16 only */
         else cg_def(c, name, "t", cg_ctype(n), "P%d[%s]", id, ix.flat);
     } else {
         compute(c, id, ix, name);

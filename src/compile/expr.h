@@ -37,6 +37,15 @@ typedef struct {
                                   * at bf16 also the activations' (else tgk_bf16r) */
     bool *bf16;          /* bf16 graphs: the activations rounded to bf16 (graph_bf16_values), else NULL */
     int unsupported;     /* a node the generator has no kernel or no buffer for (the source is void), or -1 */
+    /* CUDA vector lanes (lanes 0: off): a thread computes `lanes` (2 or 4) consecutive elements,
+     * the first at flat index lane_base (a multiple of lanes), lane `lane` at index lane_ix. A
+     * float buffer read at exactly lane_ix is loaded once for all lanes, as one vector at
+     * lane_base (float4, or four bf16 in a uint2), the first time a lane reads it: one wide load
+     * where there were `lanes` narrow ones. */
+    int lanes, lane;
+    char lane_base[NAME], lane_ix[NAME];
+    struct { int node; char name[NAME]; } vec[32];
+    int n_vec;
 } cg;
 
 

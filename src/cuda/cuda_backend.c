@@ -282,8 +282,11 @@ static void *compile_cubin(const char *source, const char *arch, size_t *len, tg
 /* ----- compiling in parallel -----
  * NVRTC compiles a program on one thread, and a step's kernels are independent: the source is cut
  * into parts (the shared prelude, then a share of the kernels each), compiled on threads of their
- * own (each part through the cache) and loaded as modules of their own. An attention kernel
- * costs NVRTC about as much as a few dozen pointwise ones, which the shares account for. */
+ * own (each part through the cache) and loaded as modules of their own. A kernel costs NVRTC about
+ * as much as its text is long, and an attention kernel (templates instantiated) as much as a few
+ * dozen pointwise ones; the costliest go first, each to the part with the least so far, so that
+ * one long kernel (a whole optimizer update: a segment per parameter) does not make its part
+ * the last to finish. */
 #define MAX_PARTS 8
 
 typedef struct {
@@ -302,9 +305,14 @@ static void parts_free(cuda_part *parts, int n) {
     }
 }
 
-/* What a kernel (its text from k up to next, or to the end) costs NVRTC, roughly. */
-static int kernel_cost(const char *k, const char *next) {
-    return memmem(k, next ? (size_t)(next - k) : strlen(k), "tgk_attention", 13) ? 25 : 1;
+typedef struct { const char *at; int len, cost; } kernel_text;
+
+/* What a kernel's text costs NVRTC, roughly: a unit per 2 KB, 25 for an attention kernel. */
+static int kernel_cost(const char *k, int len) { return 1 + len / 2048 + (memmem(k, (size_t)len, "tgk_attention", 13) ? 25 : 0); }
+
+static int by_cost(const void *a, const void *b) {
+    const kernel_text *x = a, *y = b;
+    return y->cost != x->cost ? y->cost - x->cost : (x->at > y->at) - (x->at < y->at);
 }
 
 static void *compile_part(void *arg) {
@@ -314,13 +322,27 @@ static void *compile_part(void *arg) {
     return NULL;
 }
 
-/* The kernels after the prelude, each to the part with the least cost so far; then every part
- * compiled, on threads. The number of parts (returned; 0 with err set on failure) grows with the
- * cost, up to the machine's processors. */
+/* The kernels after the prelude shared out (see above); then every part compiled, on threads.
+ * The number of parts (returned; 0 with err set on failure) grows with the cost, up to the
+ * machine's processors. */
 static int compile_parts(const char *source, size_t prelude, const char *arch, cuda_part *parts, tg_error *err) {
     static const char KERNEL[] = "extern \"C\" __global__ void ";
-    int total = 0;
-    for (const char *k = strstr(source + prelude, KERNEL); k; k = strstr(k + 1, KERNEL)) total += kernel_cost(k, strstr(k + 1, KERNEL));
+    int total = 0, n_k = 0;
+    for (const char *k = strstr(source + prelude, KERNEL); k; k = strstr(k + 1, KERNEL)) n_k++;
+    kernel_text *ks = tg_alloc(sizeof *ks * (size_t)(n_k + 1));
+    if (!ks) {
+        tg_seterr(err, "out of memory cutting the CUDA source into parts");
+        return 0;
+    }
+    n_k = 0;
+    for (const char *k = strstr(source + prelude, KERNEL); k;) {
+        const char *next = strstr(k + 1, KERNEL);
+        int len = (int)(next ? next - k : (long)strlen(k));
+        ks[n_k] = (kernel_text){ k, len, kernel_cost(k, len) };
+        total += ks[n_k++].cost;
+        k = next;
+    }
+    qsort(ks, (size_t)n_k, sizeof *ks, by_cost);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int n = 1 + total / 24;
     if (n > MAX_PARTS) n = MAX_PARTS;
@@ -329,15 +351,14 @@ static int compile_parts(const char *source, size_t prelude, const char *arch, c
         parts[p] = (cuda_part){ .arch = arch };
         sb_printf(&parts[p].source, "%.*s", (int)prelude, source);
     }
-    for (const char *k = strstr(source + prelude, KERNEL); k;) {
-        const char *next = strstr(k + 1, KERNEL);
+    for (int q = 0; q < n_k; q++) {
         int best = 0;
         for (int p = 1; p < n; p++)
             if (parts[p].cost < parts[best].cost) best = p;
-        parts[best].cost += kernel_cost(k, next);
-        sb_printf(&parts[best].source, "%.*s", (int)(next ? next - k : (long)strlen(k)), k);
-        k = next;
+        parts[best].cost += ks[q].cost;
+        sb_printf(&parts[best].source, "%.*s", ks[q].len, ks[q].at);
     }
+    free(ks);
     pthread_t th[MAX_PARTS];
     bool started[MAX_PARTS] = { false };
     for (int p = 1; p < n; p++) started[p] = pthread_create(&th[p], NULL, compile_part, &parts[p]) == 0;

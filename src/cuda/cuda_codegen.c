@@ -16,10 +16,12 @@
 #include <string.h>
 
 #define BLOCK 256
-/* Elements a thread of a pointwise kernel takes when it has one segment of at least ELEMS_MIN
- * elements, a multiple of BLOCK * ELEMS (pointwise_kernel). */
+/* A pointwise kernel of one segment of at least ELEMS_MIN elements gives each thread ELEMS groups
+ * of LANES consecutive elements, where the segment is a multiple of BLOCK * ELEMS (* LANES)
+ * (pointwise_kernel). */
 #define ELEMS 4
 #define ELEMS_MIN (1 << 20)
+#define LANES 4
 
 static const tg_node *N(const cg *c, int id) { return &c->g->nodes[id]; }
 
@@ -354,6 +356,94 @@ static int before_sum_producer(const cg *c, const int *order, int n_order) {
     return n + 1 < n_order ? n : n_order;
 }
 
+/* Vector lanes (cg.lanes): lane `lane` of `lanes` consecutive elements from flat index `base`,
+ * its index variable defined for lanes after the first. */
+static void lane_begin(cg *c, const char *it, const char *base, int lanes, int lane) {
+    c->lanes = lanes;
+    c->lane = lane;
+    c->n_memo = 0;
+    if (lane == 0) {
+        c->n_vec = 0;
+        snprintf(c->lane_base, NAME, "%s", base);
+        snprintf(c->lane_ix, NAME, "%s", base);
+    } else {
+        cg_def(c, c->lane_ix, "i", it, "%s + %d", base, lane);
+    }
+}
+
+/* Lane `lane`'s value of root r (c->root becomes r), which later roots of the lane read from the
+ * memo; copied into v. */
+static void lane_root(cg *c, int r, char *v) {
+    char key[NAME + 1];
+    snprintf(key, sizeof key, "f%s", c->lane_ix);
+    c->root = r;
+    snprintf(v, NAME, "%s", cg_root_value(c, c->lane_ix));
+    cg_memo_add(c, r, key, v);
+}
+
+/* "*(float4 *)(<p><id> + at) = make_float4(x0, x1, x2, x3);", or float2 of two */
+static void store_floats(cg *c, char p, int id, const char *at, int lanes, char (*x)[NAME + 20]) {
+    if (lanes == 4) cg_line(c, "*(float4 *)(%c%d + %s) = make_float4(%s, %s, %s, %s);", p, id, at, x[0], x[1], x[2], x[3]);
+    else cg_line(c, "*(float2 *)(%c%d + %s) = make_float2(%s, %s);", p, id, at, x[0], x[1]);
+}
+
+/* Root id's values v[0..lanes) stored from flat index `at` as one vector, and its rounded copy
+ * as another (bf16: pairs packed by tgk_pack_bf16). */
+static void lane_stores(cg *c, int id, char (*v)[NAME], int lanes, const char *at) {
+    char x[4][NAME + 20];
+    for (int k = 0; k < lanes; k++) snprintf(x[k], sizeof x[k], "%s", v[k]);
+    if (!cg_unplaced(c, id)) store_floats(c, 'P', id, at, lanes, x);
+    if (!has_shadow(c, id)) return;
+    if (c->g->precision != TG_PRECISION_BF16) {
+        for (int k = 0; k < lanes; k++) snprintf(x[k], sizeof x[k], "%s(%s)", round_fn(c), v[k]);
+        store_floats(c, 'S', id, at, lanes, x);
+    } else if (lanes == 2) {
+        cg_line(c, "*(unsigned *)(S%d + %s) = tgk_pack_bf16(%s, %s);", id, at, v[0], v[1]);
+    } else {
+        cg_line(c, "*(uint2 *)(S%d + %s) = make_uint2(tgk_pack_bf16(%s, %s), tgk_pack_bf16(%s, %s));", id, at, v[0], v[1],
+                v[2], v[3]);
+    }
+}
+
+/* LANES, or TG_CUDA_LANES (1, 2 or 4), which also forces that many on every column sum whose
+ * width allows it (*forced): for tests of each path, and A/B runs */
+static int lanes_wanted(bool *forced) {
+    const char *e = getenv("TG_CUDA_LANES");
+    int l = e ? atoi(e) : LANES;
+    if (forced) *forced = e != NULL;
+    return l == 2 || l == 4 ? l : 1;
+}
+
+/* Are the nodes floats (what lane_stores stores)? */
+static bool floats(const cg *c, const int *ids, int n) {
+    for (int r = 0; r < n; r++)
+        if (ids[r] >= 0 && N(c, ids[r])->dtype != TG_FLOAT32) return false;
+    return true;
+}
+
+/* The body of a one-segment pointwise kernel (its roots chosen) again, for `lanes` consecutive
+ * elements a thread from index i: each lane computes every root in turn, then each root and its
+ * rounded copy are stored as vectors. */
+static strbuf lane_body(cg *c, const int *roots, int n_roots, int lanes) {
+    const char *it = "uint32_t";
+    for (int r = 0; r < n_roots; r++)
+        if (strcmp(cg_index_type(c, roots[r], N(c, roots[r])->numel), "uint32_t") != 0) it = "int64_t";
+    char (*v)[4][NAME] = tg_alloc(sizeof *v * (size_t)n_roots);
+    strbuf code = { 0 };
+    c->body.len = 0;
+    if (c->body.s) c->body.s[0] = 0;
+    if (!v) return code;   /* out of memory: the source is discarded (alloc_failures) */
+    for (int k = 0; k < lanes; k++) {
+        lane_begin(c, it, "i", lanes, k);
+        for (int r = 0; r < n_roots; r++) lane_root(c, roots[r], v[r][k]);
+    }
+    c->lanes = 0;
+    for (int r = 0; r < n_roots; r++) lane_stores(c, roots[r], v[r], lanes, "i");
+    free(v);
+    sb_printf(&code, "    {\n        const %s i = (%s)g;\n%s    }\n", it, it, sb_str(&c->body));
+    return code;
+}
+
 /* One kernel for the pointwise node order[0] and as many of the pointwise nodes after it in
  * order[] as can join it race-free (group_ok). Nodes of one size form a segment (a thread per
  * element, later roots reading earlier ones from registers); segments of other sizes follow in
@@ -391,15 +481,24 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
                   (long long)(total + numel), it, it, (long long)total, sb_str(&c->body));
         total += numel;
     }
-    /* One large segment: each thread takes ELEMS elements a block apart, so that their loads
-     * are in flight together (one element a thread leaves HBM idle while each thread waits on
-     * its loads, and the load of a bound buffer's address before them). */
-    int elems = 1, want = getenv("TG_CUDA_ELEMS") ? atoi(getenv("TG_CUDA_ELEMS")) : ELEMS;   /* the variable: A/B runs */
-    if (want > 1 && want <= 16 && total == N(c, roots[0])->numel && total >= ELEMS_MIN && total % (BLOCK * want) == 0) elems = want;
-    char head[200];
-    if (elems > 1)
+    /* One large segment: each thread takes ELEMS groups of LANES consecutive elements, the
+     * groups a block apart, so that many loads are in flight together (one element a thread
+     * leaves HBM idle while each thread waits on its loads), and wide: four bf16 values are
+     * one 8-byte load (lane_body). */
+    int elems = 1, lanes = 1, want = getenv("TG_CUDA_ELEMS") ? atoi(getenv("TG_CUDA_ELEMS")) : ELEMS;   /* the variables: A/B runs */
+    int want_lanes = lanes_wanted(NULL);
+    bool one = total == N(c, roots[0])->numel && total >= ELEMS_MIN;
+    if (one && want > 1 && want <= 16 && total % (BLOCK * want) == 0) elems = want;
+    if (one && want_lanes > 1 && total % (BLOCK * elems * want_lanes) == 0 && floats(c, roots, gr.n_roots)) {
+        lanes = want_lanes;
+        free(code.s);
+        code = lane_body(c, roots, gr.n_roots, lanes);
+    }
+    char head[300];
+    if (elems * lanes > 1)
         snprintf(head, sizeof head, "    #pragma unroll\n    for (int u = 0; u < %d; u++) {\n"
-                                    "    const int64_t g = (int64_t)blockIdx.x * %d + u * %d + threadIdx.x;\n", elems, BLOCK * elems, BLOCK);
+                                    "    const int64_t g = ((int64_t)blockIdx.x * %d + u * %d + threadIdx.x) * %d;\n",
+                 elems, BLOCK * elems, BLOCK, lanes);
     else
         snprintf(head, sizeof head, "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n", BLOCK);
     c->body.len = 0;   /* the kernel's body: its segments */
@@ -407,8 +506,8 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     sb_printf(&c->body, "%s", sb_str(&code));
     free(code.s);
     c->root = roots[0];
-    end_kernel_roots(c, roots, gr.n_roots, NULL, 0, head, elems > 1 ? "    }\n" : "", 0);
-    kernel_launch(p, roots[0], total / elems, BLOCK);
+    end_kernel_roots(c, roots, gr.n_roots, NULL, 0, head, elems * lanes > 1 ? "    }\n" : "", 0);
+    kernel_launch(p, roots[0], total / elems / lanes, BLOCK);
     free(gr.seen);
     return q;
 }
@@ -417,6 +516,7 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
  * (zero when allocated, and left zero by every kernel that uses them), then the partials, as
  * doubles. Returns where the counters are (in floats from the arena's start), noting the end. */
 enum { SUM_COUNTERS = 1024 };
+enum { Y = 32 };   /* a column sum's row groups: blocks of 32 x 32 threads */
 
 static size_t sum_scratch(const cg *c, cuda_plan *p, int64_t partials) {
     size_t at = (c->plan->arena + 1) & ~(size_t)1;   /* doubles aligned */
@@ -452,6 +552,41 @@ static bool sibling_ok(const cg *c, const int *sums, int n, int producer, int b)
             if (arena_overlap(c, u, sums[s])) return false;
     }
     return true;
+}
+
+/* How a column sum of `outs` columns over `len` rows, `lanes` columns a thread, is cut: blocks of
+ * 32 x lanes columns, each column's rows in `chunks` (grid y). Each thread sums at most 16 rows
+ * (enough loads in flight), and down to 2 while the blocks would not fill the GPU twice over
+ * (264: two per SM of an H100). Measured on an H100: at most 8 costs char_gpt 4%, 32 gains
+ * nothing; down to 4 costs char_gpt_small 2%. Returns the rows a thread sums. */
+static int64_t column_plan(int64_t outs, int64_t len, int lanes, int64_t *blocks, int64_t *chunks) {
+    int64_t per;
+    *blocks = (outs + 32 * lanes - 1) / (32 * lanes);
+    *chunks = 1;
+    while (*blocks <= SUM_COUNTERS && (per = (len + *chunks * Y - 1) / (*chunks * Y)) > 2 && (per > 16 || *blocks * *chunks < 264))
+        *chunks *= 2;
+    return (len + *chunks * Y - 1) / (*chunks * Y);
+}
+
+/* A column sum kernel's body again (sum_kernel) for `lanes` neighbouring columns a thread: from
+ * f = (o * len + k) * inner + j, j a multiple of lanes, lane v adds element f + v of sum q's
+ * source srcs[q] into acc<q lanes + v> (sum 0's source computed and stored here when it is the
+ * producer). */
+static void sum_lanes(cg *c, const char *it, int64_t len, int64_t inner, int producer, const int *srcs, int n_sums, int lanes) {
+    char base[NAME], v[4][NAME];
+    c->body.len = 0;
+    if (c->body.s) c->body.s[0] = 0;
+    c->n_memo = 0;
+    cg_def(c, base, "f", it, "(%s)((o * %lld + k) * %lld + j)", it, (long long)len, (long long)inner);
+    for (int k = 0; k < lanes; k++) {
+        lane_begin(c, it, base, lanes, k);
+        for (int q = 0; q < n_sums; q++) {
+            if (q == 0 && producer >= 0) lane_root(c, producer, v[k]);
+            cg_line(c, "acc%d += %s;", q * lanes + k, q == 0 && producer >= 0 ? v[k] : cg_value(c, srcs[q], c->lane_ix));
+        }
+    }
+    c->lanes = 0;
+    if (producer >= 0) lane_stores(c, producer, v, lanes, base);
 }
 
 /* Sum over one axis: [outer, len, inner] -> [outer, 1, inner], reading coalesced:
@@ -492,7 +627,7 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *nex
     } else {
         cg_line(c, "acc0 += %s;", cg_value(c, x, flat));
     }
-    int sums[MAX_SIBLINGS] = { id }, n_sums = 1;
+    int sums[MAX_SIBLINGS] = { id }, srcs[MAX_SIBLINGS] = { x }, n_sums = 1;
     bool *before = rows ? NULL : tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
     for (int q = 0; before && q < n_next && n_sums < MAX_SIBLINGS; q++) {
         int b = next[q];
@@ -511,6 +646,7 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *nex
             memcpy(c->used, before, sizeof(bool) * (size_t)c->g->n);
             break;
         }
+        srcs[n_sums] = xb;
         sums[n_sums++] = b;
     }
     free(before);
@@ -545,46 +681,52 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *nex
         kernel_launch(p, id, outs * chunks * 32, BLOCK);
         return true;
     }
-    enum { Y = 32 };   /* row groups: blocks of 1024 threads */
-    int64_t blocks = (outs + 31) / 32, chunks = 1, per;
-    /* Each thread summing at most 16 elements (enough loads in flight), and down to 2 while the
-     * blocks would not fill the GPU twice over (264: two per SM of an H100). Measured on an H100:
-     * at most 8 costs char_gpt 4%, 32 gains nothing; down to 4 costs char_gpt_small 2%. */
-    while (blocks <= SUM_COUNTERS && (per = (len + chunks * Y - 1) / (chunks * Y)) > 2 && (per > 16 || blocks * chunks < 264))
-        chunks *= 2;
+    /* Lanes (neighbouring columns a thread) where each thread still sums 16 rows with them: with
+     * fewer rows the column totals at the end outweigh the wider loads (four lanes on every sum
+     * the shapes allow: char_gpt_small bf16 0.335 -> 0.393 ms, mnist_mlp f32 0.104 -> 0.117) */
+    bool forced;
+    int L = 1;
+    int64_t blocks, chunks;
+    for (int l = lanes_wanted(&forced); l > 1 && L == 1 && floats(c, &producer, 1); l = forced ? 1 : l / 2)
+        if (inner % l == 0 && (forced || column_plan(outs, len, l, &blocks, &chunks) >= 16)) L = l;
+    if (L > 1) sum_lanes(c, it, len, inner, producer, srcs, n_sums, L);
+    column_plan(outs, len, L, &blocks, &chunks);
     int64_t chunk = (len + chunks - 1) / chunks;
     size_t at = chunks > 1 ? sum_scratch(c, p, n_sums * chunks * outs) : 0;
-    char accs[100] = "";
-    for (int q = 0; q < n_sums; q++) snprintf(accs + strlen(accs), sizeof accs - strlen(accs), "%sacc%d = 0", q ? ", " : "", q);
+    char accs[200] = "";
+    for (int q = 0; q < n_sums * L; q++) snprintf(accs + strlen(accs), sizeof accs - strlen(accs), "%sacc%d = 0", q ? ", " : "", q);
     snprintf(head, sizeof head,
              "    __shared__ double part[%d][%d][33];\n"
              "    const int lane = threadIdx.x & 31, y = threadIdx.x / 32;\n"
-             "    const int64_t oj = (int64_t)blockIdx.x * 32 + lane, oc = (int64_t)blockIdx.x * 32 + y;\n"
+             "    const int64_t oj = ((int64_t)blockIdx.x * 32 + lane) * %d, oc = ((int64_t)blockIdx.x * 32 + y) * %d;\n"
              "    const int64_t o = oj / %lld, j = oj %% %lld, k0 = (int64_t)blockIdx.y * %lld;\n"
              "    const int64_t k1 = oj >= %lldll ? k0 : k0 + %lld < %lldll ? k0 + %lld : %lldll;\n"
              "    double %s;\n"
              "#pragma unroll 8\n"   /* loads in flight: a thread's are independent, only its sum is not */
              "    for (int64_t k = k0 + y; k < k1; k += %d) {\n",
-             n_sums, Y, (long long)inner, (long long)inner, (long long)chunk, (long long)outs, (long long)chunk,
+             n_sums, Y, L, L, (long long)inner, (long long)inner, (long long)chunk, (long long)outs, (long long)chunk,
              (long long)len, (long long)chunk, (long long)len, accs, Y);
     /* Warp y writes output oc of each sum: straight when the block summed every row, else its
      * partial sums to scratch, and the last block of the column group adds them up. */
     strbuf tail = { 0 };
     sb_printf(&tail, "    }\n");
     if (chunks > 1) sb_printf(&tail, "    double *sums = (double *)(A + %zu);\n", at + SUM_COUNTERS);
-    for (int q = 0; q < n_sums; q++) {
-        sb_printf(&tail, "    acc%d = tgk_column_total(acc%d, part[%d]);\n", q, q, q);
-        if (chunks > 1)
-            sb_printf(&tail, "    if (lane == 0 && oc < %lldll) sums[(%lldll + blockIdx.y) * %lldll + oc] = acc%d;\n", (long long)outs,
-                      (long long)(q * chunks), (long long)outs, q);
-        else sb_printf(&tail, "    if (lane == 0 && oc < %lldll) P%d[oc] = (%s)acc%d;\n", (long long)outs, sums[q], cg_ctype(n), q);
-    }
+    for (int q = 0; q < n_sums; q++)   /* acc<q L + v>: sum q of column oc + v */
+        for (int v = 0, a = q * L; v < L; v++, a++) {
+            if (v) sb_printf(&tail, "    __syncthreads();\n");   /* every warp done reading the column total before */
+            sb_printf(&tail, "    acc%d = tgk_column_total(acc%d, part[%d]);\n", a, a, q);
+            if (chunks > 1)
+                sb_printf(&tail, "    if (lane == 0 && oc + %d < %lldll) sums[(%lldll + blockIdx.y) * %lldll + oc + %d] = acc%d;\n", v,
+                          (long long)outs, (long long)(q * chunks), (long long)outs, v, a);
+            else sb_printf(&tail, "    if (lane == 0 && oc + %d < %lldll) P%d[oc + %d] = (%s)acc%d;\n", v, (long long)outs, sums[q], v, cg_ctype(n), a);
+        }
     if (chunks > 1) {
         sb_printf(&tail, "    if (!tgk_column_last((unsigned *)(A + %zu), %lld)) return;\n", at, (long long)chunks);
         for (int q = 0; q < n_sums; q++)
-            sb_printf(&tail, "    acc%d = tgk_column_chunks(sums + %lldll, %lld, %lldll, oc);\n"
-                             "    if (lane == 0 && oc < %lldll) P%d[oc] = (%s)acc%d;\n",
-                      q, (long long)(q * chunks * outs), (long long)chunks, (long long)outs, (long long)outs, sums[q], cg_ctype(n), q);
+            for (int v = 0, a = q * L; v < L; v++, a++)
+                sb_printf(&tail, "    acc%d = tgk_column_chunks(sums + %lldll, %lld, %lldll, oc + %d);\n"
+                                 "    if (lane == 0 && oc + %d < %lldll) P%d[oc + %d] = (%s)acc%d;\n",
+                          a, (long long)(q * chunks * outs), (long long)chunks, (long long)outs, v, v, (long long)outs, sums[q], v, cg_ctype(n), a);
     }
     end_kernel_roots(c, roots, n_sums + (producer >= 0), NULL, 0, head, sb_str(&tail), 32 * Y);
     free(tail.s);
@@ -1077,6 +1219,15 @@ static const char DEVICE_KERNELS[] =
     "    return (unsigned short)(((u & 0x7f800000u) == 0x7f800000u ? u : u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n"
     "#endif\n}\n"
     "static __device__ inline float tgk_round_bf16_float(float x) { return __uint_as_float((unsigned)tgk_round_bf16(x) << 16); }\n"
+    /* two values rounded, as the bf16 pair of a 4-byte store: lo at the lower address */
+    "static __device__ inline unsigned tgk_pack_bf16(float lo, float hi) {\n"
+    "#if __CUDA_ARCH__ >= 800\n"
+    "    unsigned d;\n"
+    "    asm(\"cvt.rn.bf16x2.f32 %0, %1, %2;\" : \"=r\"(d) : \"f\"(hi), \"f\"(lo));\n"
+    "    return d;\n"
+    "#else\n"
+    "    return (unsigned)tgk_round_bf16(lo) | (unsigned)tgk_round_bf16(hi) << 16;\n"
+    "#endif\n}\n"
     "extern \"C\" __global__ void tg_to_tf32(const float *src, float *dst, long long n) {\n"
     "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)\n"
     "        dst[i] = tgk_round_tf32(src[i]);\n}\n"
