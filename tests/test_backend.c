@@ -638,6 +638,58 @@ static void nvrtc_compile_all(void) {
     tg_model_free(m);
 }
 
+/* The vector-lane paths of the CUDA generator (cuda_codegen.c: lane_body, sum_lanes), read from
+ * the source NVRTC compiles. A bf16 MLP whose GELU covers 2^25 elements and whose first bias
+ * gradient sums 8192 rows of 4096 columns takes four lanes in both by default (each thread of
+ * that sum still sums 16 rows); a batch of 128 keeps one lane everywhere by default (its GELU has
+ * 2^19 elements); TG_CUDA_LANES forces its count on every sum the shapes allow, and on
+ * element-wise kernels of 2^20 elements and more. */
+static tg_linear wide1, wide2;
+static tg_tensor wide_loss(const void *ctx, const tg_tensor *in) {
+    return tg_cross_entropy(tg_linear(&wide2, tg_gelu(tg_linear(&wide1, in[0]))), in[1], TG_MEAN);
+}
+
+/* The most lanes a column sum of `src` takes (its head: "oc = (... + y) * L;"), and a large
+ * element-wise kernel ("g = (... + threadIdx.x) * L;") */
+static int lanes_in(const char *src, const char *head) {
+    char pat[40];
+    for (int l = 4; l >= 1; l /= 2) {
+        snprintf(pat, sizeof pat, "%s) * %d;", head, l);
+        if (strstr(src, pat)) return l;
+    }
+    return 0;
+}
+
+static void nvrtc_lanes(void) {
+    static const struct { const char *lanes; int rows, sum, gelu; } runs[] = {   /* expected lanes: sums, GELU */
+        { NULL, 8192, 4, 4 }, { NULL, 128, 1, 0 }, { "4", 128, 4, 0 }, { "2", 8192, 2, 2 }, { "1", 8192, 1, 1 },
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        if (runs[r].lanes) setenv("TG_CUDA_LANES", runs[r].lanes, 1);
+        else unsetenv("TG_CUDA_LANES");
+        tg_model *m = tg_model_new(4);
+        wide1 = tg_linear_new(m, "l1", 1024, 4096, NULL);
+        wide2 = tg_linear_new(m, "l2", 4096, 16, NULL);
+        tg_error err = { { 0 } };
+        tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = wide_loss, .optimizer = tg_adam(1e-3),
+                                                   .backend = "cuda-nvrtc", .precision = TG_PRECISION_BF16,
+                                                   .inputs = (tg_input_decl[]){ TG_F32("x", runs[r].rows, 1024),
+                                                                                TG_I32("y", runs[r].rows) }, .n_inputs = 2 }, &err);
+        const char *src = t ? tg_train_kernel_source(t) : NULL, *label = runs[r].lanes ? runs[r].lanes : "default";
+        CHECK(t != NULL && src, "lanes %s, %d rows: NVRTC compiles the step: %s", label, runs[r].rows, err.msg);
+        if (src) {   /* the GELU: 2^25 elements, or 2^19 (too few for ELEMS_MIN: one lane, no group loop) */
+            int sum = lanes_in(src, "+ y"), gelu = lanes_in(src, "+ threadIdx.x");
+            CHECK(sum == runs[r].sum, "lanes %s, %d rows: column sums take %d lanes (expected %d)", label, runs[r].rows, sum,
+                  runs[r].sum);
+            CHECK(gelu == runs[r].gelu, "lanes %s, %d rows: large element-wise kernels take %d lanes (expected %d)", label,
+                  runs[r].rows, gelu, runs[r].gelu);
+        }
+        tg_destroy(t);
+        tg_model_free(m);
+    }
+    unsetenv("TG_CUDA_LANES");
+}
+
 /* Every op through each kernel path this CPU runs below its best (the runs above took the best),
  * forced with TG_CPU_ISA: the packed products with AVX2 register tiles, the portable loops and
  * OpenBLAS, which an AVX-512 machine would otherwise never run. The generated code is built for
@@ -790,6 +842,7 @@ int main(void) {
         CHECK(t == NULL && strstr(err.msg, "CUDA is not available"), "tg_compile on cuda without a GPU: %s", err.msg);
         tg_model_free(m);
         nvrtc_compile_all();
+        if (tg_backend_available("cuda-nvrtc", NULL, 0)) nvrtc_lanes();
     }
     char cmd[100];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
