@@ -421,13 +421,19 @@ static bool floats(const cg *c, const int *ids, int n) {
     return true;
 }
 
+/* The flat index type of a kernel over `numel` elements of each of roots[0..n): 32 bits where
+ * every root's allows it (cg_index_type). */
+static const char *roots_index_type(const cg *c, const int *roots, int n, int64_t numel) {
+    for (int r = 0; r < n; r++)
+        if (strcmp(cg_index_type(c, roots[r], numel), "uint32_t") != 0) return "int64_t";
+    return "uint32_t";
+}
+
 /* The body of a one-segment pointwise kernel (its roots chosen) again, for `lanes` consecutive
  * elements a thread from index i: each lane computes every root in turn, then each root and its
  * rounded copy are stored as vectors. */
 static strbuf lane_body(cg *c, const int *roots, int n_roots, int lanes) {
-    const char *it = "uint32_t";
-    for (int r = 0; r < n_roots; r++)
-        if (strcmp(cg_index_type(c, roots[r], N(c, roots[r])->numel), "uint32_t") != 0) it = "int64_t";
+    const char *it = roots_index_type(c, roots, n_roots, N(c, roots[0])->numel);
     char (*v)[4][NAME] = tg_alloc(sizeof *v * (size_t)n_roots);
     strbuf code = { 0 };
     c->body.len = 0;
@@ -474,9 +480,7 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
         }
         for (q++; q < n_order && gr.n_roots < MAX_ROOTS; q++)
             if (!fuse_pointwise(N(c, order[q])->op) || N(c, order[q])->numel != numel || !join(c, &gr, roots, order[q])) break;
-        const char *it = "uint32_t";
-        for (int r = first; r < gr.n_roots; r++)
-            if (strcmp(cg_index_type(c, roots[r], numel), "uint32_t") != 0) it = "int64_t";
+        const char *it = roots_index_type(c, roots + first, gr.n_roots - first, numel);
         sb_printf(&code, "    %sif (g < %lldll) {\n        const %s i = (%s)(g - %lldll);\n%s    }\n", total ? "else " : "",
                   (long long)(total + numel), it, it, (long long)total, sb_str(&c->body));
         total += numel;
@@ -560,12 +564,14 @@ static bool sibling_ok(const cg *c, const int *sums, int n, int producer, int b)
  * (264: two per SM of an H100). Measured on an H100: at most 8 costs char_gpt 4%, 32 gains
  * nothing; down to 4 costs char_gpt_small 2%. Returns the rows a thread sums. */
 static int64_t column_plan(int64_t outs, int64_t len, int lanes, int64_t *blocks, int64_t *chunks) {
-    int64_t per;
+    int64_t per = (len + Y - 1) / Y;
     *blocks = (outs + 32 * lanes - 1) / (32 * lanes);
     *chunks = 1;
-    while (*blocks <= SUM_COUNTERS && (per = (len + *chunks * Y - 1) / (*chunks * Y)) > 2 && (per > 16 || *blocks * *chunks < 264))
+    while (*blocks <= SUM_COUNTERS && per > 2 && (per > 16 || *blocks * *chunks < 264)) {
         *chunks *= 2;
-    return (len + *chunks * Y - 1) / (*chunks * Y);
+        per = (len + *chunks * Y - 1) / (*chunks * Y);
+    }
+    return per;
 }
 
 /* A column sum kernel's body again (sum_kernel) for `lanes` neighbouring columns a thread: from
