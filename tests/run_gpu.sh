@@ -28,6 +28,9 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     for l in 1 2 4; do   # each vector-lane path on every shape that allows it (the default picks by size)
         TG_CUDA_LANES=$l TG_TEST_CUDA_ONLY=1 run build/tests/test_backend
     done
+    for w in 4 8 16; do   # every small f32/tf32 product through our kernel (cuda_products.c), each block size
+        TG_CUDA_OWN_GEMM=$w TG_TEST_CUDA_ONLY=1 run build/tests/test_backend
+    done
     run build/tests/test_attention   # fused attention on CUDA: causal or not, odd T, head sizes, bf16 tensor cores
     run build/tests/test_models
     TG_SESSION_BACKENDS=cuda run build/tests/test_session

@@ -690,6 +690,41 @@ static void nvrtc_lanes(void) {
     unsetenv("TG_CUDA_LANES");
 }
 
+/* Our kernel for small products (cuda_products.c) is compiled in only for the f32 and tf32
+ * products of at most 2^27 multiply-adds, one instance per pair of transposes they use: the bf16
+ * MLP above has none; at f32 with 128 rows, the second layer's three products (forward, input
+ * gradient, weight gradient: nn, nt, tn) are small, the first layer's weight gradient (2^29) is
+ * not; with 8192 rows none is. Which of ours and cuBLASLt's runs is timed on the device
+ * (tests/run_gpu.sh runs every product through ours, TG_CUDA_OWN_GEMM). */
+static void nvrtc_own_products(void) {
+    static const struct { tg_precision precision; int rows; const char *has; } runs[] = {
+        { TG_PRECISION_F32, 128, "nn nt tn" }, { TG_PRECISION_TF32, 128, "nn nt tn" }, { TG_PRECISION_BF16, 128, "" },
+        { TG_PRECISION_F32, 8192, "" },
+    };
+    static const char *const NAMES[] = { "nn", "nt", "tn", "tt" };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        tg_model *m = tg_model_new(4);
+        wide1 = tg_linear_new(m, "l1", 1024, 4096, NULL);
+        wide2 = tg_linear_new(m, "l2", 4096, 16, NULL);
+        tg_error err = { { 0 } };
+        tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = wide_loss, .optimizer = tg_adam(1e-3),
+                                                   .backend = "cuda-nvrtc", .precision = runs[r].precision,
+                                                   .inputs = (tg_input_decl[]){ TG_F32("x", runs[r].rows, 1024),
+                                                                                TG_I32("y", runs[r].rows) }, .n_inputs = 2 }, &err);
+        const char *src = t ? tg_train_kernel_source(t) : NULL, *prec = tg_precision_name(runs[r].precision);
+        CHECK(t != NULL && src, "%s, %d rows: NVRTC compiles the step: %s", prec, runs[r].rows, err.msg);
+        for (int k = 0; k < 4 && src; k++) {
+            char name[40];
+            snprintf(name, sizeof name, "void __launch_bounds__(512) tg_gemm_%s(", NAMES[k]);
+            bool want = strstr(runs[r].has, NAMES[k]) != NULL, has = strstr(src, name) != NULL;
+            CHECK(has == want, "%s, %d rows: our product kernel tg_gemm_%s %s (expected %s)", prec, runs[r].rows, NAMES[k],
+                  has ? "compiled in" : "left out", want ? "in" : "out");
+        }
+        tg_destroy(t);
+        tg_model_free(m);
+    }
+}
+
 /* Every op through each kernel path this CPU runs below its best (the runs above took the best),
  * forced with TG_CPU_ISA: the packed products with AVX2 register tiles, the portable loops and
  * OpenBLAS, which an AVX-512 machine would otherwise never run. The generated code is built for
@@ -842,7 +877,10 @@ int main(void) {
         CHECK(t == NULL && strstr(err.msg, "CUDA is not available"), "tg_compile on cuda without a GPU: %s", err.msg);
         tg_model_free(m);
         nvrtc_compile_all();
-        if (tg_backend_available("cuda-nvrtc", NULL, 0)) nvrtc_lanes();
+        if (tg_backend_available("cuda-nvrtc", NULL, 0)) {
+            nvrtc_lanes();
+            nvrtc_own_products();
+        }
     }
     char cmd[100];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

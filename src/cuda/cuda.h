@@ -31,6 +31,13 @@ typedef struct {
 } cuda_plan;
 /* cuda_attention.c: the device source of flash attention, instantiated by generated kernels. */
 extern const char CUDA_ATTENTION_SOURCE[];
+/* cuda_products.c: our kernel for small f32 products, a template (in the prelude), and its
+ * instances by transposes ta * 2 + tb, tg_gemm_nn, _nt, _tn and _tt (after the generated kernels,
+ * those the graph's products use). */
+extern const char CUDA_PRODUCT_SOURCE[];
+extern const char *const CUDA_PRODUCT_KERNELS[4];
+/* Small enough for it: at most 2^27 multiply-adds (a batch of them in one launch). */
+bool cuda_own_product(int64_t M, int64_t N, int64_t K, int64_t batch);
 /* The bf16 tensor-core kernels (head sizes multiples of 16), after CUDA_ATTENTION_SOURCE. */
 extern const char CUDA_ATTENTION_MMA_SOURCE[];
 /* The CUDA generator's refinement of fuse_schedule: a sum that only another sum reads, over an

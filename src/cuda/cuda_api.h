@@ -74,6 +74,7 @@ typedef struct {
     CUstream stream;
     CUdeviceptr workspace;
     size_t workspace_bytes;
+    int own_warps;                /* most warps a block of our small-product kernel may have (its shared memory) */
 } lt_device;
 /* Row-major C[M, N] = op(A) op(B) summed in f32, batch times (operands a_stride, b_stride
  * elements apart; C M * N), C stored in f32 or rounded to bf16. No padding: shapes are compared
@@ -89,11 +90,16 @@ typedef struct {
     void *desc, *layout[3];       /* the operation; cuBLASLt's A (our B), B (our A) and C */
     lt_algo algo;
     size_t workspace;
+    lt_shape shape;
+    CUfunction own;               /* set: our kernel (tgk_gemm) runs this product instead, */
+    int own_warps;                /* in blocks of this many warps */
 } lt_product;
 void *lt_handle_new(void);        /* NULL without cuBLASLt */
 /* Descriptors and the algorithm for shape s, the candidates timed on these buffers (whose
- * contents they overwrite: C); false (p cleared) when cuBLASLt is missing or has none. */
-bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, const void *A, const void *B, void *C);
+ * contents they overwrite: C); `own`, our kernel for s's transposes (CUDA_PRODUCT_KERNELS), one
+ * more candidate where not NULL. False (p cleared) when cuBLASLt is missing or has none. */
+bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, CUfunction own, const void *A, const void *B,
+                     void *C);
 int lt_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C);   /* cuBLAS status */
 void lt_product_free(lt_product *p);
 

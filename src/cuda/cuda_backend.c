@@ -194,7 +194,8 @@ static bool setup_device(int d, cuda_device *v) {
         snprintf(v->why, sizeof v->why, "cuBLAS setup failed on device %d", d);
         return false;
     }
-    v->lt = (lt_device){ d, v->name, lt_handle_new(), v->stream, ws, 32u << 20 };
+    /* our product kernel's shared memory, 12.5 KB a warp: up to 16 warps in an sm_90 block's 227 KB */
+    v->lt = (lt_device){ d, v->name, lt_handle_new(), v->stream, ws, 32u << 20, major >= 9 ? 16 : 4 };
     return true;
 }
 
@@ -499,6 +500,7 @@ typedef struct {
      * chosen before the first capture (products_ready). */
     lt_product *lt;
     bool lt_ready;
+    CUfunction own[4];       /* our small-product kernel by (ta, tb) (f32 and tf32 graphs), else NULL */
 } cuda_exec;
 
 #define N_HYPER_SLOTS 8   /* at least: the optimizer's; patch sites may add more */
@@ -529,8 +531,14 @@ static void print_profile(const cuda_exec *e) {
         shown[best] = true;
         const cuda_launch *l = &e->launches.launch[best];
         const tg_node *n = &e->g->nodes[l->node];
-        fprintf(stderr, "  #%-4d %-8s %-16s [%lld elements] %8.3f ms\n", best,
-                l->kind == CL_GEMM ? "gemm" : l->kind == CL_MEMSET ? "memset" : l->name, op_name(n->op), (long long)n->numel,
+        char what[64];
+        if (l->kind == CL_GEMM)
+            snprintf(what, sizeof what, "[%lld x %lld x %lld%s%s, batch %lld]", (long long)l->M, (long long)l->N, (long long)l->K,
+                     l->ta ? " ta" : "", l->tb ? " tb" : "", (long long)l->batch);
+        else
+            snprintf(what, sizeof what, "[%lld elements]", (long long)n->numel);
+        fprintf(stderr, "  #%-4d %-8s %-16s %s %8.3f ms\n", best,
+                l->kind == CL_GEMM ? "gemm" : l->kind == CL_MEMSET ? "memset" : l->name, op_name(n->op), what,
                 1e3 * e->profile[best] / runs);
     }
     free(shown);
@@ -637,6 +645,14 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
         TRY(r, l->name);
         if (l->shared > 48 * 1024)   /* past the default limit only on request */
             TRY(cu.FuncSetAttribute(e->fn[i], CU_FUNC_MAX_DYNAMIC_SHARED, l->shared), "the kernel's shared memory (attention: head dimension too large?)");
+    }
+    for (int k = 0; k < 4; k++) {   /* our product kernel, by transposes: those the source has */
+        static const char *const OWN[] = { "tg_gemm_nn", "tg_gemm_nt", "tg_gemm_tn", "tg_gemm_tt" };
+        if (!strstr(e->source, OWN[k])) continue;
+        r = CUDA_ERROR_NOT_FOUND;
+        for (int m = 0; m < e->n_modules && r == CUDA_ERROR_NOT_FOUND; m++) r = cu.ModuleGetFunction(&e->own[k], e->module[m], OWN[k]);
+        TRY(r, OWN[k]);
+        TRY(cu.FuncSetAttribute(e->own[k], CU_FUNC_MAX_DYNAMIC_SHARED, dev->lt.own_warps * 3200 * 4), OWN[k]);
     }
     if (g->precision != TG_PRECISION_F32) {   /* operand slots as large as the largest operand without a shadow */
         size_t most = 1;
@@ -809,7 +825,8 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
         if (l->kind != CL_GEMM || e->lt[i].desc) continue;
         if (!product_buffers(e, l, &A, &B, &C, &es, &cs, err)) return false;
         lt_shape s = product_shape(e, l, A, B, C, es, cs);
-        lt_product_init(&e->lt[i], &e->dev->lt, &s, A + l->aoff[0] * es, B + l->boff[0] * es, C);   /* else cublasGemmEx */
+        lt_product_init(&e->lt[i], &e->dev->lt, &s, e->own[l->ta * 2 + l->tb], A + l->aoff[0] * es, B + l->boff[0] * es,
+                        C);   /* else cublasGemmEx */
     }
     e->lt_ready = true;
     return true;

@@ -1273,6 +1273,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
             sb_printf(&out, "%s%s", CUDA_ATTENTION_SOURCE, sm >= 80 && g->precision == TG_PRECISION_BF16 ? CUDA_ATTENTION_MMA_SOURCE : "");
             break;
         }
+    if (g->precision != TG_PRECISION_BF16) sb_printf(&out, "%s", CUDA_PRODUCT_SOURCE);
     launches->prelude = out.len;
     c.operand_round = g->precision == TG_PRECISION_BF16 ? "tgk_round_bf16_float" : g->precision == TG_PRECISION_TF32 ? "tgk_round_tf32" : NULL;
     leaf_kernel(&c, launches);
@@ -1293,6 +1294,13 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
         for (int k = first; k <= q; k++) fill_shadow(&c, launches, order[k]);
     }
     free(order);
+    bool used[4] = { false };   /* our product kernel's instances (f32 and tf32 graphs) */
+    for (int i = 0; i < launches->n && g->precision != TG_PRECISION_BF16; i++) {
+        const cuda_launch *l = &launches->launch[i];
+        if (l->kind == CL_GEMM && cuda_own_product(l->M, l->N, l->K, l->batch)) used[l->ta * 2 + l->tb] = true;
+    }
+    for (int k = 0; k < 4; k++)
+        if (used[k]) sb_printf(&out, "%s", CUDA_PRODUCT_KERNELS[k]);
     *unsupported = c.unsupported;
     cg_release(&c);
     if (alloc_failures() != failures || *unsupported >= 0) {   /* placeholders or holes: not a program */

@@ -11,8 +11,17 @@
  * summation order; choices are remembered per process and kept in the kernel cache (checked
  * again with cublasLtMatmulAlgoCheck when read), so a process finds the same ones as the last.
  *
+ * A small f32 product (f32 and tf32 graphs) has one more candidate, a kernel of ours (tgk_gemm
+ * below): cuBLAS's f32 kernels for such shapes take 5-10 us where the arithmetic takes one or
+ * two (an H100: [256, 64] x [64, 64] 10 us, [128, 512] x [512, 10] 5.8 us), bound by the
+ * latency of their loads over a long reduction on few SMs. Ours splits the reduction over the
+ * warps of a block instead, each copying its slice with every load in flight at once.
+ *
  * TG_CUDA_TUNE=0 takes the heuristic's first without timing; TG_CUDA_TUNE=verbose prints every
- * choice with the candidates' times. */
+ * choice with the candidates' times; TG_CUDA_OWN_GEMM=0 leaves ours out, =4, 8 or 16 takes it
+ * wherever it may run, in blocks of that many warps (the tests' way to run every product through
+ * it). */
+#include "cuda/cuda.h"
 #include "cuda/cuda_api.h"
 #include "io/cache.h"
 
@@ -23,6 +32,130 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ----- our kernel for small products ----- */
+
+/* Row-major C[M, N] = op(A) op(B), f32, batch z at A + z sa, B + z sb, C + z M N. A block computes
+ * a 16 x 32 tile of C with W warps (blockDim.x = 32 W), warp w summing the w-th slice of K, 64
+ * of it at a time, over shared tiles of its own: cp.async copies them with every load in flight
+ * and no registers held, so a warp waits about one memory latency per 64 of K, and warps need no
+ * barrier in the loop. A lane sums a 4 x 4 block of the tile; the warps' sums are added in warp
+ * order (a fixed order: the result does not depend on timing). Rows padded by one float keep
+ * every shared read free of bank conflicts. */
+const char CUDA_PRODUCT_SOURCE[] =
+    "#define TGG_BM 16\n#define TGG_BN 32\n#define TGG_BK 64\n"
+    "#define TGG_A 1088\n#define TGG_WARP 3200\n"   /* floats: A 64 x 17 or 16 x 65, then B 64 x 33 or 32 x 65 */
+    "static __device__ inline void tgg_copy(float *dst, const float *src, bool ok) {\n"
+    "#if __CUDA_ARCH__ >= 800\n"
+    "    const unsigned a = (unsigned)__cvta_generic_to_shared(dst);\n"
+    "    asm volatile(\"cp.async.ca.shared.global [%0], [%1], 4, %2;\\n\" :: \"r\"(a), \"l\"(src), \"r\"(ok ? 4 : 0));\n"
+    "#else\n"
+    "    *dst = ok ? *src : 0.0f;\n"
+    "#endif\n}\n"
+    /* A tile of row-major src (leading dimension ld) into dst's rows of COLS + 1 floats, zeros past
+     * row rmax and column cmax, only its first kn of K copied: ROWS x kn from (r0, k0), K along a
+     * row (COLS = TGG_BK), or kn x COLS from (k0, c0), K down the columns (ROWS = TGG_BK). The
+     * copies do not wait for each other, so all are in flight at once. */
+    "template <int ROWS, int COLS, bool K_ALONG>\n"
+    "static __device__ inline void tgg_tile(float *dst, const float *src, int64_t ld, int r0, int c0, int rmax, int cmax, int kn,\n"
+    "                                       int lane) {\n"
+    "#pragma unroll 4\n"
+    "    for (int e = lane; e < ROWS * COLS; e += 32) {\n"
+    "        const int r = e / COLS, c = e % COLS;\n"
+    "        if ((K_ALONG ? c : r) >= kn) continue;\n"
+    "        const bool ok = r0 + r < rmax && c0 + c < cmax;\n"
+    "        tgg_copy(dst + r * (COLS + 1) + c, ok ? src + (r0 + r) * ld + c0 + c : src, ok);\n"
+    "    }\n}\n"
+    "template <int TA, int TB>\n"
+    "static __device__ void tgk_gemm(const float *A, const float *B, float *C, int M, int N, int K, int64_t sa, int64_t sb) {\n"
+    "    extern __shared__ float tgg_sm[];\n"
+    "    const int W = blockDim.x / 32, w = threadIdx.x / 32, lane = threadIdx.x & 31;\n"
+    "    const int m0 = blockIdx.y * TGG_BM, n0 = blockIdx.x * TGG_BN, rm = (lane >> 3) * 4, cn = (lane & 7) * 4;\n"
+    "    A += blockIdx.z * sa;\n"
+    "    B += blockIdx.z * sb;\n"
+    "    C += (int64_t)blockIdx.z * M * N;\n"
+    "    const int slice = (K + W - 1) / W, k_begin = min(K, w * slice), k_end = min(K, k_begin + slice);\n"
+    "    float *As = tgg_sm + w * TGG_WARP, *Bs = As + TGG_A;\n"
+    "    float acc[4][4] = {};\n"
+    "    for (int k0 = k_begin; k0 < k_end; k0 += TGG_BK) {\n"
+    "        const int kn = min(TGG_BK, k_end - k0);\n"
+    "        if (TA) tgg_tile<TGG_BK, TGG_BM, false>(As, A, M, k0, m0, K, M, kn, lane);\n"
+    "        else tgg_tile<TGG_BM, TGG_BK, true>(As, A, K, m0, k0, M, K, kn, lane);\n"
+    "        if (TB) tgg_tile<TGG_BN, TGG_BK, true>(Bs, B, K, n0, k0, N, K, kn, lane);\n"
+    "        else tgg_tile<TGG_BK, TGG_BN, false>(Bs, B, N, k0, n0, K, N, kn, lane);\n"
+    "#if __CUDA_ARCH__ >= 800\n"
+    "        asm volatile(\"cp.async.wait_all;\\n\" ::: \"memory\");\n"
+    "#endif\n"
+    "        __syncwarp();\n"
+    "#pragma unroll 4\n"
+    "        for (int k = 0; k < kn; k++) {\n"
+    "            float a[4], b[4];\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < 4; i++) {\n"
+    "                a[i] = TA ? As[k * (TGG_BM + 1) + rm + i] : As[(rm + i) * (TGG_BK + 1) + k];\n"
+    "                b[i] = TB ? Bs[(cn + i) * (TGG_BK + 1) + k] : Bs[k * (TGG_BN + 1) + cn + i];\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < 4; i++)\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);\n"
+    "        }\n"
+    "        __syncwarp();\n"
+    "    }\n"
+    "    __syncthreads();\n"   /* the tiles' memory now holds each warp's 16 x 32 sums */
+    "#pragma unroll\n"
+    "    for (int i = 0; i < 4; i++)\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < 4; j++) tgg_sm[w * 512 + (rm + i) * 32 + cn + j] = acc[i][j];\n"
+    "    __syncthreads();\n"
+    "    for (int e = threadIdx.x; e < 512; e += blockDim.x) {\n"
+    "        const int m = m0 + e / 32, n = n0 + e % 32;\n"
+    "        if (m >= M || n >= N) continue;\n"
+    "        float s = tgg_sm[e];\n"
+    "        for (int q = 1; q < W; q++) s += tgg_sm[q * 512 + e];\n"
+    "        C[(int64_t)m * N + n] = s;\n"
+    "    }\n}\n";
+
+/* Its four instances, by transposes ta * 2 + tb: tg_gemm_nn, _nt, _tn, _tt. */
+const char *const CUDA_PRODUCT_KERNELS[4] = {
+#define TGG_INSTANCE(name, ta, tb)                                                                                      \
+    "extern \"C\" __global__ void __launch_bounds__(512) " name                                                        \
+    "(const float *A, const float *B, float *C, int M, int N, int K, int64_t sa, int64_t sb) {\n"                       \
+    "    tgk_gemm<" #ta ", " #tb ">(A, B, C, M, N, K, sa, sb);\n}\n"
+    TGG_INSTANCE("tg_gemm_nn", 0, 0), TGG_INSTANCE("tg_gemm_nt", 0, 1), TGG_INSTANCE("tg_gemm_tn", 1, 0),
+    TGG_INSTANCE("tg_gemm_tt", 1, 1),
+};
+#undef TGG_INSTANCE
+
+enum { OWN_BM = 16, OWN_BN = 32, OWN_WARP_BYTES = 3200 * 4 };
+static const int OWN_WARPS[] = { 4, 8, 16 };   /* the block sizes timed: more warps, shorter slices of K */
+
+bool cuda_own_product(int64_t M, int64_t N, int64_t K, int64_t batch) {
+    return M <= 65535 * (int64_t)OWN_BM && N <= INT32_MAX && K <= INT32_MAX && batch <= 65535 &&
+           (double)M * (double)N * (double)K * (double)batch <= (double)(1 << 27);
+}
+
+/* Can our kernel take shape s (f32 operands and result: cuda_own_product) in blocks of `warps`,
+ * and how is it launched. */
+static bool own_launch(const lt_shape *s, const lt_device *d, int warps, unsigned grid[3], unsigned *block, unsigned *shared) {
+    if (warps < 1 || warps > d->own_warps || s->bf16 || s->c_bf16 || !cuda_own_product(s->M, s->N, s->K, s->batch)) return false;
+    grid[0] = (unsigned)((s->N + OWN_BN - 1) / OWN_BN);
+    grid[1] = (unsigned)((s->M + OWN_BM - 1) / OWN_BM);
+    grid[2] = (unsigned)s->batch;
+    *block = (unsigned)(32 * warps);
+    *shared = (unsigned)(OWN_WARP_BYTES * warps);
+    return true;
+}
+
+static int own_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C) {
+    const lt_shape *s = &p->shape;
+    unsigned grid[3], block, shared;
+    if (!own_launch(s, d, p->own_warps, grid, &block, &shared)) return -1;
+    int M = (int)s->M, N = (int)s->N, K = (int)s->K;
+    int64_t sa = s->a_stride, sb = s->b_stride;
+    void *args[] = { &A, &B, &C, &M, &N, &K, &sa, &sb };
+    return cu.LaunchKernel(p->own, grid[0], grid[1], grid[2], block, 1, 1, shared, d->stream, args, NULL);
+}
 
 typedef struct {                                /* cublasLtMatmulHeuristicResult_t */
     lt_algo algo;
@@ -76,7 +209,7 @@ static struct {
     pthread_once_t once;
     bool ok;
     pthread_mutex_t mu;
-    struct lt_memo { int device; lt_shape shape; lt_algo algo; size_t workspace; } *memo;
+    struct lt_memo { int device; lt_shape shape; lt_algo algo; size_t workspace; int own_warps; } *memo;
     int n_memo, cap_memo;
 } g_lt = { .once = PTHREAD_ONCE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER };
 
@@ -134,6 +267,7 @@ void lt_product_free(lt_product *p) {
 
 int lt_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C) {
     const float one = 1, zero = 0;
+    if (p->own) return own_run(p, d, A, B, C);
     return lt.Matmul(d->handle, p->desc, &one, B, p->layout[0], A, p->layout[1], &zero, C, p->layout[2], C, p->layout[2],
                      &p->algo, (void *)d->workspace, d->workspace_bytes, d->stream);
 }
@@ -158,15 +292,14 @@ static int candidates(const lt_product *p, const lt_device *d, const lt_shape *s
     return ok ? kept : 0;
 }
 
-/* Milliseconds per run of candidate `h`, +inf if it fails. The runs are captured into a graph
- * and replayed, as the step's graph runs them: run eagerly, a small product's time would be the
- * host's, cuBLASLt's few microseconds of setup per call. */
-static double time_one(lt_product *p, const lt_device *d, const lt_heuristic *h, const void *A, const void *B, void *C) {
+/* Milliseconds per run of p as it stands (an algorithm, or our kernel), +inf if it fails. The runs
+ * are captured into a graph and replayed, as the step's graph runs them: run eagerly, a small
+ * product's time would be the host's, cuBLASLt's few microseconds of setup per call. */
+static double time_one(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C) {
     CUevent ev[2] = { NULL, NULL };
     CUgraph graph = NULL;
     CUgraphExec exec = NULL;
     float ms = INFINITY;
-    p->algo = h->algo;
     bool ran = lt_run(p, d, A, B, C) == 0, ok = ran && cu.StreamBeginCapture(d->stream, CU_CAPTURE_THREAD_LOCAL) == 0;
     for (int r = 0; r < LT_TIMED_RUNS && ok; r++) ok = lt_run(p, d, A, B, C) == 0;
     if (ran) ok = cu.StreamEndCapture(d->stream, &graph) == 0 && ok;   /* ends a capture even when a run failed */
@@ -187,13 +320,15 @@ static unsigned config(const lt_algo *a, int attr) {
     return v;
 }
 
-static void report(const lt_shape *s, const lt_heuristic *h, const double *ms, int n, int best) {
+/* own: the warps of our kernel's fastest block size (ours won: starred), own_ms its time */
+static void report(const lt_shape *s, const lt_heuristic *h, const double *ms, int n, int best, double own_ms, int own, bool won) {
     fprintf(stderr, "tensorgrad: product [%lld x %lld] x [%lld x %lld]%s%s x%lld %s%s:", (long long)s->M, (long long)s->K,
             (long long)s->K, (long long)s->N, s->ta ? " (A^T)" : "", s->tb ? " (B^T)" : "", (long long)s->batch,
             s->bf16 ? "bf16" : s->tf32 ? "tf32" : "f32", s->c_bf16 ? " to bf16" : "");
     for (int i = 0; i < n; i++)
-        fprintf(stderr, " %s%.4f (algo %u tile %u split %u)", i == best ? "*" : "", ms ? ms[i] : NAN,
+        fprintf(stderr, " %s%.4f (algo %u tile %u split %u)", i == best && !won ? "*" : "", ms ? ms[i] : NAN,
                 config(&h[i].algo, LT_CONFIG_ID), config(&h[i].algo, LT_CONFIG_TILE), config(&h[i].algo, LT_CONFIG_SPLITK));
+    if (!isnan(own_ms)) fprintf(stderr, " %s%.4f (ours, %d warps)", won ? "*" : "", own_ms, own);
     fprintf(stderr, " ms\n");
 }
 
@@ -207,13 +342,16 @@ static int choose(const double *ms, int n) {
 
 /* ----- remembered choices: this process's, and the kernel cache's ----- */
 
-static bool memo_find(int device, const lt_shape *s, lt_product *p) {
+/* A choice remembered: its algorithm, and our kernel's warps where it won (`own`: its function). */
+static bool memo_find(int device, const lt_shape *s, lt_product *p, CUfunction own) {
     bool found = false;
     pthread_mutex_lock(&g_lt.mu);
     for (int i = 0; i < g_lt.n_memo && !found; i++)
         if (g_lt.memo[i].device == device && memcmp(&g_lt.memo[i].shape, s, sizeof *s) == 0) {
             p->algo = g_lt.memo[i].algo;
             p->workspace = g_lt.memo[i].workspace;
+            p->own_warps = own ? g_lt.memo[i].own_warps : 0;
+            p->own = p->own_warps ? own : NULL;
             found = true;
         }
     pthread_mutex_unlock(&g_lt.mu);
@@ -230,64 +368,120 @@ static void memo_add(int device, const lt_shape *s, const lt_product *p) {
             g_lt.cap_memo = cap;
         }
     }
-    if (g_lt.n_memo < g_lt.cap_memo) g_lt.memo[g_lt.n_memo++] = (struct lt_memo){ device, *s, p->algo, p->workspace };
+    if (g_lt.n_memo < g_lt.cap_memo)
+        g_lt.memo[g_lt.n_memo++] = (struct lt_memo){ device, *s, p->algo, p->workspace, p->own_warps };
     pthread_mutex_unlock(&g_lt.mu);
 }
 
-/* The kernel cache's file for this shape on this device and cuBLASLt version; false if none. */
-static bool cache_path(const lt_device *d, const lt_shape *s, char *path, size_t len) {
+/* The kernel cache's file for this shape on this device and cuBLASLt version, chosen with or
+ * without our kernel among the candidates; false if none. */
+static bool cache_path(const lt_device *d, const lt_shape *s, bool own, char *path, size_t len) {
     char dir[900], key[300];
     tg_error ignore;
     if (!cache_dir(dir, sizeof dir, &ignore)) return false;
-    snprintf(key, sizeof key, "cublasLt %zu %s", lt.GetVersion(), d->name);
+    snprintf(key, sizeof key, "cublasLt %zu %s%s", lt.GetVersion(), d->name, own ? " and ours" : "");
     uint64_t h = cache_hash(cache_hash(1469598103934665603ull, key, strlen(key)), s, sizeof *s);
     snprintf(path, len, "%s/%016llx.lt", dir, (unsigned long long)h);
     return true;
 }
 
-static bool cached(lt_product *p, const lt_device *d, const char *path) {
+typedef struct { lt_algo algo; uint32_t own_warps; } lt_choice;   /* a choice as the kernel cache keeps it (0: cuBLASLt) */
+
+static bool cached(lt_product *p, const lt_device *d, const char *path, CUfunction own) {
     size_t len = 0;
-    lt_algo *a = cache_read(path, &len);
+    lt_choice *c = cache_read(path, &len);
     lt_heuristic check;
-    bool ok = a && len == sizeof *a &&
-              lt.AlgoCheck(d->handle, p->desc, p->layout[0], p->layout[1], p->layout[2], p->layout[2], a, &check) == 0 &&
+    bool ok = c && len == sizeof *c && (!c->own_warps || own) &&
+              lt.AlgoCheck(d->handle, p->desc, p->layout[0], p->layout[1], p->layout[2], p->layout[2], &c->algo, &check) == 0 &&
               check.workspace <= d->workspace_bytes;
     if (ok) {
-        p->algo = *a;
+        p->algo = c->algo;
         p->workspace = check.workspace;
+        p->own_warps = (int)c->own_warps;
+        p->own = p->own_warps ? own : NULL;
     }
-    free(a);
+    free(c);
     return ok;
 }
 
 /* ----- choosing ----- */
 
-bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, const void *A, const void *B, void *C) {
+/* TG_CUDA_OWN_GEMM: 0 never ours; 4, 8 or 16 ours in blocks of that many warps wherever it may
+ * run; else (-1) timed against cuBLASLt. */
+static int own_mode(void) {
+    const char *v = getenv("TG_CUDA_OWN_GEMM");
+    int w = v ? atoi(v) : -1;
+    return w == 0 || w == 4 || w == 8 || w == 16 ? w : -1;
+}
+
+/* Our kernel, where it beats the best of cuBLASLt's (ms) by 3%, in its fastest block size (which
+ * it returns, with its time in own_ms, whether it won or not). */
+static int own_try(lt_product *p, const lt_device *d, CUfunction own, double ms, double *own_ms, const void *A, const void *B,
+                   void *C) {
+    int best = 0;
+    *own_ms = INFINITY;
+    p->own = own;
+    for (size_t i = 0; i < sizeof OWN_WARPS / sizeof *OWN_WARPS; i++) {
+        unsigned grid[3], block, shared;
+        if (!own_launch(&p->shape, d, OWN_WARPS[i], grid, &block, &shared)) continue;
+        p->own_warps = OWN_WARPS[i];
+        double t = time_one(p, d, A, B, C);
+        if (t < *own_ms) {
+            *own_ms = t;
+            best = OWN_WARPS[i];
+        }
+    }
+    p->own_warps = best;
+    if (!(best && *own_ms < 0.97 * ms)) {
+        p->own = NULL;
+        p->own_warps = 0;
+    }
+    return best;
+}
+
+bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, CUfunction own, const void *A, const void *B,
+                     void *C) {
     memset(p, 0, sizeof *p);
+    p->shape = *s;
+    unsigned grid[3], block, shared;
+    int mode = own_mode();
+    if (mode == 0 || !own_launch(s, d, mode > 0 ? mode : OWN_WARPS[0], grid, &block, &shared)) own = NULL;
     if (!lt_available() || !d->handle || !describe(p, s)) goto fail;
-    if (memo_find(d->ordinal, s, p)) return true;
+    if (own && mode > 0) {   /* forced: not remembered, so that a timed choice is not displaced */
+        p->own = own;
+        p->own_warps = mode;
+        return true;
+    }
+    if (memo_find(d->ordinal, s, p, own)) return true;
     char path[1000];
     const char *tune = getenv("TG_CUDA_TUNE");
     bool timed = !(tune && tune[0] == '0'), verbose = tune && strcmp(tune, "verbose") == 0;
-    bool on_disk = timed && cache_path(d, s, path, sizeof path);
-    if (on_disk && cached(p, d, path)) {
+    bool on_disk = timed && cache_path(d, s, own != NULL, path, sizeof path);
+    if (on_disk && cached(p, d, path, own)) {
         memo_add(d->ordinal, s, p);
         return true;
     }
     lt_heuristic h[LT_CANDIDATES];
     int n = candidates(p, d, s, h), best = 0;
     if (n == 0) goto fail;
-    double ms[LT_CANDIDATES] = { 0 };
-    for (int i = 0; i < n && timed && n > 1; i++) ms[i] = time_one(p, d, &h[i], A, B, C);
-    if (timed && n > 1) best = choose(ms, n);
-    if (timed && n > 1 && isinf(ms[best])) goto fail;   /* none ran */
-    if (verbose) report(s, h, timed && n > 1 ? ms : NULL, n, best);
+    double ms[LT_CANDIDATES] = { 0 }, own_ms = NAN;
+    int own_best = 0;
+    bool compare = timed && (n > 1 || own);
+    for (int i = 0; i < n && compare; i++) {
+        p->algo = h[i].algo;
+        ms[i] = time_one(p, d, A, B, C);
+    }
+    if (compare) best = choose(ms, n);
+    if (compare && isinf(ms[best])) goto fail;   /* none ran */
+    if (own && compare) own_best = own_try(p, d, own, ms[best], &own_ms, A, B, C);
+    if (verbose) report(s, h, compare ? ms : NULL, n, best, own_ms, own_best, p->own != NULL);
     p->algo = h[best].algo;
     p->workspace = h[best].workspace;
     if (timed) memo_add(d->ordinal, s, p);
     if (on_disk) {
         tg_error ignore;   /* a cache that cannot be written only costs time */
-        cache_write(path, &p->algo, sizeof p->algo, &ignore);
+        lt_choice c = { p->algo, (uint32_t)p->own_warps };
+        cache_write(path, &c, sizeof c, &ignore);
     }
     return true;
 fail:
