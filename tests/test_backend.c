@@ -649,6 +649,17 @@ static tg_tensor wide_loss(const void *ctx, const tg_tensor *in) {
     return tg_cross_entropy(tg_linear(&wide2, tg_gelu(tg_linear(&wide1, in[0]))), in[1], TG_MEAN);
 }
 
+/* The MLP above compiled by cuda-nvrtc for a batch of `rows` (NULL with err set). */
+static tg_train *wide_step(tg_model **m, tg_precision precision, int rows, tg_error *err) {
+    *m = tg_model_new(4);
+    wide1 = tg_linear_new(*m, "l1", 1024, 4096, NULL);
+    wide2 = tg_linear_new(*m, "l2", 4096, 16, NULL);
+    return tg_compile(&(tg_train_spec){ .model = *m, .loss = wide_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
+                                        .precision = precision,
+                                        .inputs = (tg_input_decl[]){ TG_F32("x", rows, 1024), TG_I32("y", rows) }, .n_inputs = 2 },
+                      err);
+}
+
 /* The most lanes a column sum of `src` takes (its head: "oc = (... + y) * L;"), and a large
  * element-wise kernel ("g = (... + threadIdx.x) * L;") */
 static int lanes_in(const char *src, const char *head) {
@@ -667,14 +678,9 @@ static void nvrtc_lanes(void) {
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         if (runs[r].lanes) setenv("TG_CUDA_LANES", runs[r].lanes, 1);
         else unsetenv("TG_CUDA_LANES");
-        tg_model *m = tg_model_new(4);
-        wide1 = tg_linear_new(m, "l1", 1024, 4096, NULL);
-        wide2 = tg_linear_new(m, "l2", 4096, 16, NULL);
+        tg_model *m;
         tg_error err = { { 0 } };
-        tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = wide_loss, .optimizer = tg_adam(1e-3),
-                                                   .backend = "cuda-nvrtc", .precision = TG_PRECISION_BF16,
-                                                   .inputs = (tg_input_decl[]){ TG_F32("x", runs[r].rows, 1024),
-                                                                                TG_I32("y", runs[r].rows) }, .n_inputs = 2 }, &err);
+        tg_train *t = wide_step(&m, TG_PRECISION_BF16, runs[r].rows, &err);
         const char *src = t ? tg_train_kernel_source(t) : NULL, *label = runs[r].lanes ? runs[r].lanes : "default";
         CHECK(t != NULL && src, "lanes %s, %d rows: NVRTC compiles the step: %s", label, runs[r].rows, err.msg);
         if (src) {   /* the GELU: 2^25 elements, or 2^19 (too few for ELEMS_MIN: one lane, no group loop) */
@@ -703,14 +709,9 @@ static void nvrtc_own_products(void) {
     };
     static const char *const NAMES[] = { "nn", "nt", "tn", "tt" };
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-        tg_model *m = tg_model_new(4);
-        wide1 = tg_linear_new(m, "l1", 1024, 4096, NULL);
-        wide2 = tg_linear_new(m, "l2", 4096, 16, NULL);
+        tg_model *m;
         tg_error err = { { 0 } };
-        tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = wide_loss, .optimizer = tg_adam(1e-3),
-                                                   .backend = "cuda-nvrtc", .precision = runs[r].precision,
-                                                   .inputs = (tg_input_decl[]){ TG_F32("x", runs[r].rows, 1024),
-                                                                                TG_I32("y", runs[r].rows) }, .n_inputs = 2 }, &err);
+        tg_train *t = wide_step(&m, runs[r].precision, runs[r].rows, &err);
         const char *src = t ? tg_train_kernel_source(t) : NULL, *prec = tg_precision_name(runs[r].precision);
         CHECK(t != NULL && src, "%s, %d rows: NVRTC compiles the step: %s", prec, runs[r].rows, err.msg);
         for (int k = 0; k < 4 && src; k++) {
