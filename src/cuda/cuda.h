@@ -35,7 +35,7 @@ extern const char CUDA_ATTENTION_SOURCE[];
  * instances by transposes ta * 2 + tb, tg_gemm_nn, _nt, _tn and _tt (after the generated kernels,
  * those the graph's products use). */
 extern const char CUDA_PRODUCT_SOURCE[];
-extern const char *const CUDA_PRODUCT_KERNELS[4];
+extern const char *const CUDA_PRODUCT_NAMES[4], *const CUDA_PRODUCT_KERNELS[4];
 /* Small enough for it: at most 2^27 multiply-adds (a batch of them in one launch). */
 bool cuda_own_product(int64_t M, int64_t N, int64_t K, int64_t batch);
 /* The bf16 tensor-core kernels (head sizes multiples of 16), after CUDA_ATTENTION_SOURCE. */

@@ -76,6 +76,7 @@ typedef struct {
     size_t workspace_bytes;
     int own_warps;                /* most warps a block of our small-product kernel may have (its shared memory) */
 } lt_device;
+#define LT_OWN_WARP_BYTES (3200 * 4)   /* the shared memory a warp of that kernel uses (its TGG_WARP floats) */
 /* Row-major C[M, N] = op(A) op(B) summed in f32, batch times (operands a_stride, b_stride
  * elements apart; C M * N), C stored in f32 or rounded to bf16. No padding: shapes are compared
  * and hashed as bytes. */

@@ -647,12 +647,13 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
             TRY(cu.FuncSetAttribute(e->fn[i], CU_FUNC_MAX_DYNAMIC_SHARED, l->shared), "the kernel's shared memory (attention: head dimension too large?)");
     }
     for (int k = 0; k < 4; k++) {   /* our product kernel, by transposes: those the source has */
-        static const char *const OWN[] = { "tg_gemm_nn", "tg_gemm_nt", "tg_gemm_tn", "tg_gemm_tt" };
-        if (!strstr(e->source, OWN[k])) continue;
+        const char *name = CUDA_PRODUCT_NAMES[k];
+        if (!strstr(e->source, name)) continue;
         r = CUDA_ERROR_NOT_FOUND;
-        for (int m = 0; m < e->n_modules && r == CUDA_ERROR_NOT_FOUND; m++) r = cu.ModuleGetFunction(&e->own[k], e->module[m], OWN[k]);
-        TRY(r, OWN[k]);
-        TRY(cu.FuncSetAttribute(e->own[k], CU_FUNC_MAX_DYNAMIC_SHARED, dev->lt.own_warps * 3200 * 4), OWN[k]);
+        for (int m = 0; m < e->n_modules && r == CUDA_ERROR_NOT_FOUND; m++) r = cu.ModuleGetFunction(&e->own[k], e->module[m], name);
+        TRY(r, name);
+        if (cu.FuncSetAttribute(e->own[k], CU_FUNC_MAX_DYNAMIC_SHARED, dev->lt.own_warps * LT_OWN_WARP_BYTES))
+            e->own[k] = NULL;   /* a GPU without that much shared memory a block: cuBLAS only */
     }
     if (g->precision != TG_PRECISION_F32) {   /* operand slots as large as the largest operand without a shadow */
         size_t most = 1;

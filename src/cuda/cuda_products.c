@@ -116,7 +116,8 @@ const char CUDA_PRODUCT_SOURCE[] =
     "        C[(int64_t)m * N + n] = s;\n"
     "    }\n}\n";
 
-/* Its four instances, by transposes ta * 2 + tb: tg_gemm_nn, _nt, _tn, _tt. */
+/* Its four instances, by transposes ta * 2 + tb. */
+const char *const CUDA_PRODUCT_NAMES[4] = { "tg_gemm_nn", "tg_gemm_nt", "tg_gemm_tn", "tg_gemm_tt" };
 const char *const CUDA_PRODUCT_KERNELS[4] = {
 #define TGG_INSTANCE(name, ta, tb)                                                                                      \
     "extern \"C\" __global__ void __launch_bounds__(512) " name                                                        \
@@ -127,7 +128,7 @@ const char *const CUDA_PRODUCT_KERNELS[4] = {
 };
 #undef TGG_INSTANCE
 
-enum { OWN_BM = 16, OWN_BN = 32, OWN_WARP_BYTES = 3200 * 4 };
+enum { OWN_BM = 16, OWN_BN = 32 };
 static const int OWN_WARPS[] = { 4, 8, 16 };   /* the block sizes timed: more warps, shorter slices of K */
 
 bool cuda_own_product(int64_t M, int64_t N, int64_t K, int64_t batch) {
@@ -143,7 +144,7 @@ static bool own_launch(const lt_shape *s, const lt_device *d, int warps, unsigne
     grid[1] = (unsigned)((s->M + OWN_BM - 1) / OWN_BM);
     grid[2] = (unsigned)s->batch;
     *block = (unsigned)(32 * warps);
-    *shared = (unsigned)(OWN_WARP_BYTES * warps);
+    *shared = (unsigned)(LT_OWN_WARP_BYTES * warps);
     return true;
 }
 
