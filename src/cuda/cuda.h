@@ -36,7 +36,8 @@ extern const char CUDA_ATTENTION_SOURCE[];
  * those the graph's products use). */
 extern const char CUDA_PRODUCT_SOURCE[];
 extern const char *const CUDA_PRODUCT_NAMES[4], *const CUDA_PRODUCT_KERNELS[4];
-/* Small enough for it: at most 2^27 multiply-adds (a batch of them in one launch). */
+/* Small enough for it: at most 2^27 multiply-adds (a batch of them in one launch), none of M, N
+ * and the batch empty (a grid of no blocks is no launch). */
 bool cuda_own_product(int64_t M, int64_t N, int64_t K, int64_t batch);
 /* The bf16 tensor-core kernels (head sizes multiples of 16), after CUDA_ATTENTION_SOURCE. */
 extern const char CUDA_ATTENTION_MMA_SOURCE[];

@@ -132,7 +132,7 @@ enum { OWN_BM = 16, OWN_BN = 32 };
 static const int OWN_WARPS[] = { 4, 8, 16 };   /* the block sizes timed: more warps, shorter slices of K */
 
 bool cuda_own_product(int64_t M, int64_t N, int64_t K, int64_t batch) {
-    return M <= 65535 * (int64_t)OWN_BM && N <= INT32_MAX && K <= INT32_MAX && batch <= 65535 &&
+    return M >= 1 && N >= 1 && batch >= 1 && M <= 65535 * (int64_t)OWN_BM && N <= INT32_MAX && K <= INT32_MAX && batch <= 65535 &&
            (double)M * (double)N * (double)K * (double)batch <= (double)(1 << 27);
 }
 
