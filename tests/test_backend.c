@@ -16,7 +16,7 @@ enum {
     ADD, SUB, MUL, DIV, MINIMUM, MAXIMUM, LESS, WHERE, NEG, ABS, SQUARE, SQRT, RSQRT, EXP, LOG, RELU, TANH,
     SIGMOID, SIN, COS, GELU, GELU_TANH, SILU, CLAMP, SUM0, SUM_LAST, SUM_ALL, MEAN1, RESHAPE, PERMUTE,
     SWAPAXES, MATMUL, MATMUL_BATCHED, MATMUL_BCAST, ONE_HOT, EMBEDDING, SOFTMAX, SOFTMAX_MID, LOG_SOFTMAX,
-    CROSS_ENTROPY, NLL_SUM, ARGMAX, ARGMIN_ALL, FLATTEN, SPLIT_HEADS, MERGE_HEADS, TAKE_ALONG, ARANGE, ONES,
+    CROSS_ENTROPY, NLL_SUM, ARGMAX, ARGMIN_ALL, FLATTEN, SPLIT_HEADS, SPLIT_HEADS_BIAS, MERGE_HEADS, TAKE_ALONG, ARANGE, ONES,
     NARROW, CONCAT3, STACK, SPLIT, SOFTMAX_CAUSAL, WHERE_CAUSAL, STOP_GRADIENT, DROPOUT, RANDN, CONV2D,
     CONV2D_S2, CONV2D_BIG, CONV2D_BIAS, CONV2D_P2, CONV2D_P0, CONV2D_BIAS_RELU, CONV_BLOCK, LINEAR, LINEAR_RELU, LINEAR_GELU,
     MAXPOOL, MAXPOOL_PAD, MAXPOOL_RELU, MAXPOOL_PAD_RELU,
@@ -84,6 +84,7 @@ static tg_tensor op_fwd(const bcase *c, const tg_tensor *in) {
     case ARGMIN_ALL: return tg_argmin(x, TG_ALL);
     case FLATTEN: return tg_flatten(tg_mul(x, x), 1);
     case SPLIT_HEADS: return tg_split_heads(x, 2);
+    case SPLIT_HEADS_BIAS: return tg_split_heads(tg_add(x, y), 2);
     case MERGE_HEADS: return tg_merge_heads(tg_sigmoid(x));
     case TAKE_ALONG: return tg_take_along_axis(x, z, 1);
     case ARANGE: return tg_mul(x, tg_arange(6, TG_FLOAT32));
@@ -207,6 +208,10 @@ static const bcase CASES[] = {
     { "argmin all", ARGMIN_ALL, 1, { F("x", 3, 5) }, 0, false, false },
     { "flatten", FLATTEN, 1, { F("x", 2, 3, 4) }, 0, false, false },
     { "split_heads", SPLIT_HEADS, 1, { F("x", 2, 3, 4) }, 0, false, false },
+    /* rows of 16 and more: the CPU generator nests these loops over the output's last axis
+     * (cpu_codegen.c's pointwise_kernel), reading the permuted and broadcast operands along it */
+    { "split_heads of a biased width, rows of 32", SPLIT_HEADS_BIAS, 2, { F("x", 3, 5, 64), F("y", 64) }, 0, false, false },
+    { "swapaxes, rows of 20", SWAPAXES, 1, { F("x", 20, 3, 17) }, 0, false, false },
     { "merge_heads", MERGE_HEADS, 1, { F("x", 2, 2, 3, 5) }, 0, false, false },
     { "take_along_axis", TAKE_ALONG, 3, { F("x", 3, 5, 2), F("unused", 1), I("z", 3, 4, 2) }, -5, false, false },
     { "arange", ARANGE, 1, { F("x", 4, 6) }, 0, false, false },

@@ -59,23 +59,39 @@ static int64_t stride_of(tg_shape s, int k) {
     return st;
 }
 
-static void ensure_flat(cg *c, tg_shape s, ix_t *ix) {
-    if (ix->has_flat) return;
+/* name = the sum of coordinates ix->c[from..] times their strides in s (a variable, or "0"). */
+static void strided_sum(cg *c, tg_shape s, const ix_t *ix, int from, const char *prefix, char *name) {
     char expr[512] = "0";
     int len = 0;
-    for (int k = 0; k < s.ndim; k++) {
+    for (int k = from; k < s.ndim; k++) {
         if (s.d[k] == 1 || strcmp(ix->c[k], "0") == 0) continue;
         int64_t st = stride_of(s, k);
         len += st == 1 ? snprintf(expr + len, sizeof expr - (size_t)len, "%s%s", len ? " + " : "", ix->c[k])
                        : snprintf(expr + len, sizeof expr - (size_t)len, "%s%s * %lld", len ? " + " : "", ix->c[k], (long long)st);
     }
-    if (len == 0) strcpy(ix->flat, "0");
-    else cg_def(c, ix->flat, "f", "int64_t", "%s", expr);
+    if (len == 0) strcpy(name, "0");
+    else cg_def(c, name, prefix, "int64_t", "%s", expr);
+}
+
+static void ensure_flat(cg *c, tg_shape s, ix_t *ix) {
+    if (ix->has_flat) return;
+    strided_sum(c, s, ix, 0, "f", ix->flat);
     ix->has_flat = true;
 }
 
 static void ensure_coords(cg *c, tg_shape s, ix_t *ix) {
     if (ix->has_coords) return;
+    if (c->row > 1 && s.ndim >= 2 && s.d[s.ndim - 1] == c->row && strcmp(ix->flat, "i") == 0) {   /* i = o * row + u */
+        for (int k = 0; k < s.ndim; k++) {
+            int64_t st = stride_of(s, k) / c->row;
+            if (s.d[k] == 1) strcpy(ix->c[k], "0");
+            else if (k == s.ndim - 1) strcpy(ix->c[k], "u");
+            else if (k == 0) cg_def(c, ix->c[k], "c", "int64_t", "o / %lld", (long long)st);
+            else cg_def(c, ix->c[k], "c", "int64_t", "(o / %lld) %% %lld", (long long)st, (long long)s.d[k]);
+        }
+        ix->has_coords = c->row_used = true;
+        return;
+    }
     for (int k = 0; k < s.ndim; k++) {
         int64_t st = stride_of(s, k);
         if (s.d[k] == 1) strcpy(ix->c[k], "0");
@@ -123,6 +139,24 @@ static ix_t broadcast_ix(cg *c, tg_shape src, tg_shape out, ix_t *ix) {
 }
 
 static const char *val(cg *c, int id, ix_t ix);
+
+/* The coordinates in `src` of the element at coordinates ix (no flat index: after a permute) of
+ * its reshape `out`, where the reshape only merges out's trailing axes into src's last one (the
+ * heads of an attention merged back into its width): the leading coordinates as they are, the
+ * last one c_a * b + c_b..., with no flat index divided out again. False for other reshapes. */
+static bool reshape_coords(cg *c, tg_shape out, tg_shape src, const ix_t *ix, ix_t *si) {
+    int lead = src.ndim - 1, m = out.ndim - lead;
+    if (ix->has_flat || !ix->has_coords || src.ndim < 1 || m < 1) return false;
+    for (int k = 0; k < lead; k++)
+        if (out.d[k] != src.d[k]) return false;
+    int64_t merged = 1;
+    for (int k = lead; k < out.ndim; k++) merged *= out.d[k];
+    if (merged != src.d[lead]) return false;
+    *si = ix_coords(src.ndim);
+    for (int k = 0; k < lead; k++) strcpy(si->c[k], ix->c[k]);
+    strided_sum(c, out, ix, lead, "c", si->c[lead]);
+    return true;
+}
 
 static const char *memo_find(cg *c, int id, const char *key) {
     for (int i = c->n_memo - 1; i >= 0; i--)
@@ -349,10 +383,16 @@ static const char *compute(cg *c, int id, ix_t ix, char *name) {
     case OP_EXPAND:
         cg_def(c, name, "t", t, "%s", val(c, n->src[0], broadcast_ix(c, s0->shape, n->shape, &ix)));
         break;
-    case OP_RESHAPE:
+    case OP_RESHAPE: {
+        ix_t si;
+        if (c->row && reshape_coords(c, n->shape, s0->shape, &ix, &si)) {
+            cg_def(c, name, "t", t, "%s", val(c, n->src[0], si));
+            break;
+        }
         ensure_flat(c, n->shape, &ix);
         cg_def(c, name, "t", t, "%s", val(c, n->src[0], ix_flat(ix.flat)));
         break;
+    }
     case OP_PERMUTE: {
         ensure_coords(c, n->shape, &ix);
         ix_t si = ix_coords(s0->shape.ndim);

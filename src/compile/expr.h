@@ -46,6 +46,13 @@ typedef struct {
     char lane_base[NAME], lane_ix[NAME];
     struct { int node; char name[NAME]; } vec[32];
     int n_vec;
+    /* CPU row runs (row 0: off): an element-wise loop nested as flat index i = o * row + u, u < row.
+     * The coordinates of a value of that innermost size read at index i are u and functions of o
+     * alone, which the compiler hoists out of the loop over u: a permuted or broadcast read is
+     * then contiguous along u and vectorizes, where coordinates divided out of i per element did
+     * not. row_used: a coordinate was found that way (else the flat loop does as well). */
+    int64_t row;
+    bool row_used;
 } cg;
 
 

@@ -506,13 +506,12 @@ static bool group_ok(gen *G) {
 
 static bool group_fits(void *G) { return group_ok(G); }
 
-/* One loop over the elements of several pointwise nodes of equal size: `first`, then each of
- * next[] in order while it can join (returned: how many joined). */
-static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
+/* The body of a pointwise kernel: `first`, then each of next[] in order while it can join
+ * (returned: how many joined). */
+static int pointwise_roots(gen *G, int first, const int *next, int n_next, const char *it) {
     cg *c = &G->c;
     const tg_node *n = N(c, first);
     begin(G, first);
-    const char *it = cg_index_type(c, first, n->numel);
     cg_root_line(c, first);
     int joined = 0;
     for (int q = 0; q < n_next && G->n_roots < 64; q++) {
@@ -528,9 +527,35 @@ static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
         }
         joined++;
     }
+    return joined;
+}
+
+/* One loop over the elements of several pointwise nodes of equal size (pointwise_roots). Where
+ * they read a value at other coordinates than their own (a permute, a broadcast), the loop is
+ * nested over rows of the output's last axis (cg.row), so that those reads vectorize; where none
+ * does, the flat loop, which vectorizes as well with one loop fewer (cifar_cnn's element-wise
+ * kernels, nested over rows of 32, took 5-15% longer). */
+static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
+    cg *c = &G->c;
+    const tg_node *n = N(c, first);
+    const char *it = cg_index_type(c, first, n->numel);
+    int64_t row = n->shape.ndim >= 2 ? n->shape.d[n->shape.ndim - 1] : 1;
+    c->row = row >= 16 && n->numel / row >= 2 ? row : 0;
+    c->row_used = false;
+    int joined = pointwise_roots(G, first, next, n_next, it);
+    if (c->row && !c->row_used) {
+        c->row = 0;
+        joined = pointwise_roots(G, first, next, n_next, it);
+    }
     c->root = first;
     char head[256];
-    snprintf(head, sizeof head, "    for (%s i = 0; i < %lld; i++) {\n", it, (long long)n->numel);
+    if (c->row)   /* (i in 64 bits: an unsigned 32-bit o * row + u may wrap, which keeps GCC from vectorizing) */
+        snprintf(head, sizeof head, "    for (%s o = 0; o < %lld; o++)\n    for (int64_t u = 0; u < %lld; u++) {\n"
+                                    "        const int64_t i = (int64_t)o * %lld + u;\n",
+                 it, (long long)(n->numel / c->row), (long long)c->row, (long long)c->row);
+    else
+        snprintf(head, sizeof head, "    for (%s i = 0; i < %lld; i++) {\n", it, (long long)n->numel);
+    c->row = 0;
     end_kernel(G, omp(c, n->numel * G->n_roots), head, "    }\n");
     return joined;
 }
