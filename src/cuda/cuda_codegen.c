@@ -559,15 +559,20 @@ static bool sibling_ok(const cg *c, const int *sums, int n, int producer, int b)
 }
 
 /* How a column sum of `outs` columns over `len` rows, `lanes` columns a thread, is cut: blocks of
- * 32 x lanes columns, each column's rows in `chunks` (grid y). Each thread sums at most 16 rows
- * (enough loads in flight), and down to 2 while the blocks would not fill the GPU twice over
- * (264: two per SM of an H100). Measured on an H100: at most 8 costs char_gpt 4%, 32 gains
- * nothing; down to 4 costs char_gpt_small 2%. Returns the rows a thread sums. */
+ * 32 x lanes columns, each column's rows in `chunks` (grid y). A thread sums at most 8 rows in one
+ * pass with no chunks: the chunks' last block costs a fence, an atomic and a second read (on an
+ * H100, one sum a launch: [256, 64] 3.5 us in 4 chunks, 2.4 in one pass; [128, 512] 3.6 and 2.0).
+ * Where one pass is not enough, at most 16 rows a thread (enough loads in flight), and down to 2
+ * while the blocks would not fill the GPU twice over (264: two per SM of an H100). Measured on
+ * whole steps: at most 8 costs char_gpt 4%, 32 gains nothing; down to 4 costs char_gpt_small
+ * 1-2% (its sums compute their producers), though a bare sum of [1024, 512] is faster so.
+ * Returns the rows a thread sums. */
 static int64_t column_plan(int64_t outs, int64_t len, int lanes, int64_t *blocks, int64_t *chunks) {
     int64_t per = (len + Y - 1) / Y;
     *blocks = (outs + 32 * lanes - 1) / (32 * lanes);
     *chunks = 1;
-    while (*blocks <= SUM_COUNTERS && per > 2 && (per > 16 || *blocks * *chunks < 264)) {
+    bool split = per > 8;
+    while (split && *blocks <= SUM_COUNTERS && per > 2 && (per > 16 || *blocks * *chunks < 264)) {
         *chunks *= 2;
         per = (len + *chunks * Y - 1) / (*chunks * Y);
     }
