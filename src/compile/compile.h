@@ -17,6 +17,7 @@ typedef struct {
     int *alias;         /* per node: the node whose buffer it shares (no kernel of its own), or -1 */
     int *last;          /* per node: the step (node index) of its buffer's last reader; n: kept */
     size_t *shadow;     /* NULL, or per node: the offset of its rounded copy (plan_shadows), or PLAN_BOUND */
+    int *born;          /* NULL, or per node: the step its buffer is first written (plan_build's `born`) */
 } tg_plan;
 /* False (nothing allocated) when memory runs out or the arena would pass PLAN_MAX_ARENA.
  * `materialized` (NULL: every node) marks the nodes that get memory; the others are computed
@@ -26,9 +27,11 @@ typedef struct {
  * (NULL: none): per node, a later node until whose kernel what it reads stays live (a generator
  * that runs several nodes in one kernel must not find their inputs overwritten by its outputs).
  * `unplaced` (NULL: none) marks computed nodes that get no buffer (PLAN_BOUND): their values
- * live only in their shadows (plan_shadows). */
+ * live only in their shadows (plan_shadows). `born` (NULL: none): per node, an earlier step at
+ * which a kernel computes it ahead of its turn (a generator bringing work forward), its own
+ * index otherwise; its buffer is then live from there. */
 bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, const int *alias,
-                const int *live_until, const bool *unplaced, tg_plan *out);
+                const int *live_until, const bool *unplaced, const int *born, tg_plan *out);
 /* Rounded copies ("shadows") of the nodes marked in `want`, each numel * elem_bytes bytes, placed
  * after the arena (which grows to hold them) with lifetimes of their own: a leaf's from the start
  * (a kernel rounds the leaves first), any other node's from its own step, each to its node's

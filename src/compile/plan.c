@@ -4,6 +4,7 @@
 #include "compile/compile.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #define ALIGN 16   /* elements: keeps every buffer 64-byte aligned for vector loads of floats */
 
@@ -39,16 +40,38 @@ static size_t place(live_buf *live, int *n_live, int at, size_t numel, int last,
     return off;
 }
 
+/* The nodes in the order their buffers are born (by step, then index): a counting sort. */
+static int *birth_order(const int *born, int n) {
+    int *seq = tg_alloc(sizeof(int) * (size_t)(n + 1)), *start = tg_alloc(sizeof(int) * (size_t)(n + 2));
+    if (seq && start) {
+        memset(start, 0, sizeof(int) * (size_t)(n + 2));
+        for (int i = 0; i < n; i++) start[born[i] + 1]++;
+        for (int t = 0; t < n; t++) start[t + 1] += start[t];
+        for (int i = 0; i < n; i++) seq[start[born[i]]++] = i;
+    }
+    free(start);
+    if (!start) {
+        free(seq);
+        return NULL;
+    }
+    return seq;
+}
+
 bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *materialized, const int *alias,
-                const int *live_until, const bool *unplaced, tg_plan *out) {
+                const int *live_until, const bool *unplaced, const int *born, tg_plan *out) {
     int n = g->n;
     int *last = out->last = tg_alloc(sizeof(int) * (size_t)(n + 1));
     live_buf *live = tg_alloc(sizeof(live_buf) * (size_t)(n + 1));
     out->offset = tg_alloc(sizeof(size_t) * (size_t)(n + 1));
     out->alias = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    out->born = tg_alloc(sizeof(int) * (size_t)(n + 1));
     out->shadow = NULL;
     out->arena = 0;
-    if (!last || !live || !out->offset || !out->alias) {
+    int *seq = NULL;
+    for (int i = 0; out->born && i < n; i++) out->born[i] = born && born[i] >= 0 && born[i] < i ? born[i] : i;
+    if (out->born) seq = birth_order(out->born, n);
+    if (!last || !live || !out->offset || !out->alias || !seq) {
+        free(seq);
         free(live);
         plan_free(out);
         return false;
@@ -70,17 +93,20 @@ bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *mate
     }
 
     int n_live = 0;
-    for (int i = 0; i < n; i++) {
+    for (int s = 0; s < n; s++) {   /* by birth: an alias is born with (after) its home */
+        int i = seq[s];
         bool none = is_bound(g->nodes[i].op) || (materialized && !materialized[i]) || (unplaced && unplaced[i]);
         if (none) { out->offset[i] = PLAN_BOUND; continue; }
         if (out->alias[i] >= 0) { out->offset[i] = out->offset[out->alias[i]]; continue; }
-        out->offset[i] = place(live, &n_live, i, (size_t)g->nodes[i].numel, last[i], &out->arena);
+        out->offset[i] = place(live, &n_live, out->born[i], (size_t)g->nodes[i].numel, last[i], &out->arena);
         if (out->offset[i] == PLAN_BOUND) {
+            free(seq);
             free(live);
             plan_free(out);
             return false;
         }
     }
+    free(seq);
     free(live);
     return true;
 }
@@ -93,22 +119,30 @@ bool plan_shadows(const tg_graph *g, tg_plan *p, const bool *want, int elem_byte
         free(live);
         return false;
     }
+    int *seq = birth_order(p->born, n);
+    if (!seq) {
+        free(live);
+        return false;
+    }
     size_t base = p->arena, top = 0;
     int n_live = 0;
     for (int pass = 0; pass < 2; pass++)   /* leaves first: they are rounded before the first kernel */
-        for (int i = 0; i < n; i++) {
+        for (int s = 0; s < n; s++) {
+            int i = seq[s];
             if (is_bound(g->nodes[i].op) != (pass == 0)) continue;
             p->shadow[i] = PLAN_BOUND;
             if (!want[i]) continue;
-            size_t off = place(live, &n_live, pass ? i : 0, ((size_t)g->nodes[i].numel * (size_t)elem_bytes + 3) / 4,
+            size_t off = place(live, &n_live, pass ? p->born[i] : 0, ((size_t)g->nodes[i].numel * (size_t)elem_bytes + 3) / 4,
                                p->last[i], &top);
             if (off == PLAN_BOUND || base > PLAN_MAX_ARENA - top) {
+                free(seq);
                 free(live);
                 return false;
             }
             p->shadow[i] = base + off;
         }
     p->arena = base + top;
+    free(seq);
     free(live);
     return true;
 }
@@ -118,6 +152,8 @@ void plan_free(tg_plan *p) {
     free(p->alias);
     free(p->last);
     free(p->shadow);
+    free(p->born);
+    p->born = NULL;
     p->offset = NULL;
     p->alias = NULL;
     p->last = NULL;

@@ -249,7 +249,7 @@ static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_erro
         for (int i = 0; i < g->n; i++) e->inplace[i] = -1;
         fuse_schedule(g, keep, n_keep, fuse, recompute && recompute[0] == '1' ? FUSE_RECOMPUTE : 0, e->mat, alias);
         if (fuse) codegen_c_refine(g, keep, n_keep, e->mat, alias, e->inplace);
-        ok = plan_build(g, keep, n_keep, e->mat, alias, NULL, NULL, &e->plan);
+        ok = plan_build(g, keep, n_keep, e->mat, alias, NULL, NULL, NULL, &e->plan);
     }
     free(alias);
     int unsupported = -1;

@@ -48,6 +48,10 @@ void cuda_refine(const tg_graph *g, const int *keep, int n_keep, bool *materiali
 /* Consecutive pointwise nodes and sums, which the generator may put into one kernel: per node,
  * the last node of its run (plan_build's live_until), -1 outside runs. */
 void cuda_kernel_runs(const tg_graph *g, const bool *materialized, const int *alias, int *live_until);
+/* Per node, the step whose kernel computes it (plan_build's `born`): its own, or for a column sum
+ * (and the pointwise node it sums) further on that sums as many rows of as many columns, the
+ * step of an earlier such sum, whose kernel then computes both (sum_kernel). */
+void cuda_sums_early(const tg_graph *g, const bool *materialized, const int *alias, int *born);
 /* tf32 and bf16: the nodes whose rounded copies the products read (plan_shadows' `want`): the
  * homes (alias: fuse_schedule's) of product operands that a pointwise or row kernel computes,
  * and leaves, and every operand of attention on tensor cores (cuda_attention_mma) on a device

@@ -593,21 +593,24 @@ static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_kee
     bool *mat = tg_alloc(sizeof(bool) * (size_t)(g->n + 1)), *want = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
     bool *only = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
     int *alias = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), *runs = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
-    bool ok = mat && want && only && alias && runs;
+    int *born = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
+    bool ok = mat && want && only && alias && runs && born;
     if (ok) {
         const char *small = getenv("TG_CUDA_SMALL_REDUCTIONS");   /* =0: none computed inline (tests) */
         fuse_schedule(g, keep, n_keep, true, FUSE_RECOMPUTE | FUSE_SOFTMAX_INPUT | (small && small[0] == '0' ? 0 : FUSE_SMALL_REDUCTIONS),
                       mat, alias);
         cuda_refine(g, keep, n_keep, mat);
         cuda_kernel_runs(g, mat, alias, runs);
+        cuda_sums_early(g, mat, alias, born);
         cuda_shadow_wanted(g, atoi(arch + 3), mat, alias, keep, n_keep, want, only);
     }
-    ok = ok && plan_build(g, keep, n_keep, mat, alias, runs, only, &e->plan);
+    ok = ok && plan_build(g, keep, n_keep, mat, alias, runs, only, born, &e->plan);
     if (ok && g->precision != TG_PRECISION_F32) ok = plan_shadows(g, &e->plan, want, g->precision == TG_PRECISION_BF16 ? 2 : 4);
     free(want);
     free(only);
     free(alias);
     free(runs);
+    free(born);
     int unsupported = -1;
     if (ok) e->source = codegen_cuda(g, mat, &e->plan, &e->launches, atoi(arch + 3), &unsupported);
     free(mat);

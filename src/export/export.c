@@ -106,7 +106,7 @@ static bool generate(build *b, bool openmp, tg_error *err) {
     if (ok) {
         fuse_schedule(g, &keep, 1, true, 0, b->mat, b->alias);
         codegen_c_refine(g, &keep, 1, b->mat, b->alias, b->inplace);
-        ok = plan_build(g, &keep, 1, b->mat, b->alias, NULL, NULL, &b->plan);
+        ok = plan_build(g, &keep, 1, b->mat, b->alias, NULL, NULL, NULL, &b->plan);
     }
     int unsupported = -1;
     char *source = ok ? codegen_c_standalone(g, b->mat, &b->plan, openmp ? CPU_PARALLEL_MIN : INT_MAX, &unsupported) : NULL;

@@ -25,7 +25,7 @@ typedef struct { ref_exec *exec; size_t arena; } ref_handle;
 
 static void *prepare(const tg_graph *g, const int *keep, int n_keep, bool round_f32, tg_error *err) {
     tg_plan plan;
-    if (!plan_build(g, keep, n_keep, NULL, NULL, NULL, NULL, &plan)) {
+    if (!plan_build(g, keep, n_keep, NULL, NULL, NULL, NULL, NULL, &plan)) {
         tg_seterr(err, "cannot plan the buffers of %d nodes: out of memory, or past 2^60 elements", g->n);
         return NULL;
     }
