@@ -214,7 +214,7 @@ static void cluster(int R, int C, const std::vector<float> &hx, const std::vecto
 }
 
 int main() {
-    Shape shapes[] = { { 16384, 384 }, { 16384, 1536 }, { 16384, 768 }, { 4096, 384 } };
+    Shape shapes[] = { { 1024, 128 }, { 1024, 512 }, { 256, 64 }, { 128, 512 }, { 16384, 384 }, { 16384, 1536 }, { 16384, 768 }, { 4096, 384 } };
     size_t maxn = 16384 * 1536;
     CK(cudaMalloc(&dx, 4 * maxn)); CK(cudaMalloc(&dw, 4 * maxn)); CK(cudaMalloc(&dout, 4 * maxn));
     CK(cudaMalloc(&dsums, 8 * 1 << 20)); CK(cudaMalloc(&dcount, 4 * 4096));
@@ -233,14 +233,23 @@ int main() {
         printf("[%d, %d]\n", R, C);
         float ew = time_graph([&](cudaStream_t s) { elementwise<<<(n + 255) / 256, 256, 0, s>>>(dx, dw, dout + 0, (int)n); }, false);
         printf("  %-34s %6.2f us\n", "element-wise x*w (writes n)", ew);
-        chunked<32, 8>("chunks", R, C, hx, hw);
-        chunked<32, 12>("chunks", R, C, hx, hw);
-        chunked<32, 16>("chunks (today)", R, C, hx, hw);
-        chunked<32, 20>("chunks", R, C, hx, hw);
-        chunked<32, 24>("chunks", R, C, hx, hw);
-        chunked<32, 32>("chunks", R, C, hx, hw);
-        chunked<16, 16>("chunks", R, C, hx, hw);
-        chunked<16, 24>("chunks", R, C, hx, hw);
+        bool small = R <= 1024;   /* small: the launch's latency; large: its traffic */
+        if (small) chunked<32, 2>("chunks, last block", R, C, hx, hw);
+        chunked<32, 4>("chunks, last block", R, C, hx, hw);
+        chunked<32, 8>("chunks, last block", R, C, hx, hw);
+        if (!small) chunked<32, 12>("chunks, last block", R, C, hx, hw);
+        chunked<32, 16>("chunks, last block", R, C, hx, hw);
+        if (!small) chunked<32, 24>("chunks, last block", R, C, hx, hw);
+        chunked<32, 32>(small ? "one pass" : "chunks, last block", R, C, hx, hw);
+        chunked<8, 4>("chunks, last block", R, C, hx, hw);
+        chunked<8, 8>("chunks, last block", R, C, hx, hw);
+        if (small) chunked<16, 4>("chunks, last block", R, C, hx, hw);
+        else chunked<16, 24>("chunks, last block", R, C, hx, hw);
+        atomics<32, 2>(R, C, hx, hw);
+        if (small) {
+            cluster<32, 4>(R, C, hx, hw);
+            cluster<8, 16>(R, C, hx, hw);
+        }
     }
     return 0;
 }
