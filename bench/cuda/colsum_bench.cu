@@ -2,7 +2,7 @@
  * the chunked last-block kernel of cuda_codegen.c at several rows a thread and block heights, one pass, float atomics
  * into a zeroed output and thread-block clusters, beside an element-wise kernel over the same data (the floor).
  * Not part of the build: nvcc -O3 -arch=sm_90 -std=c++17 -o colsum_bench bench/cuda/colsum_bench.cu, run on the GPU machine.
- * Figures in bench/RESULTS.md (twelfth session) and bench/logs/gpu_h100_s12_colsum_*.txt. */
+ * Figures in bench/RESULTS.md (ninth CUDA session) and bench/logs/gpu_h100_s12_colsum_*.txt. */
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -12,14 +12,32 @@
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
 
-__device__ double column_total(double acc, double (*part)[33], int Y) {
+// This block's partial sums of x * w over its rows of chunk blockIdx.y, column by column: thread
+// (y, lane) sums rows y, y + Y, ... (PER of them) of column blockIdx.x * 32 + lane into part[y][lane].
+template <int Y, int PER>
+__device__ void block_partials(const float *x, const float *w, int R, int C, int chunks, double (*part)[33]) {
     const int lane = threadIdx.x & 31, y = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
+    const int chunk = (R + chunks - 1) / chunks, k0 = blockIdx.y * chunk, k1 = min(k0 + chunk, R);
+    double acc = 0;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        int k = k0 + y + i * Y;
+        if (k < k1 && j < C) acc += x[(size_t)k * C + j] * w[(size_t)k * C + j];
+    }
     part[y][lane] = acc;
     __syncthreads();
-    acc = lane < Y ? part[lane][y < Y ? y : 0] : 0;   // only warps y < 32 matter; Y <= 32
-    for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
-    return acc;
 }
+
+// Column oc's total over the block's Y row groups (every lane of the warp gets it).
+template <int Y>
+__device__ double block_column(double (*part)[33], int oc) {
+    const int lane = threadIdx.x & 31;
+    double a = lane < Y ? part[lane][oc] : 0;
+    for (int s = 16; s > 0; s /= 2) a += __shfl_xor_sync(0xffffffffu, a, s);
+    return a;
+}
+
 __device__ bool column_last(unsigned *count, int chunks) {
     __shared__ bool last;
     __threadfence();
@@ -32,25 +50,15 @@ __device__ bool column_last(unsigned *count, int chunks) {
     return last;
 }
 
-// V0/V2/V6: blocks of 32 columns x Y row groups, grid y = chunks, last block adds the chunks.
-// With Y < 32, warp y < Y writes the totals of columns oc = bx*32 + y, y + Y, ...
+// Blocks of 32 columns x Y row groups, grid y = chunks, the last block of a column group adding
+// the chunks' totals (cuda_codegen.c's column sums). Warp y writes columns y, y + Y, ...
 template <int Y, int PER>
 __global__ void __launch_bounds__(32 * Y) colsum_chunks(const float *x, const float *w, float *out, double *sums, unsigned *count, int R, int C, int chunks) {
     __shared__ double part[32][33];
     const int lane = threadIdx.x & 31, y = threadIdx.x / 32;
-    const int j = blockIdx.x * 32 + lane;
-    const int chunk = (R + chunks - 1) / chunks, k0 = blockIdx.y * chunk, k1 = min(k0 + chunk, R);
-    double acc = 0;
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        int k = k0 + y + i * Y;
-        if (k < k1 && j < C) acc += x[(size_t)k * C + j] * w[(size_t)k * C + j];
-    }
-    part[y][lane] = acc;
-    __syncthreads();
-    for (int oc = y; oc < 32; oc += Y) {   // warp y: column oc's Y partials
-        double a = lane < Y ? part[lane][oc] : 0;
-        for (int s = 16; s > 0; s /= 2) a += __shfl_xor_sync(0xffffffffu, a, s);
+    block_partials<Y, PER>(x, w, R, C, chunks, part);
+    for (int oc = y; oc < 32; oc += Y) {
+        double a = block_column<Y>(part, oc);
         if (lane == 0 && blockIdx.x * 32 + oc < C) {
             if (chunks == 1) out[blockIdx.x * 32 + oc] = (float)a;
             else sums[(size_t)blockIdx.y * C + blockIdx.x * 32 + oc] = a;
@@ -67,53 +75,33 @@ __global__ void __launch_bounds__(32 * Y) colsum_chunks(const float *x, const fl
     }
 }
 
-// V3: the same partials, added with float atomics into a zeroed output (floor of combining)
+// The same partials added with float atomics into a zeroed output: what combining costs at least
 template <int Y, int PER>
 __global__ void __launch_bounds__(32 * Y) colsum_atomic(const float *x, const float *w, float *out, int R, int C, int chunks) {
     __shared__ double part[32][33];
     const int lane = threadIdx.x & 31, y = threadIdx.x / 32;
-    const int j = blockIdx.x * 32 + lane;
-    const int chunk = (R + chunks - 1) / chunks, k0 = blockIdx.y * chunk, k1 = min(k0 + chunk, R);
-    double acc = 0;
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        int k = k0 + y + i * Y;
-        if (k < k1 && j < C) acc += x[(size_t)k * C + j] * w[(size_t)k * C + j];
-    }
-    part[y][lane] = acc;
-    __syncthreads();
+    block_partials<Y, PER>(x, w, R, C, chunks, part);
     for (int oc = y; oc < 32; oc += Y) {
-        double a = lane < Y ? part[lane][oc] : 0;
-        for (int s = 16; s > 0; s /= 2) a += __shfl_xor_sync(0xffffffffu, a, s);
+        double a = block_column<Y>(part, oc);
         if (lane == 0 && blockIdx.x * 32 + oc < C) atomicAdd(out + blockIdx.x * 32 + oc, (float)a);
     }
 }
 
-// V4: an element-wise kernel over the same data (the floor of one launch reading it)
+// An element-wise kernel over the same data: the floor of one launch reading it
 __global__ void elementwise(const float *x, const float *w, float *o, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) o[i] = x[i] * w[i];
 }
 
-// V5: a cluster of blocks along y: block y's partials added by block 0 through DSMEM
+// A cluster of blocks along y: block y's column totals added by block 0 through distributed shared memory
 template <int Y, int PER>
 __global__ void __launch_bounds__(32 * Y) colsum_cluster(const float *x, const float *w, float *out, int R, int C, int chunks) {
     __shared__ double part[32][33];
     __shared__ double tot[32];
     const int lane = threadIdx.x & 31, y = threadIdx.x / 32;
-    const int j = blockIdx.x * 32 + lane;
-    const int chunk = (R + chunks - 1) / chunks, k0 = blockIdx.y * chunk, k1 = min(k0 + chunk, R);
-    double acc = 0;
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        int k = k0 + y + i * Y;
-        if (k < k1 && j < C) acc += x[(size_t)k * C + j] * w[(size_t)k * C + j];
-    }
-    part[y][lane] = acc;
-    __syncthreads();
+    block_partials<Y, PER>(x, w, R, C, chunks, part);
     for (int oc = y; oc < 32; oc += Y) {
-        double a = lane < Y ? part[lane][oc] : 0;
-        for (int s = 16; s > 0; s /= 2) a += __shfl_xor_sync(0xffffffffu, a, s);
+        double a = block_column<Y>(part, oc);
         if (lane == 0) tot[oc] = a;
     }
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
