@@ -220,6 +220,7 @@ static const bcase CASES[] = {
     { "split_heads of a biased width, rows of 32", SPLIT_HEADS_BIAS, 2, { F("x", 3, 5, 64), F("y", 64) }, 0, false, false },
     { "swapaxes, rows of 20", SWAPAXES, 1, { F("x", 20, 3, 17) }, 0, false, false },
     { "merge_heads", MERGE_HEADS, 1, { F("x", 2, 2, 3, 5) }, 0, false, false },
+    { "merge_heads of 4 heads of 16: CPU loops over rows of 16 in 64", MERGE_HEADS, 1, { F("x", 2, 4, 3, 16) }, 0, false, false },
     { "take_along_axis", TAKE_ALONG, 3, { F("x", 3, 5, 2), F("unused", 1), I("z", 3, 4, 2) }, -5, false, false },
     { "arange", ARANGE, 1, { F("x", 4, 6) }, 0, false, false },
     { "ones", ONES, 1, { F("x", 4, 6) }, 0, false, false },
