@@ -365,8 +365,8 @@ static int run(const char *name, const char *backend, double scale, const char *
         w.x ? tg_f32("x", w.x, (size_t)bt) : tg_i32("x", w.xi, (size_t)bt),
         w.yf ? tg_f32("y", w.yf, (size_t)by) : tg_i32("y", w.y, (size_t)by),
     };
-    /* Warm-up: five steps (the peer's), and on for a fifth of a second, since a GPU that has
-     * been idle ran the first repeats 3-7% slower (its clocks coming up) */
+    /* Warm-up: five steps (the peer's), and on for at least a fifth of a second, so that a
+     * workload of microseconds a step starts its repeats warm too */
     tg_result r = { 0 };
     double w0 = now();
     for (int i = 0; (i < 5 || now() - w0 < 0.2) && (i == 0 || r.status == TG_OK); i++) {
