@@ -542,6 +542,15 @@ static int split_of(const tg_graph *g, const bool *mat, int id, int64_t *outer, 
 
 static int sum_split(const cg *c, int id, int64_t *outer, int64_t *len, int64_t *inner) { return split_of(c->g, c->mat, id, outer, len, inner); }
 
+/* Does node b sum as many rows of as many columns as sum a (whose source has `numel` elements,
+ * split [outer, len, inner]), in a's dtype? Its source, or -1. */
+static int sum_alike(const tg_graph *g, const bool *mat, int a, int b, int64_t outer, int64_t len, int64_t inner, int64_t numel) {
+    int64_t bo, bl, bi;
+    if (g->nodes[b].op != OP_SUM || g->nodes[b].dtype != g->nodes[a].dtype) return -1;
+    int xb = split_of(g, mat, b, &bo, &bl, &bi);
+    return bo == outer && bl == len && bi == inner && g->nodes[xb].numel == numel ? xb : -1;
+}
+
 enum { MAX_SIBLINGS = 4 };   /* sums over the same rows that one column-sum kernel computes */
 
 /* With sum b's line in the body: does the kernel computing sums[0..n) (and the producer, or -1)
@@ -602,22 +611,6 @@ static void sum_lanes(cg *c, const char *it, int64_t len, int64_t inner, int pro
     if (producer >= 0) lane_stores(c, producer, v, lanes, base);
 }
 
-/* May node m be computed at node i0's kernel rather than at its own step? Its buffers (and its
- * rounded copy) must then share memory with nothing live in between: no buffer born before m
- * and read at i0 or later (the plan placed m only against what lives at its own step). */
-static bool computed_early(const cg *c, int m, int i0) {
-    const tg_plan *pl = c->plan;
-    int hm = plan_home(pl, m), eb = c->g->precision == TG_PRECISION_BF16 ? 2 : 4;
-    size_t sm = pl->shadow ? pl->shadow[hm] : PLAN_BOUND, nm = ((size_t)N(c, hm)->numel * (size_t)eb + 3) / 4;
-    for (int u = 0; u < m; u++) {
-        if (plan_home(pl, u) != u || u == hm || pl->last[u] < i0) continue;
-        if (arena_overlap(c, u, hm)) return false;
-        size_t su = pl->shadow ? pl->shadow[u] : PLAN_BOUND, nu = ((size_t)N(c, u)->numel * (size_t)eb + 3) / 4;
-        if (su != PLAN_BOUND && sm != PLAN_BOUND && su < sm + nm && sm < su + nu) return false;
-    }
-    return true;
-}
-
 /* Are the kernel's outputs outs[0..n) race-free: none sharing memory with another or with a
  * buffer the kernel reads? */
 static bool outputs_apart(const cg *c, const int *outs, int n) {
@@ -639,13 +632,14 @@ enum { FAR_WINDOW = 24, FAR_NUMEL = 1 << 20 };
 /* A sum further on (next[q], with its producer next[q - 1] where it has one) that sums as many
  * rows of as many columns, brought into this kernel (first node i0) with its line as sum n_sums:
  * one launch for the bias gradients of q, k and v after an attention's backward, which the
- * gradient's order puts between their products. Only where everything it reads was computed
- * before i0 and its buffers may be written early (computed_early). Returns its producer, -1 for
- * none, -2 when it does not join (nothing emitted). */
-static int far_sibling(cg *c, const int *next, const char *done, int q, const char *flat, int i0, int *roots, int n_roots,
+ * gradient's order puts between their products. Only where the plan placed its buffers from
+ * step i0 on (cuda_sums_early's `born`: nothing live in between shares their memory) and
+ * everything it reads was computed before i0. Returns its producer, -1 for none, -2 when it does
+ * not join (nothing emitted). */
+static int far_sibling(cg *c, const int *next, const bool *done, int q, const char *flat, int i0, int *roots, int n_roots,
                        int n_sums, bool *before) {
     int b = next[q], pb = q > 0 && !done[q - 1] && sum_producer(c, next[q - 1], b) ? next[q - 1] : -1;
-    if (!computed_early(c, b, i0) || (pb >= 0 && !computed_early(c, pb, i0))) return -2;
+    if (c->plan->born[b] != i0 || (pb >= 0 && c->plan->born[pb] != i0)) return -2;
     size_t body_len = c->body.len;
     int n_memo = c->n_memo, root = c->root;
     memcpy(before, c->used, sizeof(bool) * (size_t)c->g->n);
@@ -694,15 +688,14 @@ void cuda_sums_early(const tg_graph *g, const bool *mat, const int *alias, int *
         int id = order[q], i0 = id, k0 = q + 1;
         if (born[id] != id) continue;
         if (born[order[q + 1]] == order[q + 1] && sums_its_source(g, mat, id, order[q + 1])) id = order[k0++];
-        int64_t outer, len, inner, bo, bl, bi;
+        int64_t outer, len, inner;
         if (g->nodes[id].op != OP_SUM) continue;
         int64_t numel = g->nodes[split_of(g, mat, id, &outer, &len, &inner)].numel;
         if (inner == 1 || numel > FAR_NUMEL) continue;
         for (int k = k0, n_sums = 1; k < n && k < k0 + MAX_SIBLINGS + FAR_WINDOW && n_sums < MAX_SIBLINGS; k++) {
             int b = order[k], a = order[k - 1];
-            if (g->nodes[b].op != OP_SUM || g->nodes[b].dtype != g->nodes[id].dtype || born[b] != b) continue;
-            int xb = split_of(g, mat, b, &bo, &bl, &bi);
-            if (bo != outer || bl != len || bi != inner || g->nodes[xb].numel != numel) continue;
+            int xb = born[b] == b ? sum_alike(g, mat, id, b, outer, len, inner, numel) : -1;
+            if (xb < 0) continue;
             bool produced = born[a] == a && a != id && sums_its_source(g, mat, a, b), ok = true;
             for (int s = 0; produced && s < g->nodes[a].nsrc; s++) ok &= ready_before(g, mat, g->nodes[a].src[s], i0, 0);
             if (!ok || (!produced && !ready_before(g, mat, xb, i0, 0))) continue;
@@ -714,6 +707,8 @@ void cuda_sums_early(const tg_graph *g, const bool *mat, const int *alias, int *
     }
     free(order);
 }
+
+static void fill_shadow(cg *c, cuda_plan *p, int id);
 
 /* Sum over one axis: [outer, len, inner] -> [outer, 1, inner], reading coalesced:
  *  - contiguous rows (inner == 1): a warp per row, lanes striding the row, a shuffle reduction;
@@ -730,7 +725,7 @@ void cuda_sums_early(const tg_graph *g, const bool *mat, const int *alias, int *
  * kernel of its own: each element is visited once, so it is stored where it is summed (a bias
  * gradient and the gradient it sums, one launch). False, with nothing emitted, when that would
  * race (its buffer shares memory with something the kernel reads). */
-static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *next, char *done, int n_next, int *taken) {
+static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *next, bool *done, int n_next, int *taken) {
     const tg_node *n = N(c, id);
     int64_t outer, len, inner;
     int x = sum_split(c, id, &outer, &len, &inner);
@@ -756,11 +751,8 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *nex
     int sums[MAX_SIBLINGS] = { id }, srcs[MAX_SIBLINGS] = { x }, n_sums = 1;
     bool *before = rows ? NULL : tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
     for (int q = 0; before && q < n_next && n_sums < MAX_SIBLINGS; q++) {
-        int b = next[q];
-        int64_t bo, bl, bi;
-        if (done[q] || N(c, b)->op != OP_SUM || N(c, b)->dtype != n->dtype || plan_home(c->plan, b) != b) break;
-        int xb = sum_split(c, b, &bo, &bl, &bi);
-        if (bo != outer || bl != len || bi != inner || N(c, xb)->numel != s->numel) break;
+        int b = next[q], xb = done[q] || plan_home(c->plan, b) != b ? -1 : sum_alike(c->g, c->mat, id, b, outer, len, inner, s->numel);
+        if (xb < 0) break;
         size_t body_len = c->body.len;
         int n_memo = c->n_memo;
         memcpy(before, c->used, sizeof(bool) * (size_t)c->g->n);
@@ -779,16 +771,14 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *nex
     int roots[2 * MAX_SIBLINGS], n_roots = n_sums, n_far = 0;
     memcpy(roots, sums, sizeof(int) * (size_t)n_sums);
     if (producer >= 0) roots[n_roots++] = producer;
+    int near = n_roots;   /* roots[near ..): brought forward, their shadows filled here */
     int i0 = producer >= 0 ? producer : id;
     for (int q = *taken; before && s->numel <= FAR_NUMEL && q < n_next && q < *taken + FAR_WINDOW && n_sums < MAX_SIBLINGS; q++) {
         int b = next[q], pb;
-        int64_t bo, bl, bi;
-        if (done[q] || N(c, b)->op != OP_SUM || N(c, b)->dtype != n->dtype || plan_home(c->plan, b) != b) continue;
-        int xb = sum_split(c, b, &bo, &bl, &bi);
-        if (bo != outer || bl != len || bi != inner || N(c, xb)->numel != s->numel) continue;
+        if (done[q] || plan_home(c->plan, b) != b || sum_alike(c->g, c->mat, id, b, outer, len, inner, s->numel) < 0) continue;
         if ((pb = far_sibling(c, next, done, q, flat, i0, roots, n_roots, n_sums, before)) == -2) continue;
-        done[q] = 2;
-        if (pb >= 0) done[q - 1] = 2;
+        done[q] = true;
+        if (pb >= 0) done[q - 1] = true;
         n_roots += 1 + (pb >= 0);
         sums[n_sums++] = b;
         n_far++;
@@ -872,6 +862,7 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *nex
     free(tail.s);
     kernel_launch(p, id, blocks * 32 * Y, 32 * Y);
     p->launch[p->n - 1].grid_y = chunks;
+    for (int r = near; r < n_roots; r++) fill_shadow(c, p, roots[r]);
     return true;
 }
 
@@ -1412,9 +1403,9 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     c.operand_round = g->precision == TG_PRECISION_BF16 ? "tgk_round_bf16_float" : g->precision == TG_PRECISION_TF32 ? "tgk_round_tf32" : NULL;
     leaf_kernel(&c, launches);
     int *order = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
-    char *done = tg_alloc((size_t)g->n + 1);   /* brought forward into an earlier kernel (sum_kernel): 2 until shadowed */
+    bool *done = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));   /* brought forward into an earlier kernel (sum_kernel) */
     for (int i = 0; order && done && i < g->n; i++)
-        if (materialized[i] && plan->alias[i] < 0) done[n_order] = 0, order[n_order++] = i;   /* aliases share a buffer: no kernel */
+        if (materialized[i] && plan->alias[i] < 0) done[n_order] = false, order[n_order++] = i;   /* aliases share a buffer: no kernel */
     for (int q = 0; q < n_order; q++) {
         if (done[q]) continue;
         int i = order[q], taken, first = q, n = q + 1;   /* kernels take nodes from order[q .. n) */
@@ -1428,11 +1419,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
         else if (op == OP_SUM && sum_kernel(&c, launches, i, -1, order + q + 1, done + q + 1, n_order - q - 1, &taken)) q += taken;
         else if (is_attention(op)) q += attention_kernel(&c, launches, i, order + q + 1, n - q - 1);
         else special_kernel(&c, launches, i);
-        for (int k = first; k < n_order && k <= q + 2 * FAR_WINDOW; k++)
-            if (k <= q || done[k] == 2) {
-                fill_shadow(&c, launches, order[k]);
-                if (k > q) done[k] = 1;
-            }
+        for (int k = first; k <= q; k++) fill_shadow(&c, launches, order[k]);
     }
     free(order);
     free(done);
