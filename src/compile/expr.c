@@ -92,6 +92,8 @@ static void ensure_coords(cg *c, tg_shape s, ix_t *ix) {
         ix->has_coords = c->row_used = true;
         return;
     }
+    int64_t part = s.ndim >= 2 ? s.d[s.ndim - 1] : 0;   /* a part of the row this read runs along: rows of it would do */
+    if (c->row > 1 && part >= 16 && part > c->row_part && c->row % part == 0 && strcmp(ix->flat, "i") == 0) c->row_part = part;
     for (int k = 0; k < s.ndim; k++) {
         int64_t st = stride_of(s, k);
         if (s.d[k] == 1) strcpy(ix->c[k], "0");

@@ -50,8 +50,10 @@ typedef struct {
      * The coordinates of a value of that innermost size read at index i are u and functions of o
      * alone, which the compiler hoists out of the loop over u: a permuted or broadcast read is
      * then contiguous along u and vectorizes, where coordinates divided out of i per element did
-     * not. row_used: a coordinate was found that way (else the flat loop does as well). */
-    int64_t row;
+     * not. row_used: a coordinate was found that way (else the flat loop does as well);
+     * row_part: else the last axis of a read's coordinates that divides row (merging heads: a
+     * head's width), 0 for none. */
+    int64_t row, row_part;
     bool row_used;
 } cg;
 

@@ -533,7 +533,7 @@ static int pointwise_roots(gen *G, int first, const int *next, int n_next, const
 /* One loop over the elements of several pointwise nodes of equal size (pointwise_roots). Where
  * they read a value at other coordinates than their own (a permute, a broadcast), the loop is
  * nested over rows of the output's last axis (cg.row), so that those reads vectorize, or over
- * parts of it down to 16 where such a part is what a read runs along (merging heads: rows of a
+ * rows of a part of it (of at least 16) that a read runs along (cg.row_part; merging heads: a
  * head's width, 32, in an output of 128); where none does, the flat loop, which
  * vectorizes as well with one loop fewer (cifar_cnn's element-wise kernels, nested over rows of
  * 32, took 5-15% longer). */
@@ -543,13 +543,15 @@ static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
     const char *it = cg_index_type(c, first, n->numel);
     int64_t row = n->shape.ndim >= 2 ? n->shape.d[n->shape.ndim - 1] : 1;
     int joined = 0;
-    for (c->row = row; c->row >= 16; c->row--) {   /* row, then its divisors down to 16 */
+    c->row_part = 0;
+    c->row_used = false;
+    for (c->row = row; c->row >= 16 && n->numel / c->row >= 2; c->row = c->row_part) {   /* the row, then a part a read runs along */
         c->row_used = false;
-        if (row % c->row || n->numel / c->row < 2) continue;
+        c->row_part = 0;
         joined = pointwise_roots(G, first, next, n_next, it);
         if (c->row_used) break;
     }
-    if (c->row < 16) {
+    if (!c->row_used) {
         c->row = 0;
         joined = pointwise_roots(G, first, next, n_next, it);
     }
