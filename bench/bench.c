@@ -55,7 +55,7 @@ static double gauss(void) { return sqrt(-2 * log(uniform() + 1e-300)) * cos(6.28
 
 /* ----- models ----- */
 
-#define MAX_LAYERS 8
+#define MAX_LAYERS 12
 typedef struct { tg_linear l[4]; int n; } mlp;
 
 static tg_tensor mlp_forward(const mlp *m, tg_tensor x) {
@@ -262,6 +262,10 @@ static bool make(workload *w, const char *name) {
         make_gpt(w, 65, 256, 384, 6, 6, 64 * m);
         w->steps = 10;
         w->gpu_steps = 50;
+    } else if (strcmp(name, "gpt2_small") == 0) {   /* GPT-2 small's shape (124M parameters): the scaling runs */
+        make_gpt(w, 50257, 512, 768, 12, 12, 8 * m);
+        w->steps = 2;
+        w->gpu_steps = 20;
     } else {
         return false;
     }

@@ -2,7 +2,8 @@
 users train on several GPUs.
 
 Same model as torch_workloads.py's char_gpt (and char_gpt_small), copied below unchanged, 64
-sequences (16 for char_gpt_small) per GPU, fused Adam, DDP's bucketed all-reduce overlapping the
+sequences (16 for char_gpt_small) per GPU; gpt2_small is the same model at GPT-2 small's shape
+(vocabulary 50257, T 512, d 768, 12 heads, 12 layers), 8 sequences per GPU; fused Adam, DDP's bucketed all-reduce overlapping the
 backward. Launch it as the issue asks:
 
   torchrun --nproc_per_node 2 bench/peers/torch_ddp.py [--precision f32|tf32|bf16] [--modes eager,compile]
@@ -74,7 +75,8 @@ class GPT(nn.Module):
         return self.head(self.lnf(x))
 
 # name: (V, T, d, h, L, sequences per GPU, steps per repeat)
-WORKLOADS = dict(char_gpt_small=(65, 64, 128, 4, 2, 16, 200), char_gpt=(65, 256, 384, 6, 6, 64, 50))
+WORKLOADS = dict(char_gpt_small=(65, 64, 128, 4, 2, 16, 200), char_gpt=(65, 256, 384, 6, 6, 64, 50),
+                 gpt2_small=(50257, 512, 768, 12, 12, 8, 20))   # GPT-2 small's shape, for the scaling runs
 
 def bench(name, mode):
     V, T, d, h, L, B, steps = WORKLOADS[name]
