@@ -20,7 +20,7 @@ enum {
     NARROW, CONCAT3, STACK, SPLIT, SOFTMAX_CAUSAL, WHERE_CAUSAL, STOP_GRADIENT, DROPOUT, RANDN, CONV2D,
     CONV2D_S2, CONV2D_BIG, CONV2D_BIAS, CONV2D_P2, CONV2D_P0, CONV2D_BIAS_RELU, CONV_BLOCK, LINEAR, LINEAR_RELU, LINEAR_GELU,
     MAXPOOL, MAXPOOL_PAD, MAXPOOL_RELU, MAXPOOL_PAD_RELU,
-    UPSAMPLE, LAYERNORM_CHAIN, ATTENTION, SCALAR_CHAIN, FUSED_ATTN, FUSED_ATTN_CAUSAL, QKV_BIAS,
+    UPSAMPLE, LAYERNORM_CHAIN, ATTENTION, SCALAR_CHAIN, FUSED_ATTN, FUSED_ATTN_CAUSAL, QKV_BIAS, SOFTMAX_BIAS, CE_BIAS,
 };
 
 typedef struct {
@@ -79,6 +79,8 @@ static tg_tensor op_fwd(const bcase *c, const tg_tensor *in) {
     case SOFTMAX_MID: return tg_softmax(x, 1);
     case LOG_SOFTMAX: return tg_log_softmax(x, 0);
     case CROSS_ENTROPY: return tg_cross_entropy(x, z, TG_MEAN);
+    case SOFTMAX_BIAS: return tg_softmax(tg_add(x, y), -1);   /* the source computed in the softmax's kernel */
+    case CE_BIAS: return tg_cross_entropy(tg_add(x, y), z, TG_MEAN);
     case NLL_SUM: return tg_nll_loss(tg_log_softmax(x, -1), z, TG_SUM);
     case ARGMAX: return tg_argmax(x, 1);
     case ARGMIN_ALL: return tg_argmin(x, TG_ALL);
@@ -210,6 +212,9 @@ static const bcase CASES[] = {
     { "softmax middle axis", SOFTMAX_MID, 1, { F("x", 2, 5, 3) }, 0, false, false },
     { "log_softmax axis 0", LOG_SOFTMAX, 1, { F("x", 4, 3) }, 0, false, false },
     { "cross_entropy", CROSS_ENTROPY, 3, { F("x", 5, 4), F("unused", 1), I("z", 5) }, 4, false, false },
+    /* rows of 4096 and more: a block per row on CUDA (SOFTMAX_BLOCK_ROW) */
+    { "softmax of x + b, rows of 4500", SOFTMAX_BIAS, 2, { F("x", 3, 4500), F("b", 4500) }, 0, false, false },
+    { "cross_entropy of x + b, 5000 classes", CE_BIAS, 3, { F("x", 3, 5000), F("b", 5000), I("z", 3) }, 5000, false, false },
     { "nll_loss sum", NLL_SUM, 3, { F("x", 2, 3, 4), F("unused", 1), I("z", 2, 3) }, 4, false, false },
     { "argmax", ARGMAX, 1, { F("x", 3, 5, 2) }, 0, false, false },
     { "argmin all", ARGMIN_ALL, 1, { F("x", 3, 5) }, 0, false, false },
@@ -268,6 +273,7 @@ static const bcase CASES[] = {
     { "max_pool2d pad of relu (overlapping windows)", MAXPOOL_PAD_RELU, 1, { F("x", 2, 2, 7, 9) }, 0, false, false },
     { "nearest_upsample2d", UPSAMPLE, 1, { F("x", 2, 2, 3, 4) }, 0, false, false },
     { "layernorm chain", LAYERNORM_CHAIN, 2, { F("x", 3, 4, 8), F("y", 8) }, 0, false, false },
+    { "layernorm chain, rows of 4500 (a block per row on CUDA)", LAYERNORM_CHAIN, 2, { F("x", 3, 4500), F("y", 4500) }, 0, false, true },
     { "causal attention", ATTENTION, 2, { F("x", 2, 5, 8), F("y", 2, 5, 8) }, 0, false, false },
     { "scalar chain", SCALAR_CHAIN, 1, { F("x", 3, 5) }, 0, false, false },
     /* Fused attention: tiles of 64 rows on CUDA, so lengths past, below and at one tile; one row;
@@ -532,24 +538,45 @@ static tg_tensor cnn_loss(const void *ctx, const tg_tensor *in) {
     return tg_cross_entropy(tg_linear(&l2, tg_flatten(h, 1)), in[1], TG_MEAN);
 }
 
-static void train_compare(const char *backend, const char *name, tg_forward_fn loss, tg_input_decl *in, int conv_model) {
+/* The number of a graph's nodes of op `op` (tg_node_info's name). */
+static int count_op(const tg_graph *g, const char *op) {
+    int n = 0;
+    for (int i = 0; i < tg_graph_n_nodes(g); i++) n += strcmp(tg_graph_node(g, i).op, op) == 0;
+    return n;
+}
+
+enum { MODEL_MLP, MODEL_CNN, MODEL_WIDE_HEAD };
+
+/* MODEL_WIDE_HEAD: an MLP whose last weight has rows of 300, not a multiple of 8: with
+ * TG_PAD_PRODUCTS=8 the backend's graph pads it to 304 columns and narrows the product
+ * (tg_matmul; their gradients: a pad and a narrow more), the reference's does not, and the
+ * steps still agree. */
+static void train_compare(const char *backend, const char *name, tg_forward_fn loss, tg_input_decl *in, int model) {
     float losses[2][12];
     for (int b = 0; b < 2; b++) {
         tg_model *m = tg_model_new(3);
-        if (conv_model) {
+        if (model == MODEL_CNN) {
             conv = tg_conv2d_new(m, "conv", 2, 4, 3, 1, 1, 1);
             l2 = tg_linear_new(m, "l2", 4 * 3 * 3, 5, NULL);
         } else {
-            l1 = tg_linear_new(m, "l1", 6, 16, NULL);
-            l2 = tg_linear_new(m, "l2", 16, 5, NULL);
+            int wide = model == MODEL_WIDE_HEAD;
+            l1 = tg_linear_new(m, "l1", 6, wide ? 32 : 16, NULL);
+            l2 = tg_linear_new(m, "l2", wide ? 32 : 16, wide ? 300 : 5, NULL);
         }
         tg_optimizer opt = tg_adamw(1e-2, 0.1);
         opt.clip_norm = 0.5;
         tg_error err;
+        bool pad = b && model == MODEL_WIDE_HEAD;
+        if (pad) setenv("TG_PAD_PRODUCTS", "8", 1);
         tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = loss, .inputs = in, .n_inputs = 2,
                                                    .optimizer = opt, .backend = b ? backend : "reference" }, &err);
+        unsetenv("TG_PAD_PRODUCTS");
         CHECK(t != NULL, "%s: compile: %s", name, err.msg);
         if (!t) { tg_model_free(m); return; }
+        if (model == MODEL_WIDE_HEAD)
+            CHECK(count_op(tg_train_graph(t), "pad") == (pad ? 2 : 0) && count_op(tg_train_graph(t), "narrow") == (pad ? 2 : 0),
+                  "%s on %s: %d pad, %d narrow nodes", name, b ? backend : "reference", count_op(tg_train_graph(t), "pad"),
+                  count_op(tg_train_graph(t), "narrow"));
         int64_t nx = shape_numel(in[0].shape), ny = shape_numel(in[1].shape);
         float *x = malloc(sizeof(float) * (size_t)nx);
         int32_t *y = malloc(sizeof(int32_t) * (size_t)ny);
@@ -691,6 +718,28 @@ static tg_tensor qkv_loss(const void *ctx, const tg_tensor *in) {
     tg_tensor h[3];
     for (int k = 0; k < 3; k++) h[k] = tg_split_heads(tg_linear(&qkv[k], in[0]), 2);
     return tg_mean(tg_square(tg_merge_heads(tg_attention(h[0], h[1], h[2], 1, 0.25))), TG_ALL, 0);
+}
+
+/* CUDA pads at tf32 and bf16 by itself (product_align), not at f32 (no faster there, and more
+ * memory); the padded graph's steps against the reference's, on the device. */
+static void cuda_padded_products(void) {
+    for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++) {
+        tg_model *m = tg_model_new(3);
+        l1 = tg_linear_new(m, "l1", 6, 32, NULL);
+        l2 = tg_linear_new(m, "l2", 32, 300, NULL);
+        tg_error err = { { 0 } };
+        tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = mlp_loss, .optimizer = tg_adam(1e-3), .backend = "cuda",
+                                                   .precision = (tg_precision)p,
+                                                   .inputs = (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, .n_inputs = 2 },
+                                 &err);
+        int pads = t ? count_op(tg_train_graph(t), "pad") : -1;
+        CHECK(pads == (p == TG_PRECISION_F32 ? 0 : 2), "cuda %s, a 300-wide head: %d pad nodes (%s)",
+              tg_precision_name((tg_precision)p), pads, t ? "" : err.msg);
+        tg_destroy(t);
+        tg_model_free(m);
+    }
+    train_compare("cuda", "mlp with a 300-wide head, padded products", mlp_loss,
+                  (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, MODEL_WIDE_HEAD);
 }
 
 static void nvrtc_qkv_sums(void) {
@@ -867,7 +916,10 @@ int main(void) {
     setenv("TG_CACHE_DIR", dir, 1);
     if (getenv("TG_TEST_CUDA_ONLY")) {   /* device runs: the passes a GPU machine adds (cuda, and cpu bf16) */
         test_cpu_bf16();
-        if (tg_backend_available("cuda", NULL, 0)) cuda_precisions();
+        if (tg_backend_available("cuda", NULL, 0)) {
+            cuda_precisions();
+            cuda_padded_products();
+        }
         return check_report("test_backend");
     }
     for (int fused = 1; fused >= 0; fused--) {
@@ -913,8 +965,10 @@ int main(void) {
         unsetenv("TG_CUDA_LT");
         unsetenv("TG_CUDA_SMALL_REDUCTIONS");
         train_compare(backends[b], "mlp+gelu+dropout, adamw, clipping", mlp_loss,
-                      (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, 0);
-        train_compare(backends[b], "cnn", cnn_loss, (tg_input_decl[]){ TG_F32("x", 3, 2, 6, 6), TG_I32("y", 3) }, 1);
+                      (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, MODEL_MLP);
+        train_compare(backends[b], "cnn", cnn_loss, (tg_input_decl[]){ TG_F32("x", 3, 2, 6, 6), TG_I32("y", 3) }, MODEL_CNN);
+        train_compare(backends[b], "mlp with a 300-wide head, padded products", mlp_loss,
+                      (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, MODEL_WIDE_HEAD);
     }
     if (!cuda) {
         /* Without a GPU: a reason, and a compile that fails cleanly with it. */

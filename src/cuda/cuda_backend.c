@@ -1277,7 +1277,7 @@ const tg_backend backend_cuda = {
     .name = "cuda", .alloc = locked_alloc, .free = locked_free, .write = locked_write, .upload = locked_upload,
     .read = locked_read, .copy = locked_copy, .prepare = locked_prepare, .planned_bytes = cuda_planned_bytes,
     .bind = cuda_bind, .run = locked_run, .node_buf = cuda_node_buf, .release = locked_release, .step = locked_step,
-    .source = cuda_source, .checks_writebacks = true, .available = device_ready, .launches = cuda_launches,
+    .source = cuda_source, .checks_writebacks = true, .product_align = 8, .available = device_ready, .launches = cuda_launches,
     .precision = cuda_precision, .on_device = cuda_on_device, .set_device = locked_set_device, .dp_step = locked_dp_step,
     .queue_depth = cuda_queue_depth, .step_queue = locked_step_queue, .step_wait = locked_step_wait,
 };
@@ -1366,6 +1366,7 @@ const tg_backend backend_cuda_nvrtc = {
     .name = "cuda-nvrtc", .alloc = host_alloc, .free = free, .write = host_write, .upload = host_upload,
     .read = host_read, .copy = host_copy, .prepare = nvrtc_prepare, .planned_bytes = cuda_planned_bytes,
     .bind = cuda_bind, .run = nvrtc_run, .node_buf = nvrtc_node_buf, .release = nvrtc_release, .source = cuda_source,
-    .checks_writebacks = true, .available = nvrtc_ready, .launches = cuda_launches, .precision = cuda_precision,
+    .checks_writebacks = true, .product_align = 8, .available = nvrtc_ready, .launches = cuda_launches,
+    .precision = cuda_precision,
 };
 

@@ -890,10 +890,18 @@ static int row_role(const cg *c, int id, int64_t R, int64_t L) {
 
 #define MAX_ROW_MEMBERS 32
 
+/* Rows at least this long take a block each in row and softmax kernels (a classifier over a
+ * vocabulary), shorter ones a warp: a warp alone keeps too few loads in flight over 50,000
+ * columns. */
+#define ROW_BLOCK_MIN 4096
+
 /* The row kernel starting at the sum order[0]; returns how many of order[] it took (0: none). */
 static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
     int64_t R, L;
     if (!cg_row_sum(c, order[0], &R, &L)) return 0;
+    const bool block = L >= ROW_BLOCK_MIN;
+    const int step = block ? BLOCK : 32;
+    const char *sync = block ? "__syncthreads()" : "__syncwarp()";
     n_order = before_sum_producer(c, order, n_order);
     int members[MAX_ROW_MEMBERS], roles[MAX_ROW_MEMBERS], nm = 0;
     for (int q = 0; q < n_order && nm < MAX_ROW_MEMBERS; q++) {
@@ -922,21 +930,22 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
             if (roles[m] == ROW_SUM) {
                 cg_line(c, "const %s xf = (%s)(r * %lldll + j);", it, it, (long long)L);
                 cg_line(c, "acc += (double)%s;", cg_value(c, N(c, id)->src[0], "xf"));
-                sb_printf(&text, "    {\n    double acc = 0;\n    for (int64_t j = lane; j < %lldll; j += 32) {\n%s    }\n"
-                                 "    for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);\n"
-                                 "    if (lane == 0) P%d[r] = (%s)acc;\n    __syncwarp();\n    }\n",
-                          (long long)L, sb_str(&c->body), id, cg_ctype(N(c, id)));
+                sb_printf(&text, "    {\n    double acc = 0;\n    for (int64_t j = lane; j < %lldll; j += %d) {\n%s    }\n",
+                          (long long)L, step, sb_str(&c->body));
+                if (block) sb_printf(&text, "    acc = tgk_block_sum_d(acc);\n");
+                else sb_printf(&text, "    for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);\n");
+                sb_printf(&text, "    if (lane == 0) P%d[r] = (%s)acc;\n    %s;\n    }\n", id, cg_ctype(N(c, id)), sync);
             } else if (roles[m] == ROW_ELEMS) {
                 cg_line(c, "const %s i = (%s)(r * %lldll + j);", it, it, (long long)L);
                 const char *v = cg_root_value(c, "i");
                 if (!cg_unplaced(c, id)) cg_line(c, "P%d[i] = %s;", id, v);
                 shadow_store(c, id, "i");
-                sb_printf(&text, "    for (int64_t j = lane; j < %lldll; j += 32) {\n%s    }\n", (long long)L, sb_str(&c->body));
+                sb_printf(&text, "    for (int64_t j = lane; j < %lldll; j += %d) {\n%s    }\n", (long long)L, step, sb_str(&c->body));
             } else {
                 cg_line(c, "const %s v = %s;", cg_ctype(N(c, id)), cg_root_value(c, "r"));
                 shadow_store(c, id, "r");   /* every lane stores the same value */
                 if (!cg_unplaced(c, id)) cg_line(c, "if (lane == 0) P%d[r] = v;", id);
-                sb_printf(&text, "    {\n%s    __syncwarp();\n    }\n", sb_str(&c->body));
+                sb_printf(&text, "    {\n%s    %s;\n    }\n", sb_str(&c->body), sync);
             }
         }
         bool ok = true;
@@ -957,10 +966,10 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
         c->root = members[0];
         char head[200];
         snprintf(head, sizeof head,
-                 "    const int64_t r = ((int64_t)blockIdx.x * %d + threadIdx.x) / 32;\n    const int lane = threadIdx.x & 31;\n"
-                 "    if (r >= %lldll) return;\n", BLOCK, (long long)R);
+                 "    const int64_t r = ((int64_t)blockIdx.x * %d + threadIdx.x) / %d;\n    const int lane = threadIdx.x %% %d;\n"
+                 "    if (r >= %lldll) return;\n", BLOCK, step, step, (long long)R);
         end_kernel_roots(c, members, nm, NULL, 0, head, "", 0);
-        kernel_launch(p, members[0], R * 32, BLOCK);
+        kernel_launch(p, members[0], R * step, BLOCK);
         return nm;
     }
     return 0;
@@ -1096,25 +1105,31 @@ static void fill_shadow(cg *c, cuda_plan *p, int id) {
 }
 
 /* Softmax (or log-softmax) of a source computed in the kernel (fuse_schedule's
- * FUSE_SOFTMAX_INPUT): tgk_softmax_row's three passes over a row, a warp per row, each pass
- * evaluating the source's expression at element (o, k, i) of [outer, len, inner]. */
+ * FUSE_SOFTMAX_INPUT): tgk_softmax_row's three passes over a row, a warp per row (a block per
+ * long row), each pass evaluating the source's expression at element (o, k, i) of
+ * [outer, len, inner]; in 32-bit indices where they fit, so that the source's coordinates are
+ * cheap divisions. */
 static void softmax_kernel(cg *c, cuda_plan *p, int id, int64_t outer, int64_t len, int64_t inner) {
     const tg_node *n = N(c, id);
+    const bool block = len >= ROW_BLOCK_MIN;
+    const int step = block ? BLOCK : 32;
+    const char *scope = block ? "block" : "warp";
     strbuf text = { 0 };
     cg_begin(c, id);
     for (int q = 0; q < 3; q++) {
         c->n_memo = 0;
         c->body.len = 0;
         if (c->body.s) c->body.s[0] = 0;
-        cg_line(c, "const int64_t f = base + k * %lldll;", (long long)inner);
+        if (n->numel < (1ll << 30)) cg_line(c, "const uint32_t f = (uint32_t)(base + k * %lldll);", (long long)inner);
+        else cg_line(c, "const int64_t f = base + k * %lldll;", (long long)inner);
         const char *v = cg_value(c, n->src[0], "f");
         if (q == 0) cg_line(c, "mx = fmaxf(mx, %s);", v);   /* the row's max, its sum of exponentials, the output */
         else if (q == 1) cg_line(c, "sum += expf(%s - mx);", v);
         else if (n->op == OP_LOG_SOFTMAX) cg_line(c, "P%d[f] = %s - lse;", id, v);
         else cg_line(c, "P%d[f] = expf(%s - mx) * inv;", id, v);
-        sb_printf(&text, "    for (int64_t k = lane; k < %lldll; k += 32) {\n%s    }\n%s", (long long)len, sb_str(&c->body),
-                  q == 0 ? "    mx = tgk_warp_max(mx);\n" : q == 1 ? "    sum = tgk_warp_sum(sum);\n"
-                           "    const float lse = mx + logf(sum), inv = 1.0f / sum;\n" : "");
+        sb_printf(&text, "    for (int64_t k = lane; k < %lldll; k += %d) {\n%s    }\n", (long long)len, step, sb_str(&c->body));
+        if (q == 0) sb_printf(&text, "    mx = tgk_%s_max(mx);\n", scope);
+        if (q == 1) sb_printf(&text, "    sum = tgk_%s_sum(sum);\n    const float lse = mx + logf(sum), inv = 1.0f / sum;\n", scope);
     }
     c->body.len = 0;
     if (c->body.s) c->body.s[0] = 0;
@@ -1122,14 +1137,14 @@ static void softmax_kernel(cg *c, cuda_plan *p, int id, int64_t outer, int64_t l
     free(text.s);
     char head[300];
     snprintf(head, sizeof head,
-             "    const int64_t row = ((int64_t)blockIdx.x * %d + threadIdx.x) / 32;\n"
-             "    const int lane = threadIdx.x & 31;\n"
+             "    const int64_t row = ((int64_t)blockIdx.x * %d + threadIdx.x) / %d;\n"
+             "    const int lane = threadIdx.x %% %d;\n"
              "    if (row >= %lldll) return;\n"
              "    const int64_t base = (row / %lld) * %lld + row %% %lld;\n"
              "    float mx = -INFINITY, sum = 0;\n",
-             BLOCK, (long long)(outer * inner), (long long)inner, (long long)(len * inner), (long long)inner);
+             BLOCK, step, step, (long long)(outer * inner), (long long)inner, (long long)(len * inner), (long long)inner);
     end_kernel(c, NULL, 0, head, "");
-    kernel_launch(p, id, outer * inner * 32, BLOCK);
+    kernel_launch(p, id, outer * inner * step, BLOCK);
 }
 
 static void special_kernel(cg *c, cuda_plan *p, int id) {
@@ -1235,6 +1250,31 @@ static const char DEVICE_KERNELS[] =
     "    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
     "    return v;\n}\n"
     "static __device__ float tgk_warp_sum(float v) {\n"
+    "    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "    return v;\n}\n"
+    /* A block's max and sum, in every thread: each warp's, then every warp reduces the warps'.
+     * The first barrier keeps a call from overwriting what the last one's slower warps read. */
+    "static __device__ float tgk_block_max(float v) {\n"
+    "    __shared__ float part[32];\n"
+    "    v = tgk_warp_max(v);\n"
+    "    __syncthreads();\n"
+    "    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;\n"
+    "    __syncthreads();\n"
+    "    return tgk_warp_max((threadIdx.x & 31) < blockDim.x / 32 ? part[threadIdx.x & 31] : -INFINITY);\n}\n"
+    "static __device__ float tgk_block_sum(float v) {\n"
+    "    __shared__ float part[32];\n"
+    "    v = tgk_warp_sum(v);\n"
+    "    __syncthreads();\n"
+    "    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;\n"
+    "    __syncthreads();\n"
+    "    return tgk_warp_sum((threadIdx.x & 31) < blockDim.x / 32 ? part[threadIdx.x & 31] : 0.0f);\n}\n"
+    "static __device__ double tgk_block_sum_d(double v) {\n"
+    "    __shared__ double part[32];\n"
+    "    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "    __syncthreads();\n"
+    "    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;\n"
+    "    __syncthreads();\n"
+    "    v = (threadIdx.x & 31) < blockDim.x / 32 ? part[threadIdx.x & 31] : 0.0;\n"
     "    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
     "    return v;\n}\n"
     /* row r = (o, j): elements o*len*inner + k*inner + j, k < keep; a warp per row */

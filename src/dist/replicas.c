@@ -155,7 +155,7 @@ static bool copy_state_layout(tg_graph *gg, const tg_graph *ug, tg_error *err) {
 static bool build_replica(tg_train *t, int r, const tg_train_spec *spec, const tg_input_decl *local, tg_precision runs,
                           tg_error *err) {
     replica *rp = &t->dp->rep[r];
-    tg_graph *g = rt_trace_grads(spec, local, runs, err);
+    tg_graph *g = rt_trace_grads(spec, local, runs, rp->be, err);
     if (!g) return false;
     int n_keep, *keep = rt_grad_keep(g, &g->output, 1, &n_keep);
     bool ok = keep && rt_compile_graph(rp->grad, rp->be, g, spec->n_inputs, keep, n_keep, err);

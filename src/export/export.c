@@ -187,7 +187,7 @@ static tg_status export_locked(tg_forward *f, const char *path, const tg_export_
     tg_input_decl *decls = concrete_inputs(f, o->open_size, err);
     if (!decls) return TG_FAILED;
     tg_error e;
-    b.g = rt_trace(f->train->model, f->fn, f->ctx, decls, f->n_inputs, false, &e);
+    b.g = rt_trace(f->train->model, f->fn, f->ctx, decls, f->n_inputs, false, 0, &e);
     free(decls);
     if (!b.g) tg_seterr(err, "tg_export_c: %s", e.msg);
     bool ok = b.g && exportable(b.g, err) && generate(&b, o->openmp, err) && read_values(&b, f->train, err);

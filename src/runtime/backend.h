@@ -61,6 +61,12 @@ typedef struct tg_backend {
     /* Its step checks every value it writes back and fails the guard itself (one pass on the
      * device instead of a reduction per gradient): no guard node in the graph. */
     bool checks_writebacks;
+    /* Products on tensor cores (tf32, bf16) want their weights' rows a multiple of this many
+     * elements long (0: any length): the trace pads a weight of another width with zero columns
+     * and narrows the product (tg_matmul in ops.c), since cuBLAS runs rows that are not 16-byte
+     * aligned on much slower kernels there (f32's are not, and padding only adds memory).
+     * TG_PAD_PRODUCTS=n overrides it at every precision (rt_product_align). */
+    int product_align;
     /* Optional: whether it can run here (a device, a compiler), else false with the reason. */
     bool (*available)(tg_error *err);
     /* Optional: steps queued without waiting for each (tg_steps). queue_depth: how many may be

@@ -48,11 +48,14 @@ static tg_input_decl *concrete_decls(const tg_forward *f, int64_t size) {
 static variant *variant_compile(tg_forward *f, int64_t size, bool patchable, tg_error *err) {
     tg_train *t = f->train;
     tg_input_decl *decls = concrete_decls(f, size);
-    tg_graph *g = decls ? rt_trace(t->model, f->fn, f->ctx, decls, f->n_inputs, patchable, err) : NULL;
+    tg_precision runs = TG_PRECISION_F32;
+    rt_precision(t->be, f->precision, &runs, err);   /* checked at attach */
+    tg_graph *g = decls ? rt_trace(t->model, f->fn, f->ctx, decls, f->n_inputs, patchable, rt_product_align(t->be, runs), err)
+                        : NULL;
     if (!decls) tg_seterr(err, "out of memory");
     free(decls);
     if (!g) return NULL;
-    rt_precision(t->be, f->precision, &g->precision, err);   /* checked at attach */
+    g->precision = runs;
     if (g->nodes[g->output].dtype != TG_FLOAT32) {
         tg_seterr(err, "the forward output must be f32");
         ir_free(g);

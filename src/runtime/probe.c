@@ -88,7 +88,7 @@ tg_probe *tg_probe_new_at(const char *backend, tg_precision precision, tg_model 
     const tg_backend *be = backend_find(backend, err);
     tg_precision runs;
     if (!be || !rt_precision(be, precision, &runs, err)) return NULL;
-    tg_graph *g = rt_trace(m, fn, ctx, inputs, n_inputs, false, err);
+    tg_graph *g = rt_trace(m, fn, ctx, inputs, n_inputs, false, 0, err);
     if (!g) return NULL;
     g->precision = runs;
     tg_probe *p = tg_alloc(sizeof *p);

@@ -133,10 +133,14 @@ const char *rt_dead(const void *h);
 
 
 /* trace.c: trace fn over fresh INPUT nodes (node i is input i) into a new graph, with patch
- * sites selecting their values when `patchable` (tg_patch; graph->patchable); NULL with err set
- * on failure, including the first shape error an op recorded. */
+ * sites selecting their values when `patchable` (tg_patch; graph->patchable) and products'
+ * weights padded to rows of a multiple of `align` elements (graph->product_align; 0: never);
+ * NULL with err set on failure, including the first shape error an op recorded. */
 tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *inputs, int n, bool patchable,
-                   tg_error *err);
+                   int align, tg_error *err);
+/* The row alignment products on `be` want at precision `runs`: TG_PAD_PRODUCTS when set (tests
+ * run the padded graph on every backend), else be->product_align at tf32 and bf16. */
+int rt_product_align(const tg_backend *be, tg_precision runs);
 bool rt_check_decls(const tg_input_decl *in, int n, tg_error *err);
 /* The precision a graph on backend `be` computes in when `want` is asked (DEFAULT: f32); false
  * with err set for a value that is no tg_precision. */
@@ -163,9 +167,10 @@ int *rt_keep_list(const tg_graph *g, const int *first, int n_first, int *n_keep)
 
 /* train.c */
 tg_result rt_step_locked(tg_train *t, const tg_data *inputs, int n_inputs);
-/* Trace spec's loss at `inputs` (precision `runs`) and append the gradient of every parameter it
- * uses (g->grad_of_param); NULL with err set. */
-tg_graph *rt_trace_grads(const tg_train_spec *spec, const tg_input_decl *inputs, tg_precision runs, tg_error *err);
+/* Trace spec's loss at `inputs` (precision `runs`, products padded for `be`) and append the
+ * gradient of every parameter it uses (g->grad_of_param); NULL with err set. */
+tg_graph *rt_trace_grads(const tg_train_spec *spec, const tg_input_decl *inputs, tg_precision runs, const tg_backend *be,
+                         tg_error *err);
 /* What a training graph keeps readable: its gradients in parameter order, then `extra`, then its
  * captures (rt_keep_list). NULL when memory runs out. */
 int *rt_grad_keep(const tg_graph *g, const int *extra, int n_extra, int *n_keep);

@@ -17,8 +17,14 @@ bool rt_check_decls(const tg_input_decl *in, int n, tg_error *err) {
     return true;
 }
 
+int rt_product_align(const tg_backend *be, tg_precision runs) {
+    const char *env = getenv("TG_PAD_PRODUCTS");
+    if (env && env[0]) return atoi(env) > 0 ? atoi(env) : 0;
+    return runs == TG_PRECISION_F32 ? 0 : be->product_align;
+}
+
 tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *in, int n, bool patchable,
-                   tg_error *err) {
+                   int align, tg_error *err) {
     if (!m) { tg_seterr(err, "no model given"); return NULL; }
     if (!fn) { tg_seterr(err, "no forward/loss function given"); return NULL; }
     if (tg_model_error(m)) { tg_seterr(err, "%s", tg_model_error(m)); return NULL; }
@@ -26,6 +32,7 @@ tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_inpu
     tg_graph *g = ir_new(m);
     if (!g) { tg_seterr(err, "out of memory starting a trace"); return NULL; }
     g->patchable = patchable;
+    g->product_align = align;
     for (int i = 0; i < n && ir_ok(g); i++) {
         char what[80];
         snprintf(what, sizeof what, "input '%.60s'", in[i].name);

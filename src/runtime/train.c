@@ -67,8 +67,9 @@ bool rt_init_params(tg_train *t) {
     return true;
 }
 
-tg_graph *rt_trace_grads(const tg_train_spec *spec, const tg_input_decl *inputs, tg_precision runs, tg_error *err) {
-    tg_graph *g = rt_trace(spec->model, spec->loss, spec->ctx, inputs, spec->n_inputs, false, err);
+tg_graph *rt_trace_grads(const tg_train_spec *spec, const tg_input_decl *inputs, tg_precision runs, const tg_backend *be,
+                         tg_error *err) {
+    tg_graph *g = rt_trace(spec->model, spec->loss, spec->ctx, inputs, spec->n_inputs, false, rt_product_align(be, runs), err);
     if (!g) return NULL;
     g->precision = runs;
     int *wrt = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
@@ -107,7 +108,7 @@ static tg_train *train_build(const tg_train_spec *spec, tg_error *err) {
     const tg_backend *be = backend_find(spec->backend, err);
     tg_precision runs;
     if (!be || !rt_precision(be, spec->precision, &runs, err)) return NULL;
-    tg_graph *g = rt_trace_grads(spec, spec->inputs, runs, err);
+    tg_graph *g = rt_trace_grads(spec, spec->inputs, runs, be, err);
     if (!g) return NULL;
     if (!optim_build(g, &spec->optimizer, !be->checks_writebacks)) {
         tg_seterr(err, "%s", g->error);
