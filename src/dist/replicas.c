@@ -345,6 +345,8 @@ static bool pick_backends(dist_state *d, const tg_backend *be, tg_error *err) {
     return true;
 }
 
+static void sync_replicas(tg_train *t, bool states);
+
 /* The replicas' stores and bindings, replica 0's parameters from the model's init copied to all. */
 static bool build_stores(tg_train *t, tg_error *err) {
     dist_state *d = t->dp;
@@ -364,7 +366,7 @@ static bool build_stores(tg_train *t, tg_error *err) {
         return false;
     }
     for (int r = 0; r < d->n; r++) bind_replica(t, &d->rep[r]);
-    dist_sync(t);
+    sync_replicas(t, false);   /* the optimizer state is zero from allocation everywhere */
     return true;
 }
 
@@ -398,23 +400,24 @@ tg_train *dist_train_build(const tg_train_spec *spec, tg_error *err) {
 
 /* ----- keeping replicas equal ----- */
 
-/* One buffer of n values from replica 0 to replica r, through the host (another device's memory
- * is not this one's to copy into directly). */
-static void copy_to(dist_state *d, int r, const void *src, void *dst, size_t n) {
-    d->rep[0].be->read(src, TG_FLOAT32, d->sync_buf, n);
-    d->rep[r].be->write(dst, TG_FLOAT32, d->sync_buf, n);
-}
-
-void dist_sync(tg_train *t) {
+/* Replica 0's parameters (and with `states` its optimizer state) to every other local replica,
+ * through the host (another device's memory is not this one's to copy into directly): each
+ * buffer read once and written to each replica. */
+static void sync_replicas(tg_train *t, bool states) {
     dist_state *d = t->dp;
     const tg_graph *g = t->c.g;
-    for (int r = 1; r < d->n; r++) {
-        for (int i = 0; i < t->n_params; i++)
-            copy_to(d, r, t->param[i], d->rep[r].param[i], (size_t)shape_numel(model_param(t->model, i)->shape));
-        for (int s = 0; s < g->n_state; s++)
-            copy_to(d, r, t->state[s], d->rep[r].state[s], (size_t)g->nodes[g->state_shape_node[s]].numel);
+    int n_bufs = d->n > 1 ? t->n_params + (states ? g->n_state : 0) : 0;
+    for (int k = 0; k < n_bufs; k++) {
+        int s = k - t->n_params;
+        bool param = s < 0;
+        size_t n = param ? (size_t)shape_numel(model_param(t->model, k)->shape) : (size_t)g->nodes[g->state_shape_node[s]].numel;
+        d->rep[0].be->read(param ? t->param[k] : t->state[s], TG_FLOAT32, d->sync_buf, n);
+        for (int r = 1; r < d->n; r++)
+            d->rep[r].be->write(param ? d->rep[r].param[k] : d->rep[r].state[s], TG_FLOAT32, d->sync_buf, n);
     }
 }
+
+void dist_sync(tg_train *t) { sync_replicas(t, true); }
 
 tg_status dist_replica_param(tg_train *t, int r, const char *name, float *dst, size_t n, tg_error *err) {
     tg_train *l = rt_lock_train(t);
