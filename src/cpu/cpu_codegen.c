@@ -799,23 +799,29 @@ static int row_kernel(gen *G, const int *order, int n_order) {
             c->n_memo = 0;
             c->body.len = 0;
             if (c->body.s) c->body.s[0] = 0;
+            /* Elements i = o * L + u of row o: as in pointwise_kernel (cg.row), values read at
+             * other coordinates (a row's statistics, a bias) are functions of o alone, hoisted
+             * out of the loop over u, and i is 64-bit so that GCC sees it cannot wrap: both keep
+             * the loop vectorized where coordinates divided out of i per element did not */
+            c->row = roles[m] == ROW_VALUES ? 0 : L;
             if (roles[m] == ROW_SUM) {
-                cg_line(c, "const uint32_t xf = r * %lldu + j;", (long long)L);
-                cg_line(c, "acc += (double)%s;", cg_value(c, N(c, id)->src[0], "xf"));
+                cg_line(c, "const int64_t i = o * %lld + u;", (long long)L);
+                cg_line(c, "acc += (double)%s;", cg_value(c, N(c, id)->src[0], "i"));
                 at_row(c, members, roles, m);
                 sb_printf(&text, "      {\n      double acc = 0;\n      #pragma omp simd reduction(+:acc)\n"
-                                 "      for (uint32_t j = 0; j < %lldu; j++) {\n%s      }\n      P%d[r] = (%s)acc;\n      }\n",
+                                 "      for (int64_t u = 0; u < %lld; u++) {\n%s      }\n      P%d[r] = (%s)acc;\n      }\n",
                           (long long)L, sb_str(&c->body), id, cg_ctype(N(c, id)));
             } else if (roles[m] == ROW_ELEMS) {
-                cg_line(c, "const uint32_t i = r * %lldu + j;", (long long)L);
+                cg_line(c, "const int64_t i = o * %lld + u;", (long long)L);
                 cg_line(c, "P%d[i] = %s;", id, cg_root_value(c, "i"));
                 at_row(c, members, roles, m);
-                sb_printf(&text, "      for (uint32_t j = 0; j < %lldu; j++) {\n%s      }\n", (long long)L, sb_str(&c->body));
+                sb_printf(&text, "      for (int64_t u = 0; u < %lld; u++) {\n%s      }\n", (long long)L, sb_str(&c->body));
             } else {
                 cg_line(c, "P%d[r] = %s;", id, cg_root_value(c, "r"));
                 sb_printf(&text, "      {\n%s      }\n", sb_str(&c->body));
             }
         }
+        c->row = c->row_part = 0;
         bool ok = true;
         for (int i = 0; i < c->g->n && ok; i++) {
             if (!c->used[i]) continue;
@@ -845,7 +851,7 @@ static int row_kernel(gen *G, const int *order, int n_order) {
         if (c->body.s) c->body.s[0] = 0;
         c->root = members[0];
         char head[128];
-        snprintf(head, sizeof head, "    for (uint32_t r = 0; r < %lldu; r++) {\n", (long long)R);
+        snprintf(head, sizeof head, "    for (uint32_t r = 0; r < %lldu; r++) {\n      const int64_t o = r;\n", (long long)R);
         sb_printf(&c->body, "%s", sb_str(&text));
         free(text.s);
         end_kernel(G, R > 1 && omp(c, R * L * nm), head, "    }\n");
