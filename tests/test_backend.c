@@ -212,7 +212,7 @@ static const bcase CASES[] = {
     { "softmax middle axis", SOFTMAX_MID, 1, { F("x", 2, 5, 3) }, 0, false, false },
     { "log_softmax axis 0", LOG_SOFTMAX, 1, { F("x", 4, 3) }, 0, false, false },
     { "cross_entropy", CROSS_ENTROPY, 3, { F("x", 5, 4), F("unused", 1), I("z", 5) }, 4, false, false },
-    /* rows of 4096 and more: a block per row on CUDA (SOFTMAX_BLOCK_ROW) */
+    /* rows of 4096 and more: a block per row on CUDA (ROW_BLOCK_MIN) */
     { "softmax of x + b, rows of 4500", SOFTMAX_BIAS, 2, { F("x", 3, 4500), F("b", 4500) }, 0, false, false },
     { "cross_entropy of x + b, 5000 classes", CE_BIAS, 3, { F("x", 3, 5000), F("b", 5000), I("z", 3) }, 5000, false, false },
     { "nll_loss sum", NLL_SUM, 3, { F("x", 2, 3, 4), F("unused", 1), I("z", 2, 3) }, 4, false, false },
