@@ -533,6 +533,12 @@ static tg_tensor mlp_loss(const void *ctx, const tg_tensor *in) {
     tg_tensor h = tg_gelu(tg_linear(&l1, in[0]));
     return tg_cross_entropy(tg_linear(&l2, tg_dropout(h, 0.1)), in[1], TG_MEAN);
 }
+/* mlp_loss's layers: 6 -> 16 -> 5, or 6 -> 32 -> 300 with a wide head (rows of 300 are not a
+ * multiple of 8, so a backend aligning products pads them). */
+static void mlp_layers(tg_model *m, bool wide_head) {
+    l1 = tg_linear_new(m, "l1", 6, wide_head ? 32 : 16, NULL);
+    l2 = tg_linear_new(m, "l2", wide_head ? 32 : 16, wide_head ? 300 : 5, NULL);
+}
 static tg_tensor cnn_loss(const void *ctx, const tg_tensor *in) {
     tg_tensor h = tg_max_pool2d(tg_relu(tg_conv(&conv, in[0])), 2, 2, 0);
     return tg_cross_entropy(tg_linear(&l2, tg_flatten(h, 1)), in[1], TG_MEAN);
@@ -559,9 +565,7 @@ static void train_compare(const char *backend, const char *name, tg_forward_fn l
             conv = tg_conv2d_new(m, "conv", 2, 4, 3, 1, 1, 1);
             l2 = tg_linear_new(m, "l2", 4 * 3 * 3, 5, NULL);
         } else {
-            int wide = model == MODEL_WIDE_HEAD;
-            l1 = tg_linear_new(m, "l1", 6, wide ? 32 : 16, NULL);
-            l2 = tg_linear_new(m, "l2", wide ? 32 : 16, wide ? 300 : 5, NULL);
+            mlp_layers(m, model == MODEL_WIDE_HEAD);
         }
         tg_optimizer opt = tg_adamw(1e-2, 0.1);
         opt.clip_norm = 0.5;
@@ -725,8 +729,7 @@ static tg_tensor qkv_loss(const void *ctx, const tg_tensor *in) {
 static void cuda_padded_products(void) {
     for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++) {
         tg_model *m = tg_model_new(3);
-        l1 = tg_linear_new(m, "l1", 6, 32, NULL);
-        l2 = tg_linear_new(m, "l2", 32, 300, NULL);
+        mlp_layers(m, true);
         tg_error err = { { 0 } };
         tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = mlp_loss, .optimizer = tg_adam(1e-3), .backend = "cuda",
                                                    .precision = (tg_precision)p,
@@ -889,8 +892,7 @@ static void test_compile_failure(void) {
     setenv("TG_CC", "false", 1);
     setenv("TG_CFLAGS", "-O1 -DTG_TEST_DIFFERENT_HASH2", 1);
     tg_model *m = tg_model_new(1);
-    l1 = tg_linear_new(m, "l1", 6, 16, NULL);
-    l2 = tg_linear_new(m, "l2", 16, 5, NULL);
+    mlp_layers(m, false);
     tg_error err = { { 0 } };
     tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = mlp_loss, .inputs = (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) },
                                                .n_inputs = 2, .optimizer = tg_adam(1e-3), .backend = "cpu" }, &err);
@@ -974,8 +976,7 @@ int main(void) {
         /* Without a GPU: a reason, and a compile that fails cleanly with it. */
         CHECK(strlen(why) > 0 && strstr(why, "CUDA"), "tg_backend_available(cuda) gives a reason: '%s'", why);
         tg_model *m = tg_model_new(1);
-        l1 = tg_linear_new(m, "l1", 6, 16, NULL);
-        l2 = tg_linear_new(m, "l2", 16, 5, NULL);
+        mlp_layers(m, false);
         tg_error err = { { 0 } };
         tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = mlp_loss, .optimizer = tg_adam(1e-3), .backend = "cuda",
                                                    .inputs = (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, .n_inputs = 2 }, &err);
