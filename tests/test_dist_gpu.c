@@ -239,7 +239,6 @@ static void compare(const char *what, const trace *a, const trace *b, int from) 
 
 static void single_process(const char *name, const char *dir) {
     static const int first[] = { 0 };
-    const int *both = all_gpus;
     workload w;
     make(&w, name);
     int global = n_gpus * w.per_gpu;
@@ -254,7 +253,7 @@ static void single_process(const char *name, const char *dir) {
     CHECK(t != NULL, "%s on one GPU: %s", name, err.msg);
     if (t) run(&w, t, 0, 0, global, one_ckpt, false, &one);
     tg_destroy(t);
-    t = compile(&w, (setup){ .rows = global, .n_dev = n_gpus, .devices = both }, &err);
+    t = compile(&w, (setup){ .rows = global, .n_dev = n_gpus, .devices = all_gpus }, &err);
     CHECK(t != NULL, "%s on GPUs 0..%d: %s", name, n_gpus - 1, err.msg);
     if (t) run(&w, t, 0, 0, global, dp_ckpt, true, &dp);
     tg_destroy(t);
@@ -271,7 +270,7 @@ static void single_process(const char *name, const char *dir) {
     for (int k = 0; k < 3; k++) {
         const char *file = k == 1 ? one_ckpt : dp_ckpt;
         memset(&resumed, 0, sizeof resumed);
-        t = compile(&w, (setup){ .rows = global, .n_dev = moves[k].n_dev, .devices = moves[k].n_dev ? both : NULL }, &err);
+        t = compile(&w, (setup){ .rows = global, .n_dev = moves[k].n_dev, .devices = moves[k].n_dev ? all_gpus : NULL }, &err);
         CHECK(t && tg_load(t, file, 1, &err) == TG_OK, "%s: %s", moves[k].what, err.msg);
         if (t) run(&w, t, SAVE_AT, 0, global, NULL, moves[k].n_dev > 1, &resumed);
         compare(moves[k].what, &resumed, moves[k].want, SAVE_AT);
