@@ -39,7 +39,7 @@ extern const char *const CUDA_PRODUCT_NAMES[4], *const CUDA_PRODUCT_KERNELS[4];
 /* Small enough for it: at most 2^27 multiply-adds (a batch of them in one launch), none of M, N
  * and the batch empty (a grid of no blocks is no launch). */
 bool cuda_own_product(int64_t M, int64_t N, int64_t K, int64_t batch);
-/* The bf16 tensor-core kernels (head sizes multiples of 16), after CUDA_ATTENTION_SOURCE. */
+/* The tensor-core kernels (bf16 and tf32, cuda_attention_mma), after CUDA_ATTENTION_SOURCE. */
 extern const char CUDA_ATTENTION_MMA_SOURCE[];
 /* The CUDA generator's refinement of fuse_schedule: a sum that only another sum reads, over an
  * adjacent axis, gets no kernel of its own (the reader sums over both axes at once, as the
@@ -59,7 +59,8 @@ void cuda_sums_early(const tg_graph *g, const bool *materialized, const int *ali
  * reads, and whose kernel writes the copy, which need no f32 buffer (plan_build's `unplaced`). */
 void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, const int *alias, const int *keep, int n_keep,
                         bool *want, bool *only);
-/* Does attention node id run on tensor cores (bf16, head sizes multiples of 16, sm >= 80)? */
+/* Does attention node id run on tensor cores (sm >= 80; bf16 with head sizes multiples of 16, tf32
+ * multiples of 8)? */
 bool cuda_attention_mma(const tg_graph *g, int id, int sm);
 /* For a device of compute capability sm (90: 9.0). NULL when memory runs out, or with
  * *unsupported set to a node without a CUDA kernel (else -1). */

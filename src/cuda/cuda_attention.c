@@ -16,8 +16,8 @@
  * accumulators of dk, dv in registers and walks the query tiles that see it, recomputing
  * p = exp(score - lse); dq is added to (zeroed) memory with atomics, one tile at a time.
  *
- * bf16 precision (BF): q, k, v and the incoming gradient are rounded to bf16 as they are loaded,
- * as the reference rounds them; scores, softmax and every sum stay f32. */
+ * tf32 and bf16 precision (RND): q, k, v and the incoming gradient are rounded as they are
+ * loaded, as the reference rounds them; scores, softmax and every sum stay f32. */
 #include "cuda/cuda.h"
 
 const char CUDA_ATTENTION_SOURCE[] =
@@ -28,17 +28,14 @@ const char CUDA_ATTENTION_SOURCE[] =
     "static __device__ float tga_sum16(float x) {\n"
     "    for (int o = 8; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);\n"
     "    return x;\n}\n"
-    /* bf16 precision: an operand rounded to bf16, nearest even (as precision_round) */
-    "static __device__ float tga_bf16(float x) {\n"
-    "    const unsigned u = __float_as_uint(x);\n"
-    "    return (u & 0x7f800000u) == 0x7f800000u ? x : __uint_as_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);\n}\n"
-    /* rows [r0, r0 + 64) of src [n, W] into dst with row stride P, zeros past n */
-    "template <int W, int P, bool BF>\n"
+    /* rows [r0, r0 + 64) of src [n, W] into dst with row stride P, zeros past n, rounded as
+     * operands of the graph's precision RND (0 f32, 1 tf32, 2 bf16; the prelude's roundings) */
+    "template <int W, int P, int RND>\n"
     "static __device__ void tga_load(float *dst, const float *__restrict__ src, int r0, int n) {\n"
     "    for (int x = threadIdx.x; x < TGA_T * W; x += blockDim.x) {\n"
     "        const int r = x / W, c = x % W;\n"
     "        const float v = r0 + r < n ? src[(long long)(r0 + r) * W + c] : 0.0f;\n"
-    "        dst[r * P + c] = BF ? tga_bf16(v) : v;\n"
+    "        dst[r * P + c] = RND == 2 ? tgk_round_bf16_float(v) : RND == 1 ? tgk_round_tf32(v) : v;\n"
     "    }\n}\n"
     /* acc[i][j] += row ty + 16 i of a . row tx + 16 j of b, over W columns (tiles of row stride
      * W + 1): the 4 x 4 share of one thread in a 64 x 64 product of two tiles' rows */
@@ -57,7 +54,7 @@ const char CUDA_ATTENTION_SOURCE[] =
     "            for (int j = 0; j < 4; j++) acc[i][j] += x[i] * y[j];\n"
     "    }\n}\n"
     /* forward: one block per (query tile, batch element); q [T, D], k [S, D], v [S, E] */
-    "template <int T, int S, int D, int E, bool CAUSAL, bool OUT, bool BF>\n"
+    "template <int T, int S, int D, int E, bool CAUSAL, bool OUT, int RND>\n"
     "static __device__ void tgk_attention(const float *__restrict__ q, const float *__restrict__ k,\n"
     "                                     const float *__restrict__ v, float *__restrict__ o,\n"
     "                                     float *__restrict__ lse, float scale_log2) {\n"
@@ -68,7 +65,7 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    const int r0 = (int)(blockIdx.x % TILES) * TGA_T;\n"
     "    const long long b = blockIdx.x / TILES;\n"
     "    q += b * T * D; k += b * S * D; v += b * S * E;\n"
-    "    tga_load<D, D + 1, BF>(Qs, q, r0, T);\n"
+    "    tga_load<D, D + 1, RND>(Qs, q, r0, T);\n"
     "    float m[4], l[4], acc[4][EJ];\n"
     "#pragma unroll\n"
     "    for (int i = 0; i < 4; i++) {\n"
@@ -79,8 +76,8 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    const int c_end = CAUSAL ? (S < r0 + TGA_T ? S : r0 + TGA_T) : S;\n"
     "    for (int c0 = 0; c0 < c_end; c0 += TGA_T) {\n"
     "        __syncthreads();\n"
-    "        tga_load<D, D + 1, BF>(Ks, k, c0, S);\n"
-    "        tga_load<E, E, BF>(Vs, v, c0, S);\n"
+    "        tga_load<D, D + 1, RND>(Ks, k, c0, S);\n"
+    "        tga_load<E, E, RND>(Vs, v, c0, S);\n"
     "        __syncthreads();\n"
     "        float s[4][4] = {};\n"
     "        tga_dot<D>(s, Qs, Ks, ty, tx);\n"
@@ -135,7 +132,7 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    }\n"
     "}\n"
     /* backward: one block per (key tile, batch element); d_out [T, E], lse [T]; dq zeroed before */
-    "template <int T, int S, int D, int E, bool CAUSAL, bool BF>\n"
+    "template <int T, int S, int D, int E, bool CAUSAL, int RND>\n"
     "static __device__ void tgk_attention_bwd(const float *__restrict__ q, const float *__restrict__ k,\n"
     "        const float *__restrict__ v, const float *__restrict__ o, const float *__restrict__ dout,\n"
     "        const float *__restrict__ lse, float *dq, float *__restrict__ dk, float *__restrict__ dv,\n"
@@ -149,13 +146,13 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    const int c0 = (int)(blockIdx.x % TILES) * TGA_T;\n"
     "    const long long b = blockIdx.x / TILES;\n"
     "    q += b * T * D; k += b * S * D; v += b * S * E; o += b * T * E; dout += b * T * E; lse += b * T;\n"
-    "    tga_load<D, D + 1, BF>(Ks, k, c0, S);\n"
-    "    tga_load<E, E + 1, BF>(Vs, v, c0, S);\n"
+    "    tga_load<D, D + 1, RND>(Ks, k, c0, S);\n"
+    "    tga_load<E, E + 1, RND>(Vs, v, c0, S);\n"
     "    float dka[4][DJ] = {}, dva[4][EJ] = {};\n"
     "    for (int r0 = CAUSAL ? c0 : 0; r0 < T; r0 += TGA_T) {\n"
     "        __syncthreads();\n"
-    "        tga_load<D, D + 1, BF>(Qs, q, r0, T);\n"
-    "        tga_load<E, E + 1, BF>(Gs, dout, r0, T);\n"
+    "        tga_load<D, D + 1, RND>(Qs, q, r0, T);\n"
+    "        tga_load<E, E + 1, RND>(Gs, dout, r0, T);\n"
     "        __syncthreads();\n"
     "        {   /* lse in log2 units, and delta_r = d_out_r . out_r: four threads a row */\n"
     "            const int r = threadIdx.x >> 2, part = threadIdx.x & 3;\n"
@@ -251,145 +248,187 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    }\n"
     "}\n\n";
 
-/* bf16 precision on tensor cores (mma.sync m16n8k16, f32 sums), for head sizes that are multiples
- * of 16. q, k, v and the incoming gradient arrive as the bf16 copies their kernels rounded as
- * they wrote them (cuda_codegen.c's shadows; the reference rounds them the same way), so tiles
- * move into shared memory by cp.async, untouched, while the previous tile is worked on (two
- * stages). The probabilities and the score gradients, which the reference keeps in f32, enter
- * the second products as two bf16 halves, hi = bf16(x) and lo = bf16(x - hi): the pair carries 16
- * bits of mantissa (error below 2^-17 relative), and costs one more product on units that are
- * otherwise idle.
+/* Tensor cores (mma.sync, f32 sums) at bf16 precision (m16n8k16, head sizes multiples of 16) and at
+ * tf32 (m16n8k8, multiples of 8). q, k, v and the incoming gradient arrive as the rounded copies
+ * their kernels wrote (cuda_codegen.c's shadows; the reference rounds them the same way), so
+ * tiles move into shared memory by cp.async, untouched, while the previous tile is worked on (two
+ * stages). The probabilities and the score gradients, which the reference keeps in f32, enter the
+ * second products as two rounded halves, hi = round(x) and lo = round(x - hi): the pair carries 16
+ * (bf16) or 22 (tf32) bits of mantissa, and costs one more product on units otherwise idle.
  *
- * Fragments of m16n8k16 for lane l (g = l / 4, t = l % 4): A holds rows g and g + 8, columns 2t,
- * 2t + 1 and 2t + 8, 2t + 9 of a 16 x 16 tile; B columns g, rows 2t, 2t + 1 and 2t + 8, 2t + 9 of a
- * 16 x 8 tile; C rows g and g + 8, columns 2t, 2t + 1 of a 16 x 8 tile. Two C tiles side by side
- * are one A tile, so a warp's scores feed its next product without leaving registers. Shared
- * tiles are rows as they lie in memory, padded by 8 so that the 8 rows a fragment load touches
- * fall in 8 different bank groups; a product that needs a tile transposed (the values in P v, the
- * queries and output gradients of dk and dv, the keys of dq) reads its fragments with
- * ldmatrix.trans. The forward runs 8 warps on 128 query rows, so each key and value tile brought
- * in serves twice the rows; the backward 4 warps on 64 keys. */
+ * The kernels are written once over an element policy M (tgm_bf16, tgm_tf32): its element type
+ * E, the k of one mma (KS), the rows' padding, and how a lane's fragments are found. For lane l
+ * (g = l / 4, t = l % 4), C of a 16 x 8 tile holds rows g and g + 8, columns 2t and 2t + 1. An A
+ * fragment (16 x KS) holds rows g and g + 8 of a few columns per register h: M::acol(ks, t, h)
+ * where A comes from memory and products read B as columns of a tile (tgm_gemm), M::pcol(ks, t,
+ * h) where A is made of C tiles (scores, probabilities) and products read B as rows as they lie
+ * (M::gemm_t). bf16's A layout is C's (pcol = acol: two columns a register), so scores feed the
+ * next product without leaving registers; tf32's A holds columns t and t + 4, which C does not,
+ * so where A comes from C the sum over k runs in another order (pcol: logical column t is 2t, t +
+ * 4 is 2t + 1) and B's rows are read in the same order. Padding puts the rows a fragment load
+ * touches in different banks: 8 bf16 (16 bytes) a row, 4 floats for tf32. The forward runs 8
+ * warps on 128 query rows, so each key and value tile brought in serves twice the rows; the
+ * backward 4 warps on 64 keys. */
 const char CUDA_ATTENTION_MMA_SOURCE[] =
-    "static __device__ unsigned tgm_bits(float x) {\n"
-    "    const unsigned u = __float_as_uint(x);\n"
-    "    return (u & 0x7f800000u) == 0x7f800000u ? u : u + 0x7fffu + ((u >> 16) & 1u);\n}\n"
-    /* two floats as bf16x2, lo in the low half; and the remainders of both */
-    "static __device__ unsigned tgm_pack(float lo, float hi) { return (tgm_bits(lo) >> 16) | (tgm_bits(hi) & 0xffff0000u); }\n"
-    "static __device__ float tgm_hi(float x) { return __uint_as_float(tgm_bits(x) & 0xffff0000u); }\n"
-    "static __device__ unsigned tgm_rest(float lo, float hi) { return tgm_pack(lo - tgm_hi(lo), hi - tgm_hi(hi)); }\n"
-    "static __device__ void tgm_mma(float *c, const unsigned *a, unsigned b0, unsigned b1) {\n"
-    "    asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\\n\"\n"
-    "                 : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
-    "                 : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n}\n"
-    /* four 8 x 8 bf16 tiles of shared memory, transposed: lane l gives the address of row l % 8 of
-     * tile l / 8 */
-    "static __device__ void tgm_ldsm_t(unsigned *f, const unsigned short *p) {\n"
-    "    const unsigned a = (unsigned)__cvta_generic_to_shared(p);\n"
-    "    asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
-    "                 : \"=r\"(f[0]), \"=r\"(f[1]), \"=r\"(f[2]), \"=r\"(f[3]) : \"r\"(a));\n}\n"
     /* 16 bytes from global to shared memory by cp.async (zeros when !ok), in flight until
      * tgm_landed */
     "static __device__ void tgm_cp16(void *dst, const void *src, bool ok) {\n"
     "    const unsigned a = (unsigned)__cvta_generic_to_shared(dst);\n"
     "    asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" :: \"r\"(a), \"l\"(src), \"r\"(ok ? 16 : 0));\n}\n"
     "static __device__ void tgm_landed() { asm volatile(\"cp.async.wait_group 0;\\n\" ::: \"memory\"); }\n"
-    /* rows [r0, r0 + 64) of src [n, W] (bf16) into dst [64][W + 8]; of src [n, W] (f32) into dst
-     * [64][W]; zeros past n */
-    "template <int W>\n"
-    "static __device__ void tgm_tile(unsigned short *dst, const unsigned short *__restrict__ src, int r0, int n) {\n"
-    "    for (int x = threadIdx.x; x < 64 * W / 8; x += blockDim.x) {\n"
-    "        const int r = x / (W / 8), c = 8 * (x % (W / 8));\n"
-    "        tgm_cp16(dst + r * (W + 8) + c, src + (long long)(r0 + r < n ? r0 + r : 0) * W + c, r0 + r < n);\n"
+    /* rows [r0, r0 + 64) of src [n, W] into dst [64][LD]; zeros past n */
+    "template <typename X, int W, int LD>\n"
+    "static __device__ void tgm_tile(X *dst, const X *__restrict__ src, int r0, int n) {\n"
+    "    constexpr int V = 16 / sizeof(X);\n"
+    "    for (int x = threadIdx.x; x < 64 * W / V; x += blockDim.x) {\n"
+    "        const int r = x / (W / V), c = V * (x % (W / V));\n"
+    "        tgm_cp16(dst + r * LD + c, src + (long long)(r0 + r < n ? r0 + r : 0) * W + c, r0 + r < n);\n"
     "    }\n"
     "    asm volatile(\"cp.async.commit_group;\\n\" ::);\n}\n"
-    "template <int W>\n"
-    "static __device__ void tgm_tile_f32(float *dst, const float *__restrict__ src, int r0, int n) {\n"
-    "    for (int x = threadIdx.x; x < 64 * W / 4; x += blockDim.x) {\n"
-    "        const int r = x / (W / 4), c = 4 * (x % (W / 4));\n"
-    "        tgm_cp16(dst + r * W + c, src + (long long)(r0 + r < n ? r0 + r : 0) * W + c, r0 + r < n);\n"
-    "    }\n"
-    "    asm volatile(\"cp.async.commit_group;\\n\" ::);\n}\n"
-    "static __device__ unsigned tgm_ld(const unsigned short *p) { return *(const unsigned *)p; }\n"
-    /* A fragments of rows [r0, r0 + 16) of src [n, W] (bf16): a[W / 16][4], zeros past n */
-    "template <int W>\n"
-    "static __device__ void tgm_frags(unsigned (*a)[4], const unsigned short *__restrict__ src, int r0, int n, int g, int t) {\n"
+    /* bf16: bits rounded to nearest even (as precision_round) */
+    "static __device__ unsigned tgm_bits(float x) {\n"
+    "    const unsigned u = __float_as_uint(x);\n"
+    "    return (u & 0x7f800000u) == 0x7f800000u ? u : u + 0x7fffu + ((u >> 16) & 1u);\n}\n"
+    "static __device__ unsigned tgm_pack(float lo, float hi) { return (tgm_bits(lo) >> 16) | (tgm_bits(hi) & 0xffff0000u); }\n"
+    "static __device__ float tgm_hi(float x) { return __uint_as_float(tgm_bits(x) & 0xffff0000u); }\n"
+    "struct tgm_bf16 {\n"
+    "    typedef unsigned short E;\n"
+    "    enum { KS = 16, PAD = 8 };\n"
+    "    static __device__ float value(E x) { return __uint_as_float((unsigned)x << 16); }\n"
+    "    static __device__ unsigned ld(const E *p) { return *(const unsigned *)p; }\n"
+    "    static __device__ int acol(int ks, int t, int h) { return 16 * ks + 2 * t + 8 * (h >> 1); }\n"
+    "    static __device__ int pcol(int ks, int t, int h) { return acol(ks, t, h); }\n"
+    /* the register of x[0], x[1] (columns pcol and pcol + 1), and of their rests */
+    "    static __device__ void split(const float *x, unsigned &hi, unsigned &lo) {\n"
+    "        hi = tgm_pack(x[0], x[1]);\n"
+    "        lo = tgm_pack(x[0] - tgm_hi(x[0]), x[1] - tgm_hi(x[1]));\n    }\n"
+    "    static __device__ void mma(float *c, const unsigned *a, unsigned b0, unsigned b1) {\n"
+    "        asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\\n\"\n"
+    "                     : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
+    "                     : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n    }\n"
+    /* c[N / 8][4] += A (K / 16 fragments, hi parts a and rests ar) times B, B's rows as they lie
+     * (b + k * ld + n): ldmatrix.trans gives four 8 x 8 tiles transposed (lane l the address of
+     * row l % 8 of tile l / 8), two n tiles at a time */
+    "    template <int K, int N>\n"
+    "    static __device__ void gemm_t(float (*c)[4], const unsigned (*a)[4], const unsigned (*ar)[4], const E *b, int ld) {\n"
+    "        const int lane = threadIdx.x & 31, row = (lane & 7) + 8 * ((lane >> 3) & 1), col = 8 * (lane >> 4);\n"
     "#pragma unroll\n"
-    "    for (int ks = 0; ks < W / 16; ks++)\n"
+    "        for (int ks = 0; ks < K / 16; ks++)\n"
+    "#pragma unroll\n"
+    "            for (int np = 0; np < N / 16; np++) {\n"
+    "                unsigned f[4];\n"
+    "                const unsigned s = (unsigned)__cvta_generic_to_shared(b + (16 * ks + row) * ld + 16 * np + col);\n"
+    "                asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
+    "                             : \"=r\"(f[0]), \"=r\"(f[1]), \"=r\"(f[2]), \"=r\"(f[3]) : \"r\"(s));\n"
+    "                mma(c[2 * np], a[ks], f[0], f[1]);\n"
+    "                mma(c[2 * np + 1], a[ks], f[2], f[3]);\n"
+    "                mma(c[2 * np], ar[ks], f[0], f[1]);\n"
+    "                mma(c[2 * np + 1], ar[ks], f[2], f[3]);\n"
+    "            }\n    }\n"
+    "};\n"
+    /* tf32: rounded to nearest, ties away, as precision_round (and the copies) round */
+    "static __device__ unsigned tgm_round_tf32(float x) {\n"
+    "    unsigned u;\n"
+    "    asm(\"cvt.rna.tf32.f32 %0, %1;\" : \"=r\"(u) : \"f\"(x));\n"
+    "    return u;\n}\n"
+    "struct tgm_tf32 {\n"
+    "    typedef float E;\n"
+    "    enum { KS = 8, PAD = 4 };\n"
+    "    static __device__ float value(E x) { return x; }\n"
+    "    static __device__ unsigned ld(const E *p) { return __float_as_uint(*p); }\n"
+    "    static __device__ int acol(int ks, int t, int h) { return 8 * ks + t + 4 * (h >> 1); }\n"
+    "    static __device__ int pcol(int ks, int t, int h) { return 8 * ks + 2 * t + (h >> 1); }\n"
+    "    static __device__ void split(const float *x, unsigned &hi, unsigned &lo) {\n"
+    "        hi = tgm_round_tf32(x[0]);\n"
+    "        lo = tgm_round_tf32(x[0] - __uint_as_float(hi));\n    }\n"
+    "    static __device__ void mma(float *c, const unsigned *a, unsigned b0, unsigned b1) {\n"
+    "        asm volatile(\"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\\n\"\n"
+    "                     : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
+    "                     : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n    }\n"
+    /* as bf16's, A in pcol's order: logical rows t and t + 4 of B are its rows 2t and 2t + 1 */
+    "    template <int K, int N>\n"
+    "    static __device__ void gemm_t(float (*c)[4], const unsigned (*a)[4], const unsigned (*ar)[4], const E *b, int ld) {\n"
+    "        const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;\n"
+    "#pragma unroll\n"
+    "        for (int ks = 0; ks < K / 8; ks++)\n"
+    "#pragma unroll\n"
+    "            for (int nt = 0; nt < N / 8; nt++) {\n"
+    "                const E *p = b + (8 * ks + 2 * t) * ld + 8 * nt + g;\n"
+    "                const unsigned b0 = __float_as_uint(p[0]), b1 = __float_as_uint(p[ld]);\n"
+    "                mma(c[nt], a[ks], b0, b1);\n"
+    "                mma(c[nt], ar[ks], b0, b1);\n"
+    "            }\n    }\n"
+    "};\n"
+    /* A fragments of rows [r0, r0 + 16) of src [n, W] (in memory): a[W / KS][4], zeros past n */
+    "template <class M, int W>\n"
+    "static __device__ void tgm_frags(unsigned (*a)[4], const typename M::E *__restrict__ src, int r0, int n, int g, int t) {\n"
+    "#pragma unroll\n"
+    "    for (int ks = 0; ks < W / M::KS; ks++)\n"
     "#pragma unroll\n"
     "        for (int h = 0; h < 4; h++) {\n"
-    "            const int r = r0 + g + 8 * (h & 1), c = 16 * ks + 2 * t + 8 * (h >> 1);\n"
-    "            a[ks][h] = r < n ? tgm_ld(src + (long long)r * W + c) : 0u;\n"
+    "            const int r = r0 + g + 8 * (h & 1);\n"
+    "            a[ks][h] = r < n ? M::ld(src + (long long)r * W + M::acol(ks, t, h)) : 0u;\n"
     "        }\n}\n"
-    /* c[N / 8][4] += the 16 rows of A (fragments a[K / 16], as hi and lo parts when SPLIT) times B,
-     * B[k][n] read as pairs along k at bt + n * ld + k (a tile of B's columns) */
-    "template <int K, int N, bool SPLIT>\n"
-    "static __device__ void tgm_gemm(float (*c)[4], const unsigned (*a)[4], const unsigned (*ar)[4],\n"
-    "                                const unsigned short *bt, int ld, int g, int t) {\n"
+    /* c[N / 8][4] += the 16 rows of A (fragments a[K / KS]) times B, B[k][n] at bt + n * ld + k (a
+     * tile of B's columns) */
+    "template <class M, int K, int N>\n"
+    "static __device__ void tgm_gemm(float (*c)[4], const unsigned (*a)[4], const typename M::E *bt, int ld, int g, int t) {\n"
     "#pragma unroll\n"
-    "    for (int ks = 0; ks < K / 16; ks++)\n"
+    "    for (int ks = 0; ks < K / M::KS; ks++)\n"
     "#pragma unroll\n"
     "        for (int nt = 0; nt < N / 8; nt++) {\n"
-    "            const unsigned short *br = bt + (nt * 8 + g) * ld + 16 * ks + 2 * t;\n"
-    "            const unsigned b0 = tgm_ld(br), b1 = tgm_ld(br + 8);\n"
-    "            tgm_mma(c[nt], a[ks], b0, b1);\n"
-    "            if (SPLIT) tgm_mma(c[nt], ar[ks], b0, b1);\n"
+    "            const typename M::E *br = bt + (nt * 8 + g) * ld;\n"
+    "            M::mma(c[nt], a[ks], M::ld(br + M::acol(ks, t, 0)), M::ld(br + M::acol(ks, t, 2)));\n"
     "        }\n}\n"
-    /* the same with B's rows as they lie (b + k * ld + n), through ldmatrix.trans, two n tiles at a
-     * time */
-    "template <int K, int N, bool SPLIT>\n"
-    "static __device__ void tgm_gemm_t(float (*c)[4], const unsigned (*a)[4], const unsigned (*ar)[4],\n"
-    "                                  const unsigned short *b, int ld) {\n"
-    "    const int lane = threadIdx.x & 31, row = (lane & 7) + 8 * ((lane >> 3) & 1), col = 8 * (lane >> 4);\n"
-    "#pragma unroll\n"
-    "    for (int ks = 0; ks < K / 16; ks++)\n"
-    "#pragma unroll\n"
-    "        for (int np = 0; np < N / 16; np++) {\n"
-    "            unsigned f[4];\n"
-    "            tgm_ldsm_t(f, b + (16 * ks + row) * ld + 16 * np + col);\n"
-    "            tgm_mma(c[2 * np], a[ks], f[0], f[1]);\n"
-    "            tgm_mma(c[2 * np + 1], a[ks], f[2], f[3]);\n"
-    "            if (SPLIT) { tgm_mma(c[2 * np], ar[ks], f[0], f[1]); tgm_mma(c[2 * np + 1], ar[ks], f[2], f[3]); }\n"
-    "        }\n}\n"
-    /* C tiles [16 x 64] (c[8][4]) as A fragments of k = 64: hi parts, and the rests */
+    /* C tiles [16 x 64] (c[8][4]) as A fragments of k = 64 in pcol's order: hi parts, and the rests */
+    "template <class M>\n"
     "static __device__ void tgm_as_a(const float (*c)[4], unsigned (*a)[4], unsigned (*ar)[4]) {\n"
     "#pragma unroll\n"
-    "    for (int j = 0; j < 4; j++)\n"
+    "    for (int ks = 0; ks < 64 / M::KS; ks++)\n"
     "#pragma unroll\n"
     "        for (int h = 0; h < 4; h++) {\n"
-    "            const float *x = c[2 * j + (h >> 1)] + 2 * (h & 1);\n"
-    "            a[j][h] = tgm_pack(x[0], x[1]);\n"
-    "            ar[j][h] = tgm_rest(x[0], x[1]);\n"
+    "            const int col = M::pcol(ks, 0, h);\n"
+    "            M::split(c[col / 8] + 2 * (h & 1) + col % 8, a[ks][h], ar[ks][h]);\n"
     "        }\n}\n"
+    /* the same from rows [r0, r0 + 16) of an f32 tile x [.][ld] in shared memory */
+    "template <class M>\n"
+    "static __device__ void tgm_as_a_shared(const float *x, int ld, int r0, unsigned (*a)[4], unsigned (*ar)[4], int g, int t) {\n"
+    "#pragma unroll\n"
+    "    for (int ks = 0; ks < 64 / M::KS; ks++)\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < 4; h++) M::split(x + (r0 + g + 8 * (h & 1)) * ld + M::pcol(ks, t, h), a[ks][h], ar[ks][h]);\n}\n"
     /* forward: 8 warps, 16 query rows each, one block per (128-row tile, batch element); shared:
      * two stages of a key tile and a value tile */
-    "template <int T, int S, int D, int E, bool CAUSAL, bool OUT>\n"
-    "static __device__ void tgk_attention_mma(const unsigned short *__restrict__ q, const unsigned short *__restrict__ k,\n"
-    "                                         const unsigned short *__restrict__ v, float *__restrict__ o,\n"
+    "template <class M, int T, int S, int D, int E, bool CAUSAL, bool OUT>\n"
+    "static __device__ void tgk_attention_mma(const typename M::E *__restrict__ q, const typename M::E *__restrict__ k,\n"
+    "                                         const typename M::E *__restrict__ v, float *__restrict__ o,\n"
     "                                         float *__restrict__ lse, float scale_log2) {\n"
-    "    constexpr int TILES = (T + 127) / 128, DK = D / 16, EN = E / 8, STAGE = 64 * (D + 8) + 64 * (E + 8);\n"
+    "    typedef typename M::E X;\n"
+    "    constexpr int TILES = (T + 127) / 128, DK = D / M::KS, EN = E / 8, LK = D + M::PAD, LV = E + M::PAD;\n"
+    "    constexpr int STAGE = 64 * (LK + LV);\n"
     "    extern __shared__ float tga_sm[];\n"
-    "    unsigned short *sm = (unsigned short *)tga_sm;\n"
+    "    X *sm = (X *)tga_sm;\n"
     "    const int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;\n"
     "    const int r0 = (int)(blockIdx.x % TILES) * 128, rw = r0 + 16 * w;\n"
     "    const long long b = blockIdx.x / TILES;\n"
     "    q += b * T * D; k += b * S * D; v += b * S * E;\n"
     "    unsigned qa[DK][4];\n"
-    "    tgm_frags<D>(qa, q, rw, T, g, t);\n"
+    "    tgm_frags<M, D>(qa, q, rw, T, g, t);\n"
     "    float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f }, acc[EN][4] = {};\n"
     "    const int c_end = CAUSAL ? (S < r0 + 128 ? S : r0 + 128) : S;\n"
-    "    tgm_tile<D>(sm, k, 0, S);\n"
-    "    if (OUT) tgm_tile<E>(sm + 64 * (D + 8), v, 0, S);\n"
+    "    tgm_tile<X, D, LK>(sm, k, 0, S);\n"
+    "    if (OUT) tgm_tile<X, E, LV>(sm + 64 * LK, v, 0, S);\n"
     "    for (int c0 = 0, st = 0; c0 < c_end; c0 += 64, st ^= 1) {\n"
     "        tgm_landed();\n"
     "        __syncthreads();   /* this tile in; every warp done with the other stage */\n"
     "        if (c0 + 64 < c_end) {\n"
-    "            tgm_tile<D>(sm + (st ^ 1) * STAGE, k, c0 + 64, S);\n"
-    "            if (OUT) tgm_tile<E>(sm + (st ^ 1) * STAGE + 64 * (D + 8), v, c0 + 64, S);\n"
+    "            tgm_tile<X, D, LK>(sm + (st ^ 1) * STAGE, k, c0 + 64, S);\n"
+    "            if (OUT) tgm_tile<X, E, LV>(sm + (st ^ 1) * STAGE + 64 * LK, v, c0 + 64, S);\n"
     "        }\n"
-    "        const unsigned short *Ks = sm + st * STAGE, *Vs = Ks + 64 * (D + 8);\n"
+    "        const X *Ks = sm + st * STAGE, *Vs = Ks + 64 * LK;\n"
     "        if (CAUSAL && c0 > rw + 15) continue;   /* every key of the tile is after the warp's rows */\n"
     "        float s[8][4] = {};\n"
-    "        tgm_gemm<D, 64, false>(s, qa, qa, Ks, D + 8, g, t);\n"
+    "        tgm_gemm<M, D, 64>(s, qa, Ks, LK, g, t);\n"
     "#pragma unroll\n"
     "        for (int h = 0; h < 2; h++) {   /* rows g (h = 0) and g + 8 */\n"
     "            const int r = rw + g + 8 * h;\n"
@@ -419,9 +458,9 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "            for (int ne = 0; ne < EN; ne++) { acc[ne][2 * h] *= alpha; acc[ne][2 * h + 1] *= alpha; }\n"
     "        }\n"
     "        if (OUT) {\n"
-    "            unsigned pa[4][4], pr[4][4];\n"
-    "            tgm_as_a(s, pa, pr);\n"
-    "            tgm_gemm_t<64, E, true>(acc, pa, pr, Vs, E + 8);\n"
+    "            unsigned pa[64 / M::KS][4], pr[64 / M::KS][4];\n"
+    "            tgm_as_a<M>(s, pa, pr);\n"
+    "            M::template gemm_t<64, E>(acc, pa, pr, Vs, LV);\n"
     "        }\n"
     "    }\n"
     "#pragma unroll\n"
@@ -438,54 +477,58 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "}\n"
     /* backward: 4 warps, 16 keys each, one block per (64-key tile, batch element); dq zeroed before.
      * Per query tile: s^T = k q^T, p^T, dp^T = v d_out^T, ds^T = p^T (dp^T - delta) scale; dv += p^T
-     * d_out and dk += ds^T q in registers; dq += ds k through shared memory and atomics. Shared:
-     * two stages of the query tile (q, d_out), the out rows for delta, the key tile, ds. */
-    "template <int T, int S, int D, int E, bool CAUSAL>\n"
-    "static __device__ void tgk_attention_bwd_mma(const unsigned short *__restrict__ q, const unsigned short *__restrict__ k,\n"
-    "        const unsigned short *__restrict__ v, const float *__restrict__ o, const unsigned short *__restrict__ dout,\n"
+     * d_out and dk += ds^T q in registers; dq += ds k through shared memory (ds in f32, split as
+     * it is read) and atomics. Shared: the rows' lse and delta, two stages of the query tile (q,
+     * d_out), the key tile, ds. */
+    "template <class M, int T, int S, int D, int E, bool CAUSAL>\n"
+    "static __device__ void tgk_attention_bwd_mma(const typename M::E *__restrict__ q, const typename M::E *__restrict__ k,\n"
+    "        const typename M::E *__restrict__ v, const float *__restrict__ o, const typename M::E *__restrict__ dout,\n"
     "        const float *__restrict__ lse, float *dq, float *__restrict__ dk, float *__restrict__ dv, float scale) {\n"
-    "    constexpr int TILES = (S + 63) / 64, STAGE = 64 * (D + 8) + 64 * (E + 8);\n"
+    "    typedef typename M::E X;\n"
+    "    constexpr int TILES = (S + 63) / 64, LK = D + M::PAD, LV = E + M::PAD, STAGE = 64 * (LK + LV), LS = 72;\n"
     "    constexpr float LOG2E = 1.4426950408889634f;\n"
     "    extern __shared__ float tga_sm[];\n"
     "    float *Ls = tga_sm, *Dl = Ls + 64;\n"
-    "    unsigned short *Qg = (unsigned short *)(Dl + 64), *Ks = Qg + 2 * STAGE, *Sh = Ks + 64 * (D + 8), *Sl = Sh + 64 * 72;\n"
-    "    float *Os = (float *)(Sl + 64 * 72);\n"
+    "    X *Qg = (X *)(Dl + 64), *Ks = Qg + 2 * STAGE;\n"
+    "    float *Ds = (float *)(Ks + 64 * LK);\n"
     "    const int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;\n"
     "    const int c0 = (int)(blockIdx.x % TILES) * 64, cw = c0 + 16 * w;\n"
     "    const long long b = blockIdx.x / TILES;\n"
     "    q += b * T * D; k += b * S * D; v += b * S * E; o += b * T * E; dout += b * T * E; lse += b * T;\n"
-    "    unsigned ka[D / 16][4], va[E / 16][4];\n"
-    "    tgm_frags<D>(ka, k, cw, S, g, t);\n"
-    "    tgm_frags<E>(va, v, cw, S, g, t);\n"
-    "    tgm_tile<D>(Ks, k, c0, S);\n"
+    "    unsigned ka[D / M::KS][4], va[E / M::KS][4];\n"
+    "    tgm_frags<M, D>(ka, k, cw, S, g, t);\n"
+    "    tgm_frags<M, E>(va, v, cw, S, g, t);\n"
+    "    tgm_tile<X, D, LK>(Ks, k, c0, S);\n"
     "    float dka[D / 8][4] = {}, dva[E / 8][4] = {};\n"
     "    const int r_first = CAUSAL ? c0 : 0;\n"
     "    if (r_first < T) {\n"
-    "        tgm_tile<D>(Qg, q, r_first, T);\n"
-    "        tgm_tile<E>(Qg + 64 * (D + 8), dout, r_first, T);\n"
-    "        tgm_tile_f32<E>(Os, o, r_first, T);\n"
+    "        tgm_tile<X, D, LK>(Qg, q, r_first, T);\n"
+    "        tgm_tile<X, E, LV>(Qg + 64 * LK, dout, r_first, T);\n"
     "    }\n"
     "    for (int r0 = r_first, st = 0; r0 < T; r0 += 64, st ^= 1) {\n"
     "        tgm_landed();\n"
     "        __syncthreads();   /* this query tile in; every warp done with the other stage and ds */\n"
-    "        const unsigned short *Qs = Qg + st * STAGE, *Gs = Qs + 64 * (D + 8);\n"
-    "        {   /* lse in log2 units, and delta_r = bf16(d_out_r) . out_r: two threads a row */\n"
+    "        const X *Qs = Qg + st * STAGE, *Gs = Qs + 64 * LK;\n"
+    "        if (r0 + 64 < T) {\n"
+    "            tgm_tile<X, D, LK>(Qg + (st ^ 1) * STAGE, q, r0 + 64, T);\n"
+    "            tgm_tile<X, E, LV>(Qg + (st ^ 1) * STAGE + 64 * LK, dout, r0 + 64, T);\n"
+    "        }\n"
+    "        {   /* lse in log2 units, and delta_r = d_out_r . out_r (out read from memory): two threads a row */\n"
     "            const int r = threadIdx.x >> 1, part = threadIdx.x & 1;\n"
     "            float dsum = 0.0f;\n"
-    "            for (int e = part; e < E; e += 2)\n"
-    "                dsum += __uint_as_float((unsigned)Gs[r * (E + 8) + e] << 16) * Os[r * E + e];\n"
+    "            if (r0 + r < T)\n"
+    "                for (int e = 4 * part; e < E; e += 8) {\n"
+    "                    const float4 x = *(const float4 *)(o + (long long)(r0 + r) * E + e);\n"
+    "                    const X *y = Gs + r * LV + e;\n"
+    "                    dsum += M::value(y[0]) * x.x + M::value(y[1]) * x.y + M::value(y[2]) * x.z + M::value(y[3]) * x.w;\n"
+    "                }\n"
     "            dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);\n"
     "            if (part == 0) { Dl[r] = dsum; Ls[r] = r0 + r < T ? lse[r0 + r] * LOG2E : 0.0f; }\n"
     "        }\n"
-    "        __syncthreads();   /* delta and lse in; the out rows free */\n"
-    "        if (r0 + 64 < T) {\n"
-    "            tgm_tile<D>(Qg + (st ^ 1) * STAGE, q, r0 + 64, T);\n"
-    "            tgm_tile<E>(Qg + (st ^ 1) * STAGE + 64 * (D + 8), dout, r0 + 64, T);\n"
-    "            tgm_tile_f32<E>(Os, o, r0 + 64, T);\n"
-    "        }\n"
+    "        __syncthreads();   /* delta and lse in */\n"
     "        float st_[8][4] = {}, dpt[8][4] = {};\n"
-    "        tgm_gemm<D, 64, false>(st_, ka, ka, Qs, D + 8, g, t);\n"
-    "        tgm_gemm<E, 64, false>(dpt, va, va, Gs, E + 8, g, t);\n"
+    "        tgm_gemm<M, D, 64>(st_, ka, Qs, LK, g, t);\n"
+    "        tgm_gemm<M, E, 64>(dpt, va, Gs, LV, g, t);\n"
     "#pragma unroll\n"
     "        for (int nt = 0; nt < 8; nt++)\n"
     "#pragma unroll\n"
@@ -495,33 +538,17 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "                const float p = keep ? exp2f(st_[nt][h] * scale * LOG2E - Ls[rl]) : 0.0f;\n"
     "                st_[nt][h] = p;\n"
     "                dpt[nt][h] = p * (dpt[nt][h] - Dl[rl]) * scale;\n"
+    "                Ds[rl * LS + 16 * w + g + 8 * (h >> 1)] = dpt[nt][h];   /* ds [query][key], for dq */\n"
     "            }\n"
-    "        unsigned pa[4][4], pr[4][4];\n"
-    "        tgm_as_a(st_, pa, pr);\n"
-    "        tgm_gemm_t<64, E, true>(dva, pa, pr, Gs, E + 8);\n"
-    "        tgm_as_a(dpt, pa, pr);\n"
-    "        tgm_gemm_t<64, D, true>(dka, pa, pr, Qs, D + 8);\n"
-    "#pragma unroll\n"
-    "        for (int nt = 0; nt < 8; nt++)   /* ds [query][key], hi and lo, for dq */\n"
-    "#pragma unroll\n"
-    "            for (int h = 0; h < 4; h++) {\n"
-    "                const int kl = 16 * w + g + 8 * (h >> 1), rl = nt * 8 + 2 * t + (h & 1);\n"
-    "                const float x = dpt[nt][h], hi = tgm_hi(x);\n"
-    "                Sh[rl * 72 + kl] = (unsigned short)(__float_as_uint(hi) >> 16);\n"
-    "                Sl[rl * 72 + kl] = (unsigned short)(tgm_bits(x - hi) >> 16);\n"
-    "            }\n"
-    "        __syncthreads();\n"
-    "        unsigned sa[4][4], sr[4][4];\n"
-    "#pragma unroll\n"
-    "        for (int ks = 0; ks < 4; ks++)\n"
-    "#pragma unroll\n"
-    "            for (int h = 0; h < 4; h++) {\n"
-    "                const int at = (16 * w + g + 8 * (h & 1)) * 72 + 16 * ks + 2 * t + 8 * (h >> 1);\n"
-    "                sa[ks][h] = tgm_ld(Sh + at);\n"
-    "                sr[ks][h] = tgm_ld(Sl + at);\n"
-    "            }\n"
+    "        unsigned pa[64 / M::KS][4], pr[64 / M::KS][4];\n"
+    "        tgm_as_a<M>(st_, pa, pr);\n"
+    "        M::template gemm_t<64, E>(dva, pa, pr, Gs, LV);\n"
+    "        tgm_as_a<M>(dpt, pa, pr);\n"
+    "        M::template gemm_t<64, D>(dka, pa, pr, Qs, LK);\n"
+    "        __syncthreads();   /* ds in */\n"
+    "        tgm_as_a_shared<M>(Ds, LS, 16 * w, pa, pr, g, t);\n"
     "        float dqa[D / 8][4] = {};\n"
-    "        tgm_gemm_t<64, D, true>(dqa, sa, sr, Ks, D + 8);\n"
+    "        M::template gemm_t<64, D>(dqa, pa, pr, Ks, LK);\n"
     "#pragma unroll\n"
     "        for (int nd = 0; nd < D / 8; nd++)\n"
     "#pragma unroll\n"

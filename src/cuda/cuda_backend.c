@@ -20,7 +20,8 @@
  * TG_CUDA_PROFILE=1 runs each step's launches one by one, synchronised, and prints the time spent
  * per op (the op of the node each launch writes) when the handle is released; TG_CUDA_PROFILE=graph
  * times each launch alone in a graph of copies of it instead (closer to the step graph's timing
- * for small kernels; the values it computes are wrong). TG_CUDA_SMALL_REDUCTIONS=0 sends every
+ * for small kernels; the values it computes are wrong); either with "-all" after it (graph-all)
+ * also lists every launch in order. TG_CUDA_SMALL_REDUCTIONS=0 sends every
  * product to cuBLAS and every sum to a kernel of its own (small ones are otherwise computed
  * inside the kernels that read them), so that the tests reach both ways. Products go through
  * cuBLASLt with an algorithm chosen per shape by timing (cuda_products.c; TG_CUDA_TUNE), or
@@ -490,7 +491,7 @@ typedef struct {
     double *profile;
     CUevent *marks;          /* n launches + 1 */
     int profiled_runs;
-    bool profile_graph;
+    bool profile_graph, profile_all;
     /* tf32, bf16: product operands rounded into two slots of scratch (rounded_operands) */
     CUfunction to_rounded;
     CUdeviceptr slot[2];
@@ -504,6 +505,19 @@ typedef struct {
 } cuda_exec;
 
 #define N_HYPER_SLOTS 8   /* at least: the optimizer's; patch sites may add more */
+
+static void print_launch(const cuda_exec *e, int i, int runs) {
+    const cuda_launch *l = &e->launches.launch[i];
+    const tg_node *n = &e->g->nodes[l->node];
+    char what[64];
+    if (l->kind == CL_GEMM)
+        snprintf(what, sizeof what, "[%lld x %lld x %lld%s%s, batch %lld]", (long long)l->M, (long long)l->N, (long long)l->K,
+                 l->ta ? " ta" : "", l->tb ? " tb" : "", (long long)l->batch);
+    else
+        snprintf(what, sizeof what, "[%lld elements]", (long long)n->numel);
+    fprintf(stderr, "  #%-4d %-8s %-16s %s %8.3f ms\n", i, l->kind == CL_GEMM ? "gemm" : l->kind == CL_MEMSET ? "memset" : l->name,
+            op_name(n->op), what, 1e3 * e->profile[i] / runs);
+}
 
 /* Where the time went: per op (the op of the node each launch writes; a product's operand
  * roundings count as matmul), then the launches that took most, per run. */
@@ -529,17 +543,11 @@ static void print_profile(const cuda_exec *e) {
             if (!shown[i] && (best < 0 || e->profile[i] > e->profile[best])) best = i;
         if (best < 0) break;
         shown[best] = true;
-        const cuda_launch *l = &e->launches.launch[best];
-        const tg_node *n = &e->g->nodes[l->node];
-        char what[64];
-        if (l->kind == CL_GEMM)
-            snprintf(what, sizeof what, "[%lld x %lld x %lld%s%s, batch %lld]", (long long)l->M, (long long)l->N, (long long)l->K,
-                     l->ta ? " ta" : "", l->tb ? " tb" : "", (long long)l->batch);
-        else
-            snprintf(what, sizeof what, "[%lld elements]", (long long)n->numel);
-        fprintf(stderr, "  #%-4d %-8s %-16s %s %8.3f ms\n", best,
-                l->kind == CL_GEMM ? "gemm" : l->kind == CL_MEMSET ? "memset" : l->name, op_name(n->op), what,
-                1e3 * e->profile[best] / runs);
+        print_launch(e, best, runs);
+    }
+    if (e->profile_all) {
+        fprintf(stderr, "every launch, in order:\n");
+        for (int i = 0; i < e->launches.n; i++) print_launch(e, i, runs);
     }
     free(shown);
 }
@@ -692,7 +700,8 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
     memset(e->hyper_host, 0, sizeof(double) * (size_t)e->n_hyper);
     e->table_dirty = true;
     const char *prof = getenv("TG_CUDA_PROFILE");
-    e->profile_graph = prof && strcmp(prof, "graph") == 0;
+    e->profile_graph = prof && strncmp(prof, "graph", 5) == 0;
+    e->profile_all = prof && strstr(prof, "all");
     if (prof && (prof[0] == '1' || e->profile_graph)) {
         e->profile = tg_alloc(sizeof(double) * (size_t)(e->launches.n + 1));
         e->marks = tg_alloc(sizeof(CUevent) * (size_t)(e->launches.n + 1));

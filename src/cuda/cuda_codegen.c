@@ -76,11 +76,12 @@ static bool writes_shadow(const tg_graph *g, const bool *materialized, int h) {
 bool cuda_attention_mma(const tg_graph *g, int id, int sm) {
     int64_t a[7];
     cg_attention_args(g, id, a);
-    return g->precision == TG_PRECISION_BF16 && sm >= 80 && a[3] % 16 == 0 && a[4] % 16 == 0;
+    const int k = g->precision == TG_PRECISION_BF16 ? 16 : g->precision == TG_PRECISION_TF32 ? 8 : 0;   /* the mma's k */
+    return k && sm >= 80 && a[3] % k == 0 && a[4] % k == 0;
 }
 
 /* The sources of attention node n that enter its products (q, k, v; d_out in the backward): on
- * tensor cores, they are read as bf16 copies. Returns how many (their src indices in ops). */
+ * tensor cores, they are read as rounded copies. Returns how many (their src indices in ops). */
 static int attention_operands(const tg_node *n, int *ops) {
     static const int fwd[] = { 0, 1, 2 }, lse[] = { 0, 1 }, bwd[] = { 0, 1, 2, 4 };
     const int *o = n->op == OP_ATTENTION ? fwd : n->op == OP_ATTENTION_LSE ? lse : bwd;
@@ -932,8 +933,7 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
                 cg_line(c, "acc += (double)%s;", cg_value(c, N(c, id)->src[0], "xf"));
                 sb_printf(&text, "    {\n    double acc = 0;\n    for (int64_t j = lane; j < %lldll; j += %d) {\n%s    }\n",
                           (long long)L, step, sb_str(&c->body));
-                if (block) sb_printf(&text, "    acc = tgk_block_sum_d(acc);\n");
-                else sb_printf(&text, "    for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);\n");
+                sb_printf(&text, "    acc = %s;\n", block ? "tgk_block_sum_d(acc)" : "tgk_warp<tgk_add>(acc)");
                 sb_printf(&text, "    if (lane == 0) P%d[r] = (%s)acc;\n    %s;\n    }\n", id, cg_ctype(N(c, id)), sync);
             } else if (roles[m] == ROW_ELEMS) {
                 cg_line(c, "const %s i = (%s)(r * %lldll + j);", it, it, (long long)L);
@@ -1020,8 +1020,11 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     cg_attention_args(c->g, id, a);
     memcpy(&scale, &a[6], sizeof scale);
     const long long B = a[0], T = a[1], S = a[2], D = a[3], E = a[4];
-    const bool bf = c->g->precision == TG_PRECISION_BF16;   /* operands rounded to bf16 on load */
-    const bool mma = cuda_attention_mma(c->g, id, p->sm);   /* tensor cores: operands read as bf16 copies */
+    const bool bf = c->g->precision == TG_PRECISION_BF16;
+    const char *rnd = bf ? ", 2" : c->g->precision == TG_PRECISION_TF32 ? ", 1" : ", 0";   /* operands rounded on load */
+    const bool mma = cuda_attention_mma(c->g, id, p->sm);   /* tensor cores: operands read as rounded copies */
+    const char *policy = !mma ? "" : bf ? "tgm_bf16, " : "tgm_tf32, ";
+    const long long pad = bf ? 8 : 4, elem = bf ? 2 : 4;   /* the policy's row padding and element bytes */
     int outs[3] = { id }, n_out = 1;
     for (int k = 0; k < n_next && n_out < 3 && cg_attention_joins(c->g, outs[n_out - 1], next[k]); k++) outs[n_out++] = next[k];
     /* The sources as the kernel takes them: P<src>, or S<home> for the operands of tensor cores;
@@ -1055,23 +1058,22 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
             snprintf(ptr[N(c, outs[r])->iarg[1]], 16, "P%d", outs[r]);
             if (N(c, outs[r])->iarg[1] == 0) memset_launch(p, outs[r]);   /* dq is added up with atomics */
         }
-        snprintf(call, sizeof call, "tgk_attention_bwd%s<%lld, %lld, %lld, %lld, %s%s>(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                 mma ? "_mma" : "", T, S, D, E, a[5] ? "true" : "false", mma ? "" : bf ? ", true" : ", false", src[0],
-                 src[1], src[2], src[3], src[4], src[5], ptr[0], ptr[1], ptr[2], cg_flit(scale, f));
+        snprintf(call, sizeof call, "tgk_attention_bwd%s<%s%lld, %lld, %lld, %lld, %s%s>(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                 mma ? "_mma" : "", policy, T, S, D, E, a[5] ? "true" : "false", mma ? "" : rnd, src[0], src[1], src[2],
+                 src[3], src[4], src[5], ptr[0], ptr[1], ptr[2], cg_flit(scale, f));
         tiles = (S + 63) / 64;
-        shared = mma ? (int)(4 * 128 + 2 * (2 * 64 * (D + 8) + 2 * 64 * (E + 8) + 64 * (D + 8) + 2 * 64 * 72) + 4 * 64 * E)
+        shared = mma ? (int)(4 * 128 + elem * (2 * 64 * (D + pad + E + pad) + 64 * (D + pad)) + 4 * 64 * 72)
                      : (int)(4 * (64 * (D + 1) * 2 + 64 * (E + 1) * 2 + 64 * 65 + 128));
     } else {
         bool fwd = n->op == OP_ATTENTION;   /* else ATTENTION_LSE alone: no output rows */
         char out[16] = "(float *)0", lse[16] = "(float *)0";
         if (fwd) snprintf(out, sizeof out, "P%d", id);
         if (!fwd || n_out > 1) snprintf(lse, sizeof lse, "P%d", fwd ? outs[1] : id);
-        snprintf(call, sizeof call, "tgk_attention%s<%lld, %lld, %lld, %lld, %s, %s%s>(%s, %s, %s, %s, %s, %s)",
-                 mma ? "_mma" : "", T, S, D, E, a[5] ? "true" : "false", fwd ? "true" : "false",
-                 mma ? "" : bf ? ", true" : ", false", src[0], src[1], fwd ? src[2] : src[1], out, lse,
-                 cg_flit(scale * 1.4426950408889634, f));
+        snprintf(call, sizeof call, "tgk_attention%s<%s%lld, %lld, %lld, %lld, %s, %s%s>(%s, %s, %s, %s, %s, %s)",
+                 mma ? "_mma" : "", policy, T, S, D, E, a[5] ? "true" : "false", fwd ? "true" : "false", mma ? "" : rnd,
+                 src[0], src[1], fwd ? src[2] : src[1], out, lse, cg_flit(scale * 1.4426950408889634, f));
         tiles = mma ? (T + 127) / 128 : (T + 63) / 64;
-        shared = mma ? (int)(2 * 2 * 64 * (D + 8 + E + 8)) : (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
+        shared = mma ? (int)(elem * 2 * 64 * (D + pad + E + pad)) : (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
     }
     char head[1100];
     snprintf(head, sizeof head, "%s    %s;\n", decl, call);
@@ -1246,37 +1248,26 @@ static const char DEVICE_KERNELS[] =
     "    for (int64_t b = threadIdx.x & 31; oc < outs && b < chunks; b += 32) acc += __ldcg(sums + b * outs + oc);\n"
     "    for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);\n"
     "    return acc;\n}\n"
-    "static __device__ float tgk_warp_max(float v) {\n"
-    "    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+    /* A warp's and a block's max and sum, in every thread (T float or double, OP one of the two
+     * below); the block's: each warp's, then every warp reduces the warps'. The first barrier keeps
+     * a call from overwriting what the last one's slower warps read. */
+    "struct tgk_max { static __device__ float f(float a, float b) { return fmaxf(a, b); } };\n"
+    "struct tgk_add { template <typename T> static __device__ T f(T a, T b) { return a + b; } };\n"
+    "template <typename OP, typename T> static __device__ T tgk_warp(T v) {\n"
+    "    for (int o = 16; o > 0; o /= 2) v = OP::f(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
     "    return v;\n}\n"
-    "static __device__ float tgk_warp_sum(float v) {\n"
-    "    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
-    "    return v;\n}\n"
-    /* A block's max and sum, in every thread: each warp's, then every warp reduces the warps'.
-     * The first barrier keeps a call from overwriting what the last one's slower warps read. */
-    "static __device__ float tgk_block_max(float v) {\n"
-    "    __shared__ float part[32];\n"
-    "    v = tgk_warp_max(v);\n"
+    "template <typename OP, typename T> static __device__ T tgk_block(T v, T none) {\n"
+    "    __shared__ T part[32];\n"
+    "    v = tgk_warp<OP>(v);\n"
     "    __syncthreads();\n"
     "    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;\n"
     "    __syncthreads();\n"
-    "    return tgk_warp_max((threadIdx.x & 31) < blockDim.x / 32 ? part[threadIdx.x & 31] : -INFINITY);\n}\n"
-    "static __device__ float tgk_block_sum(float v) {\n"
-    "    __shared__ float part[32];\n"
-    "    v = tgk_warp_sum(v);\n"
-    "    __syncthreads();\n"
-    "    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;\n"
-    "    __syncthreads();\n"
-    "    return tgk_warp_sum((threadIdx.x & 31) < blockDim.x / 32 ? part[threadIdx.x & 31] : 0.0f);\n}\n"
-    "static __device__ double tgk_block_sum_d(double v) {\n"
-    "    __shared__ double part[32];\n"
-    "    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
-    "    __syncthreads();\n"
-    "    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;\n"
-    "    __syncthreads();\n"
-    "    v = (threadIdx.x & 31) < blockDim.x / 32 ? part[threadIdx.x & 31] : 0.0;\n"
-    "    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
-    "    return v;\n}\n"
+    "    return tgk_warp<OP>((threadIdx.x & 31) < blockDim.x / 32 ? part[threadIdx.x & 31] : none);\n}\n"
+    "static __device__ float tgk_warp_max(float v) { return tgk_warp<tgk_max>(v); }\n"
+    "static __device__ float tgk_warp_sum(float v) { return tgk_warp<tgk_add>(v); }\n"
+    "static __device__ float tgk_block_max(float v) { return tgk_block<tgk_max>(v, -INFINITY); }\n"
+    "static __device__ float tgk_block_sum(float v) { return tgk_block<tgk_add>(v, 0.0f); }\n"
+    "static __device__ double tgk_block_sum_d(double v) { return tgk_block<tgk_add>(v, 0.0); }\n"
     /* row r = (o, j): elements o*len*inner + k*inner + j, k < keep; a warp per row */
     "static __device__ void tgk_softmax_row(const float *x, float *y, int64_t len, int64_t inner, int64_t keep, int take_log) {\n"
     "    const int lane = threadIdx.x & 31;\n"
@@ -1435,7 +1426,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     sb_printf(&out, "%s", DEVICE_KERNELS);
     for (int i = 0; i < g->n; i++)   /* only graphs with attention pay for compiling it */
         if (materialized[i] && is_attention(g->nodes[i].op)) {
-            sb_printf(&out, "%s%s", CUDA_ATTENTION_SOURCE, sm >= 80 && g->precision == TG_PRECISION_BF16 ? CUDA_ATTENTION_MMA_SOURCE : "");
+            sb_printf(&out, "%s%s", CUDA_ATTENTION_SOURCE, sm >= 80 && g->precision != TG_PRECISION_F32 ? CUDA_ATTENTION_MMA_SOURCE : "");
             break;
         }
     if (g->precision != TG_PRECISION_BF16) sb_printf(&out, "%s", CUDA_PRODUCT_SOURCE);

@@ -905,9 +905,9 @@ void ref_eval_node(const tg_graph *g, int id, double *const *bufs, const double 
         maxpool2d(n, s0, n->op == OP_MAXPOOL2D_BWD, out, in0, in1);
         break;
     case OP_ATTENTION: case OP_ATTENTION_LSE: case OP_ATTENTION_BWD: {
-        /* bf16: q, k, v (and the incoming gradient) rounded; scores, softmax and sums f32 */
+        /* tf32, bf16: q, k, v (and the incoming gradient) rounded; scores, softmax and sums f32 */
         attn_dims a = attn_dims_of(g, n);
-        tg_precision p = g->precision == TG_PRECISION_BF16 ? TG_PRECISION_BF16 : TG_PRECISION_F32;
+        tg_precision p = g->precision;
         double *srcs[6], *copies[6] = { NULL };
         for (int k = 0; k < n->nsrc; k++) {
             bool operand = k < 3 || k == 4;
