@@ -60,7 +60,7 @@ void cuda_sums_early(const tg_graph *g, const bool *materialized, const int *ali
 void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, const int *alias, const int *keep, int n_keep,
                         bool *want, bool *only);
 /* Does attention node id run on tensor cores (sm >= 80; bf16 with head sizes multiples of 16, tf32
- * multiples of 8)? */
+ * and f32 (three tf32 products) multiples of 8)? */
 bool cuda_attention_mma(const tg_graph *g, int id, int sm);
 /* For a device of compute capability sm (90: 9.0). NULL when memory runs out, or with
  * *unsupported set to a node without a CUDA kernel (else -1). */

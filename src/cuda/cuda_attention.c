@@ -248,15 +248,15 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    }\n"
     "}\n\n";
 
-/* Tensor cores (mma.sync, f32 sums) at bf16 precision (m16n8k16, head sizes multiples of 16) and at
- * tf32 (m16n8k8, multiples of 8). q, k, v and the incoming gradient arrive as the rounded copies
- * their kernels wrote (cuda_codegen.c's shadows; the reference rounds them the same way), so
- * tiles move into shared memory by cp.async, untouched, while the previous tile is worked on (two
- * stages). The probabilities and the score gradients, which the reference keeps in f32, enter the
+/* Tensor cores (mma.sync, f32 sums) at bf16 precision (m16n8k16, head sizes multiples of 16), at
+ * tf32 (m16n8k8, multiples of 8), and at f32 as three tf32 products (tgm_madd). q, k, v and the
+ * incoming gradient arrive as the rounded copies their kernels wrote (cuda_codegen.c's shadows;
+ * the reference rounds them the same way), or in f32, so tiles move into shared memory by
+ * cp.async, untouched, while the previous tile is worked on (two stages). The probabilities and the score gradients, which the reference keeps in f32, enter the
  * second products as two rounded halves, hi = round(x) and lo = round(x - hi): the pair carries 16
  * (bf16) or 22 (tf32) bits of mantissa, and costs one more product on units otherwise idle.
  *
- * The kernels are written once over an element policy M (tgm_bf16, tgm_tf32): its element type
+ * The kernels are written once over an element policy M (tgm_bf16, tgm_tf32, tgm_f32x3): its element type
  * E, the k of one mma (KS), the rows' padding, and how a lane's fragments are found. For lane l
  * (g = l / 4, t = l % 4), C of a 16 x 8 tile holds rows g and g + 8, columns 2t and 2t + 1. An A
  * fragment (16 x KS) holds rows g and g + 8 of a few columns per register h: M::acol(ks, t, h)
@@ -291,9 +291,30 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    return (u & 0x7f800000u) == 0x7f800000u ? u : u + 0x7fffu + ((u >> 16) & 1u);\n}\n"
     "static __device__ unsigned tgm_pack(float lo, float hi) { return (tgm_bits(lo) >> 16) | (tgm_bits(hi) & 0xffff0000u); }\n"
     "static __device__ float tgm_hi(float x) { return __uint_as_float(tgm_bits(x) & 0xffff0000u); }\n"
+    /* tf32: rounded to nearest, ties away, as precision_round (and the copies) round */
+    "static __device__ unsigned tgm_round_tf32(float x) {\n"
+    "    unsigned u;\n"
+    "    asm(\"cvt.rna.tf32.f32 %0, %1;\" : \"=r\"(u) : \"f\"(x));\n"
+    "    return u;\n}\n"
+    /* c += A B as policy M counts it: A's rounded part hi (and its rest lo when LO) times B; with
+     * M::X3 (f32 operands) B split too, and its rest times hi: three tf32 products, which carry
+     * f32's precision (CUTLASS's OpMultiplyAddFastF32, which PyTorch's f32 attention runs) */
+    "template <class M, bool LO>\n"
+    "static __device__ void tgm_madd(float *c, const unsigned *hi, const unsigned *lo, unsigned b0, unsigned b1) {\n"
+    "    unsigned r0 = 0, r1 = 0;\n"
+    "    if constexpr (M::X3) {\n"
+    "        const float x0 = __uint_as_float(b0), x1 = __uint_as_float(b1);\n"
+    "        b0 = tgm_round_tf32(x0);\n"
+    "        b1 = tgm_round_tf32(x1);\n"
+    "        r0 = tgm_round_tf32(x0 - __uint_as_float(b0));\n"
+    "        r1 = tgm_round_tf32(x1 - __uint_as_float(b1));\n"
+    "    }\n"
+    "    M::mma(c, hi, b0, b1);\n"
+    "    if (LO) M::mma(c, lo, b0, b1);\n"
+    "    if constexpr (M::X3) M::mma(c, hi, r0, r1);\n}\n"
     "struct tgm_bf16 {\n"
     "    typedef unsigned short E;\n"
-    "    enum { KS = 16, PAD = 8 };\n"
+    "    enum { KS = 16, PAD = 8, X3 = 0 };\n"
     "    static __device__ float value(E x) { return __uint_as_float((unsigned)x << 16); }\n"
     "    static __device__ unsigned ld(const E *p) { return *(const unsigned *)p; }\n"
     "    static __device__ int acol(int ks, int t, int h) { return 16 * ks + 2 * t + 8 * (h >> 1); }\n"
@@ -320,18 +341,13 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "                const unsigned s = (unsigned)__cvta_generic_to_shared(b + (16 * ks + row) * ld + 16 * np + col);\n"
     "                asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
     "                             : \"=r\"(f[0]), \"=r\"(f[1]), \"=r\"(f[2]), \"=r\"(f[3]) : \"r\"(s));\n"
-    "                mma(c[2 * np], a[ks], f[0], f[1]);\n"
-    "                mma(c[2 * np + 1], a[ks], f[2], f[3]);\n"
-    "                mma(c[2 * np], ar[ks], f[0], f[1]);\n"
-    "                mma(c[2 * np + 1], ar[ks], f[2], f[3]);\n"
+    "                tgm_madd<tgm_bf16, true>(c[2 * np], a[ks], ar[ks], f[0], f[1]);\n"
+    "                tgm_madd<tgm_bf16, true>(c[2 * np + 1], a[ks], ar[ks], f[2], f[3]);\n"
     "            }\n    }\n"
     "};\n"
-    /* tf32: rounded to nearest, ties away, as precision_round (and the copies) round */
-    "static __device__ unsigned tgm_round_tf32(float x) {\n"
-    "    unsigned u;\n"
-    "    asm(\"cvt.rna.tf32.f32 %0, %1;\" : \"=r\"(u) : \"f\"(x));\n"
-    "    return u;\n}\n"
-    "struct tgm_tf32 {\n"
+    /* tf32 (P: tgm_tf32) and f32 as three tf32 products (tgm_f32x3) */
+    "template <class P>\n"
+    "struct tgm_tf32_base {\n"
     "    typedef float E;\n"
     "    enum { KS = 8, PAD = 4 };\n"
     "    static __device__ float value(E x) { return x; }\n"
@@ -355,10 +371,11 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "            for (int nt = 0; nt < N / 8; nt++) {\n"
     "                const E *p = b + (8 * ks + 2 * t) * ld + 8 * nt + g;\n"
     "                const unsigned b0 = __float_as_uint(p[0]), b1 = __float_as_uint(p[ld]);\n"
-    "                mma(c[nt], a[ks], b0, b1);\n"
-    "                mma(c[nt], ar[ks], b0, b1);\n"
+    "                tgm_madd<P, true>(c[nt], a[ks], ar[ks], b0, b1);\n"
     "            }\n    }\n"
     "};\n"
+    "struct tgm_tf32 : tgm_tf32_base<tgm_tf32> { enum { X3 = 0 }; };\n"
+    "struct tgm_f32x3 : tgm_tf32_base<tgm_f32x3> { enum { X3 = 1 }; };\n"
     /* A fragments of rows [r0, r0 + 16) of src [n, W] (in memory): a[W / KS][4], zeros past n */
     "template <class M, int W>\n"
     "static __device__ void tgm_frags(unsigned (*a)[4], const typename M::E *__restrict__ src, int r0, int n, int g, int t) {\n"
@@ -374,12 +391,20 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "template <class M, int K, int N>\n"
     "static __device__ void tgm_gemm(float (*c)[4], const unsigned (*a)[4], const typename M::E *bt, int ld, int g, int t) {\n"
     "#pragma unroll\n"
-    "    for (int ks = 0; ks < K / M::KS; ks++)\n"
+    "    for (int ks = 0; ks < K / M::KS; ks++) {\n"
+    "        unsigned hi[4], lo[4];   /* f32 (X3): A's rounded parts and rests; else A as it is */\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < 4; h++) {\n"
+    "            const float x = __uint_as_float(a[ks][h]);\n"
+    "            if constexpr (M::X3) M::split(&x, hi[h], lo[h]);\n"
+    "            else hi[h] = lo[h] = a[ks][h];\n"
+    "        }\n"
     "#pragma unroll\n"
     "        for (int nt = 0; nt < N / 8; nt++) {\n"
     "            const typename M::E *br = bt + (nt * 8 + g) * ld;\n"
-    "            M::mma(c[nt], a[ks], M::ld(br + M::acol(ks, t, 0)), M::ld(br + M::acol(ks, t, 2)));\n"
-    "        }\n}\n"
+    "            tgm_madd<M, M::X3>(c[nt], hi, lo, M::ld(br + M::acol(ks, t, 0)), M::ld(br + M::acol(ks, t, 2)));\n"
+    "        }\n"
+    "    }\n}\n"
     /* C tiles [16 x 64] (c[8][4]) as A fragments of k = 64 in pcol's order: hi parts, and the rests */
     "template <class M>\n"
     "static __device__ void tgm_as_a(const float (*c)[4], unsigned (*a)[4], unsigned (*ar)[4]) {\n"

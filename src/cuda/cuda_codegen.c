@@ -76,8 +76,8 @@ static bool writes_shadow(const tg_graph *g, const bool *materialized, int h) {
 bool cuda_attention_mma(const tg_graph *g, int id, int sm) {
     int64_t a[7];
     cg_attention_args(g, id, a);
-    const int k = g->precision == TG_PRECISION_BF16 ? 16 : g->precision == TG_PRECISION_TF32 ? 8 : 0;   /* the mma's k */
-    return k && sm >= 80 && a[3] % k == 0 && a[4] % k == 0;
+    const int k = g->precision == TG_PRECISION_BF16 ? 16 : 8;   /* the mma's k (f32: three tf32 products) */
+    return sm >= 80 && a[3] % k == 0 && a[4] % k == 0;
 }
 
 /* The sources of attention node n that enter its products (q, k, v; d_out in the backward): on
@@ -382,9 +382,10 @@ static void lane_root(cg *c, int r, char *v) {
     cg_memo_add(c, r, key, v);
 }
 
-/* "*(float4 *)(<p><id> + at) = make_float4(x0, x1, x2, x3);", or float2 of two */
+/* "*(float4 *)(<p><id> + at) = make_float4(x0, x1, x2, x3);", or float2 of two, or one */
 static void store_floats(cg *c, char p, int id, const char *at, int lanes, char (*x)[NAME + 20]) {
-    if (lanes == 4) cg_line(c, "*(float4 *)(%c%d + %s) = make_float4(%s, %s, %s, %s);", p, id, at, x[0], x[1], x[2], x[3]);
+    if (lanes == 1) cg_line(c, "%c%d[%s] = %s;", p, id, at, x[0]);
+    else if (lanes == 4) cg_line(c, "*(float4 *)(%c%d + %s) = make_float4(%s, %s, %s, %s);", p, id, at, x[0], x[1], x[2], x[3]);
     else cg_line(c, "*(float2 *)(%c%d + %s) = make_float2(%s, %s);", p, id, at, x[0], x[1]);
 }
 
@@ -395,7 +396,7 @@ static void lane_stores(cg *c, int id, char (*v)[NAME], int lanes, const char *a
     for (int k = 0; k < lanes; k++) snprintf(x[k], sizeof x[k], "%s", v[k]);
     if (!cg_unplaced(c, id)) store_floats(c, 'P', id, at, lanes, x);
     if (!has_shadow(c, id)) return;
-    if (c->g->precision != TG_PRECISION_BF16) {
+    if (c->g->precision != TG_PRECISION_BF16 || lanes == 1) {
         for (int k = 0; k < lanes; k++) snprintf(x[k], sizeof x[k], "%s(%s)", round_fn(c), v[k]);
         store_floats(c, 'S', id, at, lanes, x);
     } else if (lanes == 2) {
@@ -921,6 +922,12 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
         for (int m = 0; m < nm; m++)
             if (strcmp(cg_index_type(c, roles[m] == ROW_SUM ? N(c, members[m])->src[0] : members[m], R * L), "uint32_t") != 0)
                 it = "int64_t";
+        /* `lanes` consecutive elements a thread (cg.lanes: contiguous sources read as vectors) */
+        int lanes = lanes_wanted(NULL);
+        for (int m = 0; m < nm; m++)
+            if (L % lanes != 0 || (roles[m] == ROW_ELEMS && !floats(c, &members[m], 1))) lanes = 1;
+        char loop[120], base[NAME], v[4][NAME];
+        snprintf(loop, sizeof loop, "    for (int64_t j = %d * lane; j < %lldll; j += %d) {\n", lanes, (long long)L, lanes * step);
         strbuf text = { 0 };
         for (int m = 0; m < nm; m++) {
             int id = members[m];
@@ -928,19 +935,24 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
             c->n_memo = 0;
             c->body.len = 0;
             if (c->body.s) c->body.s[0] = 0;
+            if (roles[m] != ROW_VALUES) cg_def(c, base, "i", it, "(%s)(r * %lldll + j)", it, (long long)L);
             if (roles[m] == ROW_SUM) {
-                cg_line(c, "const %s xf = (%s)(r * %lldll + j);", it, it, (long long)L);
-                cg_line(c, "acc += (double)%s;", cg_value(c, N(c, id)->src[0], "xf"));
-                sb_printf(&text, "    {\n    double acc = 0;\n    for (int64_t j = lane; j < %lldll; j += %d) {\n%s    }\n",
-                          (long long)L, step, sb_str(&c->body));
+                for (int k = 0; k < lanes; k++) {
+                    lane_begin(c, it, base, lanes, k);
+                    cg_line(c, "acc += (double)%s;", cg_value(c, N(c, id)->src[0], c->lane_ix));
+                }
+                c->lanes = 0;
+                sb_printf(&text, "    {\n    double acc = 0;\n%s%s    }\n", loop, sb_str(&c->body));
                 sb_printf(&text, "    acc = %s;\n", block ? "tgk_block_sum_d(acc)" : "tgk_warp<tgk_add>(acc)");
                 sb_printf(&text, "    if (lane == 0) P%d[r] = (%s)acc;\n    %s;\n    }\n", id, cg_ctype(N(c, id)), sync);
             } else if (roles[m] == ROW_ELEMS) {
-                cg_line(c, "const %s i = (%s)(r * %lldll + j);", it, it, (long long)L);
-                const char *v = cg_root_value(c, "i");
-                if (!cg_unplaced(c, id)) cg_line(c, "P%d[i] = %s;", id, v);
-                shadow_store(c, id, "i");
-                sb_printf(&text, "    for (int64_t j = lane; j < %lldll; j += %d) {\n%s    }\n", (long long)L, step, sb_str(&c->body));
+                for (int k = 0; k < lanes; k++) {
+                    lane_begin(c, it, base, lanes, k);
+                    lane_root(c, id, v[k]);
+                }
+                c->lanes = 0;
+                lane_stores(c, id, v, lanes, base);
+                sb_printf(&text, "%s%s    }\n", loop, sb_str(&c->body));
             } else {
                 cg_line(c, "const %s v = %s;", cg_ctype(N(c, id)), cg_root_value(c, "r"));
                 shadow_store(c, id, "r");   /* every lane stores the same value */
@@ -1023,14 +1035,15 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     const bool bf = c->g->precision == TG_PRECISION_BF16;
     const char *rnd = bf ? ", 2" : c->g->precision == TG_PRECISION_TF32 ? ", 1" : ", 0";   /* operands rounded on load */
     const bool mma = cuda_attention_mma(c->g, id, p->sm);   /* tensor cores: operands read as rounded copies */
-    const char *policy = !mma ? "" : bf ? "tgm_bf16, " : "tgm_tf32, ";
+    const bool f32 = c->g->precision == TG_PRECISION_F32;
+    const char *policy = !mma ? "" : bf ? "tgm_bf16, " : f32 ? "tgm_f32x3, " : "tgm_tf32, ";
     const long long pad = bf ? 8 : 4, elem = bf ? 2 : 4;   /* the policy's row padding and element bytes */
     int outs[3] = { id }, n_out = 1;
     for (int k = 0; k < n_next && n_out < 3 && cg_attention_joins(c->g, outs[n_out - 1], next[k]); k++) outs[n_out++] = next[k];
     /* The sources as the kernel takes them: P<src>, or S<home> for the operands of tensor cores;
      * those read as f32 are the extra pointers end_kernel_roots declares. */
     char src[6][16], decl[600] = "";
-    int ops[4], n_ops = mma ? attention_operands(n, ops) : 0, f32[6], n_f32 = 0;
+    int ops[4], n_ops = mma && !f32 ? attention_operands(n, ops) : 0, f32s[6], n_f32 = 0;
     for (int k = 0; k < n->nsrc; k++) {
         bool op = false;
         for (int o = 0; o < n_ops; o++) op |= ops[o] == k;
@@ -1045,7 +1058,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
             }
         } else {
             snprintf(src[k], sizeof src[k], "P%d", n->src[k]);
-            f32[n_f32++] = n->src[k];
+            f32s[n_f32++] = n->src[k];
         }
     }
     char call[400], f[40];
@@ -1077,7 +1090,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     }
     char head[1100];
     snprintf(head, sizeof head, "%s    %s;\n", decl, call);
-    end_kernel_roots(c, outs, n_out, f32, n_f32, head, "", 0);
+    end_kernel_roots(c, outs, n_out, f32s, n_f32, head, "", 0);
     int block = mma && n->op == OP_ATTENTION_BWD ? 128 : 256;   /* warps of 16 rows: 4 backward, 8 forward (mma) */
     kernel_launch(p, id, tiles * B * block, block);
     p->launch[p->n - 1].shared = shared;
@@ -1426,7 +1439,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     sb_printf(&out, "%s", DEVICE_KERNELS);
     for (int i = 0; i < g->n; i++)   /* only graphs with attention pay for compiling it */
         if (materialized[i] && is_attention(g->nodes[i].op)) {
-            sb_printf(&out, "%s%s", CUDA_ATTENTION_SOURCE, sm >= 80 && g->precision != TG_PRECISION_F32 ? CUDA_ATTENTION_MMA_SOURCE : "");
+            sb_printf(&out, "%s%s", CUDA_ATTENTION_SOURCE, sm >= 80 ? CUDA_ATTENTION_MMA_SOURCE : "");
             break;
         }
     if (g->precision != TG_PRECISION_BF16) sb_printf(&out, "%s", CUDA_PRODUCT_SOURCE);
