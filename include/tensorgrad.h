@@ -453,9 +453,12 @@ static inline tg_data tg_i32(const char *name, const int32_t *p, size_t n) { tg_
 typedef tg_tensor (*tg_forward_fn)(const void *ctx, const tg_tensor *inputs);
 
 /* The arithmetic of matrix products (convolutions are products too) and attention:
- *   F32   exact f32 (the default; TF32 off).
- *   TF32  products on TF32 tensor cores (inputs rounded to a 10-bit mantissa, f32 sums);
- *         attention and everything else f32.
+ *   F32   f32 (the default; TF32 off). On CUDA, attention's products run on tensor cores as
+ *         three TF32 products each (operands split into a rounded part and its rest), which
+ *         carries f32's precision, as PyTorch's f32 attention does.
+ *   TF32  products and attention's products on TF32 tensor cores (operands rounded to a 10-bit
+ *         mantissa, f32 sums); the probabilities and score gradients inside attention, and
+ *         everything else, f32.
  *   BF16  mixed precision as torch.autocast(dtype=torch.bfloat16) does it: the operands of
  *         products and attention are rounded to bfloat16, sums stay f32; so are activations
  *         (the output of a product, and element-wise work on it such as a bias, GELU or ReLU,
