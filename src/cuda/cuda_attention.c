@@ -3,8 +3,9 @@
  * template argument, so loops over the head dimension unroll and tiles past the ends are known
  * at compile time.
  *
- * f32 on the SIMT cores (TF32 off, like cuBLAS here). A block of 256 threads owns a tile of 64
- * query rows (forward) or 64 key rows (backward); thread (ty, tx) = (tid / 16, tid % 16) owns
+ * On the SIMT cores (CUDA_ATTENTION_SOURCE), for devices before sm_80 and head sizes the
+ * tensor-core kernels below do not take (cuda_attention_mma). A block of 256 threads owns a tile
+ * of 64 query rows (forward) or 64 key rows (backward); thread (ty, tx) = (tid / 16, tid % 16) owns
  * tile rows ty + 16 i (i < 4) and columns tx + 16 j, so a row's 16 threads are one half-warp
  * and its reductions are shuffles. Shared-memory rows are padded by one float where a warp reads
  * one column of 16 rows (no bank conflicts).
@@ -252,23 +253,24 @@ const char CUDA_ATTENTION_SOURCE[] =
  * tf32 (m16n8k8, multiples of 8), and at f32 as three tf32 products (tgm_madd). q, k, v and the
  * incoming gradient arrive as the rounded copies their kernels wrote (cuda_codegen.c's shadows;
  * the reference rounds them the same way), or in f32, so tiles move into shared memory by
- * cp.async, untouched, while the previous tile is worked on (two stages). The probabilities and the score gradients, which the reference keeps in f32, enter the
- * second products as two rounded halves, hi = round(x) and lo = round(x - hi): the pair carries 16
- * (bf16) or 22 (tf32) bits of mantissa, and costs one more product on units otherwise idle.
+ * cp.async, untouched, while the previous tile is worked on (two stages). The probabilities and
+ * the score gradients, which the reference keeps in f32, enter the second products as two rounded
+ * halves, hi = round(x) and lo = round(x - hi): the pair carries 16 (bf16) or 22 (tf32) bits of
+ * mantissa, and costs one more product on units otherwise idle.
  *
- * The kernels are written once over an element policy M (tgm_bf16, tgm_tf32, tgm_f32x3): its element type
- * E, the k of one mma (KS), the rows' padding, and how a lane's fragments are found. For lane l
- * (g = l / 4, t = l % 4), C of a 16 x 8 tile holds rows g and g + 8, columns 2t and 2t + 1. An A
- * fragment (16 x KS) holds rows g and g + 8 of a few columns per register h: M::acol(ks, t, h)
- * where A comes from memory and products read B as columns of a tile (tgm_gemm), M::pcol(ks, t,
- * h) where A is made of C tiles (scores, probabilities) and products read B as rows as they lie
- * (M::gemm_t). bf16's A layout is C's (pcol = acol: two columns a register), so scores feed the
- * next product without leaving registers; tf32's A holds columns t and t + 4, which C does not,
- * so where A comes from C the sum over k runs in another order (pcol: logical column t is 2t, t +
- * 4 is 2t + 1) and B's rows are read in the same order. Padding puts the rows a fragment load
- * touches in different banks: 8 bf16 (16 bytes) a row, 4 floats for tf32. The forward runs 8
- * warps on 128 query rows, so each key and value tile brought in serves twice the rows; the
- * backward 4 warps on 64 keys. */
+ * The kernels are written once over an element policy M (tgm_bf16, tgm_tf32, tgm_f32x3): its
+ * element type E, the k of one mma (KS), the rows' padding, and how a lane's fragments are found.
+ * For lane l (g = l / 4, t = l % 4), C of a 16 x 8 tile holds rows g and g + 8, columns 2t and 2t
+ * + 1. An A fragment (16 x KS) holds rows g and g + 8 of a few columns per register h:
+ * M::acol(ks, t, h) where A comes from memory and products read B as columns of a tile
+ * (tgm_gemm), M::pcol(ks, t, h) where A is made of C tiles (scores, probabilities) and products
+ * read B as rows as they lie (M::gemm_t). bf16's A layout is C's (pcol = acol: two columns a
+ * register), so scores feed the next product without leaving registers; tf32's A holds columns t
+ * and t + 4, which C does not, so where A comes from C the sum over k runs in another order (pcol:
+ * logical column t is 2t, t + 4 is 2t + 1) and B's rows are read in the same order. Padding puts
+ * the rows a fragment load touches in different banks: 8 bf16 (16 bytes) a row, 4 floats for
+ * tf32. The forward runs 8 warps on 128 query rows, so each key and value tile brought in serves
+ * twice the rows; the backward 4 warps on 64 keys. */
 const char CUDA_ATTENTION_MMA_SOURCE[] =
     /* 16 bytes from global to shared memory by cp.async (zeros when !ok), in flight until
      * tgm_landed */
