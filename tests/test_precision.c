@@ -226,6 +226,57 @@ static void test_operations(void) {
         }
 }
 
+/* ----- the CPU's floating-point mode ----- */
+
+#if defined(__x86_64__) && defined(__SSE__)
+#include <xmmintrin.h>
+#define FLUSHES 1
+#define FP_MODE() _mm_getcsr()
+#define FP_SET(m) _mm_setcsr(m)
+#else
+#define FLUSHES 0
+#define FP_MODE() 0u
+#define FP_SET(m) ((void)(m))
+#endif
+
+/* The cpu backend's kernels flush denormal results to zero on x86 (cpu.h: fp_flush_denormals),
+ * and the calling thread's mode comes back as it was, flushing or not. exp(-50) * 1e-18 is a
+ * denormal float (1.9e-40), exp(-50) * 1e-10 a normal one. */
+static void test_denormals(void) {
+    pctx c = { ELEMENTWISE };
+    inspec in[2] = { FIN("x", -2, 2, 3, 7), FIN("y", -2, 2, 3, 7) };
+    tg_model *m = tg_model_new(1);
+    host_case h;
+    host_case_fill(&h, m, 2, in);
+    tg_error err;
+    tg_probe *pr = tg_probe_new_at("cpu", TG_PRECISION_F32, m, op_fwd, &c, h.decl, 2, false, &err);
+    CHECK(pr != NULL, "denormals: cpu probe: %s", pr ? "" : err.msg);
+    if (pr) {
+        const unsigned caller = FP_MODE();
+        for (int flushing = 0; flushing < 2; flushing++) {
+            const unsigned mode = flushing ? caller | 0x8040u : caller & ~0x8040u;
+            for (int i = 0; i < 2; i++) memcpy(tg_probe_input(pr, i), h.x[i].v, sizeof(double) * 21);
+            tg_probe_input(pr, 0)[0] = tg_probe_input(pr, 0)[1] = -50;
+            tg_probe_input(pr, 1)[0] = 1e-18;
+            tg_probe_input(pr, 1)[1] = 1e-10;
+            FP_SET(mode);
+            bool ran = tg_probe_run(pr);
+            const unsigned after = FP_MODE();
+            FP_SET(caller);
+            CHECK(ran, "denormals: run");
+            CHECK(after == mode, "denormals: the caller's floating-point mode %#x came back as %#x", mode, after);
+            const double *out = tg_probe_output(pr), tiny = (double)(expf(-50) * 1e-18f);
+            CHECK(tiny != 0 && tiny < 1.17549435e-38, "denormals: the case makes a denormal (%g)", tiny);
+            CHECK(FLUSHES ? out[0] == 0 : fabs(out[0] - tiny) <= 1e-45, "denormals: %g where %s", out[0],
+                  FLUSHES ? "the kernel flushes to zero" : "IEEE keeps the denormal");
+            CHECK(fabs(out[1] - exp(-50) * 1e-10) <= 1e-6 * exp(-50) * 1e-10, "denormals: a normal result kept (%g)", out[1]);
+        }
+        tg_probe_free(pr);
+    }
+    host_case_free(&h);
+    tg_model_free(m);
+}
+
 /* ----- the settings through the API ----- */
 
 static tg_linear lin;
@@ -374,6 +425,7 @@ int main(int argc, char **argv) {
     example_dir_init(argv[0]);
     test_rounding();
     test_operations();
+    test_denormals();
     test_api();
     test_quality("reference");
     if (cpu_isa_bf16(cpu_isa_choose())) {

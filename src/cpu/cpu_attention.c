@@ -121,16 +121,21 @@ void cpu_attention(const int64_t *a, void *const *p) {
     float *out = p[3], *lse = p[4];
     const exp_sub_fn exp_sub = exp_sub_for(cpu_kernels_isa());
     const int64_t blocks = (A.T + RB - 1) / RB, work = A.batch * A.T * A.S * (A.D + A.E);
-    #pragma omp parallel for schedule(dynamic) if (work >= PARALLEL_MACS)
-    for (int64_t bb = 0; bb < A.batch * blocks; bb++) {
-        const int64_t b = bb / blocks, r0 = bb % blocks * RB, r1 = r0 + RB < A.T ? r0 + RB : A.T;
-        float *s = kernel_scratch((size_t)(RB * A.S + (A.bf16 ? RB * A.D + A.S * (A.D + A.E) : 0)));
-        if (!s) continue;   /* recorded: the step fails */
-        float *copies = s + RB * A.S;   /* the block's q rows; the head's k and v (1/RB of the block's work) */
-        const float *qb = operand(&A, q + (b * A.T + r0) * A.D, (r1 - r0) * A.D, &copies);
-        const float *kh = operand(&A, k + b * A.S * A.D, A.S * A.D, &copies);
-        const float *vh = operand(&A, v + b * A.S * A.E, A.S * A.E, &copies);
-        forward_block(&A, exp_sub, qb, kh, vh, out ? out + b * A.T * A.E : NULL, lse ? lse + b * A.T : NULL, r0, r1, s);
+    #pragma omp parallel if (work >= PARALLEL_MACS)
+    {
+        const unsigned fp = fp_flush_denormals();
+        #pragma omp for schedule(dynamic)
+        for (int64_t bb = 0; bb < A.batch * blocks; bb++) {
+            const int64_t b = bb / blocks, r0 = bb % blocks * RB, r1 = r0 + RB < A.T ? r0 + RB : A.T;
+            float *s = kernel_scratch((size_t)(RB * A.S + (A.bf16 ? RB * A.D + A.S * (A.D + A.E) : 0)));
+            if (!s) continue;   /* recorded: the step fails */
+            float *copies = s + RB * A.S;   /* the block's q rows; the head's k and v (1/RB of the block's work) */
+            const float *qb = operand(&A, q + (b * A.T + r0) * A.D, (r1 - r0) * A.D, &copies);
+            const float *kh = operand(&A, k + b * A.S * A.D, A.S * A.D, &copies);
+            const float *vh = operand(&A, v + b * A.S * A.E, A.S * A.E, &copies);
+            forward_block(&A, exp_sub, qb, kh, vh, out ? out + b * A.T * A.E : NULL, lse ? lse + b * A.T : NULL, r0, r1, s);
+        }
+        fp_restore(fp);
     }
 }
 
@@ -172,16 +177,21 @@ void cpu_attention_bwd(const int64_t *a, void *const *p) {
     float *dq = p[6], *dk = p[7], *dv = p[8];
     const exp_sub_fn exp_sub = exp_sub_for(cpu_kernels_isa());
     const int64_t work = A.batch * A.T * A.S * (2 * A.D + 2 * A.E);
-    #pragma omp parallel for schedule(dynamic) if (work >= PARALLEL_MACS)
-    for (int64_t b = 0; b < A.batch; b++) {
-        float *buf = kernel_scratch((size_t)(2 * RB * A.S + (A.bf16 ? (A.T + A.S) * (A.D + A.E) : 0)));
-        if (!buf) continue;   /* recorded: the step fails */
-        float *copies = buf + 2 * RB * A.S;
-        const float *qh = operand(&A, q + b * A.T * A.D, A.T * A.D, &copies);
-        const float *kh = operand(&A, k + b * A.S * A.D, A.S * A.D, &copies);
-        const float *vh = operand(&A, v + b * A.S * A.E, A.S * A.E, &copies);
-        backward_head(&A, exp_sub, qh, kh, vh, o + b * A.T * A.E, operand(&A, dout + b * A.T * A.E, A.T * A.E, &copies),
-                      lse + b * A.T, dq ? dq + b * A.T * A.D : NULL, dk ? dk + b * A.S * A.D : NULL,
-                      dv ? dv + b * A.S * A.E : NULL, buf);
+    #pragma omp parallel if (work >= PARALLEL_MACS)
+    {
+        const unsigned fp = fp_flush_denormals();
+        #pragma omp for schedule(dynamic)
+        for (int64_t b = 0; b < A.batch; b++) {
+            float *buf = kernel_scratch((size_t)(2 * RB * A.S + (A.bf16 ? (A.T + A.S) * (A.D + A.E) : 0)));
+            if (!buf) continue;   /* recorded: the step fails */
+            float *copies = buf + 2 * RB * A.S;
+            const float *qh = operand(&A, q + b * A.T * A.D, A.T * A.D, &copies);
+            const float *kh = operand(&A, k + b * A.S * A.D, A.S * A.D, &copies);
+            const float *vh = operand(&A, v + b * A.S * A.E, A.S * A.E, &copies);
+            backward_head(&A, exp_sub, qh, kh, vh, o + b * A.T * A.E, operand(&A, dout + b * A.T * A.E, A.T * A.E, &copies),
+                          lse + b * A.T, dq ? dq + b * A.T * A.D : NULL, dk ? dk + b * A.S * A.D : NULL,
+                          dv ? dv + b * A.S * A.E : NULL, buf);
+        }
+        fp_restore(fp);
     }
 }

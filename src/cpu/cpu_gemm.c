@@ -588,6 +588,7 @@ static void reduce_by_batch(const gemm_kernel *gk, int ta, int tb, int64_t M, in
     if (threads > 64) threads = 64;
     #pragma omp parallel num_threads(threads)
     {
+        const unsigned fp = fp_flush_denormals();
         int t = omp_get_thread_num(), T = omp_get_num_threads();
         float *mine = t == 0 ? C : kernel_scratch((size_t)(M * N));
         part[t] = mine;
@@ -601,6 +602,7 @@ static void reduce_by_batch(const gemm_kernel *gk, int ta, int tb, int64_t M, in
         for (int64_t i = M * N * t / T; i < M * N * (t + 1) / T; i++)   /* C += the other parts, in order */
             for (int u = 1; u < T; u++)
                 if (part[u]) C[i] += part[u][i];
+        fp_restore(fp);
     }
 }
 
@@ -662,6 +664,7 @@ void k_matmul(const int64_t *a, void *const *p) {
         im2col_view g = im2col_of(NULL, geo_c);
         #pragma omp parallel num_threads(threads) if (threads > 1)
         {
+            const unsigned fp = fp_flush_denormals();
             float *cols = kernel_scratch((size_t)(M * N));
             #pragma omp for schedule(static)
             for (int64_t b = 0; b < batch; b++) {
@@ -670,6 +673,7 @@ void k_matmul(const int64_t *a, void *const *p) {
                 gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, cols, 0, NULL, NULL, apre, false, 0, 1);
                 col2im_for(gk, cols, C + b * g.C * g.H * g.W, &g);
             }
+            fp_restore(fp);
         }
         return;
     }
@@ -686,21 +690,28 @@ void k_matmul(const int64_t *a, void *const *p) {
         return;
     }
     if (!(flags & MM_REDUCE) && batch >= threads) {
-        #pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t b = 0; b < batch; b++) {
-            im2col_view v = view ? view_of(gk, B + boff[b], geo_b) : (im2col_view){ 0 };
-            gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, C + b * M * N, 0, brow, bcol, apre, relu,
-                      0, 1);
+        #pragma omp parallel num_threads(threads)
+        {
+            const unsigned fp = fp_flush_denormals();
+            #pragma omp for schedule(static)
+            for (int64_t b = 0; b < batch; b++) {
+                im2col_view v = view ? view_of(gk, B + boff[b], geo_b) : (im2col_view){ 0 };
+                gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL, C + b * M * N, 0, brow, bcol, apre, relu,
+                          0, 1);
+            }
+            fp_restore(fp);
         }
         return;
     }
     #pragma omp parallel num_threads(threads)
     {
+        const unsigned fp = fp_flush_denormals();
         int t = omp_get_thread_num(), T = omp_get_num_threads();
         for (int64_t b = 0; b < batch; b++) {
             im2col_view v = view ? view_of(gk, B + boff[b], geo_b) : (im2col_view){ 0 };
             gemm_part(gk, ta, tb, M, N, K, A + aoff[b], B + boff[b], view ? &v : NULL,
                       C + ((flags & MM_REDUCE) ? 0 : b * M * N), (flags & MM_REDUCE) && b > 0, brow, bcol, apre, relu, t, T);
         }
+        fp_restore(fp);
     }
 }

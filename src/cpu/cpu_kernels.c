@@ -189,25 +189,35 @@ static void k_softmax(const int64_t *a, void *const *p) {
 #ifdef CPU_X86
     softmax_row_fn row = softmax_row();
     if (inner == 1 && row) {   /* contiguous rows */
-        #pragma omp parallel for schedule(static) if (outer * len >= PARALLEL_WORK)
-        for (int64_t o = 0; o < outer; o++) row(in + o * len, out + o * len, len, take_log, len);
+        #pragma omp parallel if (outer * len >= PARALLEL_WORK)
+        {
+            const unsigned fp = fp_flush_denormals();
+            #pragma omp for schedule(static)
+            for (int64_t o = 0; o < outer; o++) row(in + o * len, out + o * len, len, take_log, len);
+            fp_restore(fp);
+        }
         return;
     }
 #endif
-    #pragma omp parallel for schedule(static) if (outer * len * inner >= PARALLEL_WORK)
-    for (int64_t oi = 0; oi < outer * inner; oi++) {
-        const float *x = in + (oi / inner) * len * inner + oi % inner;
-        float *y = out + (oi / inner) * len * inner + oi % inner;
-        float mx = -INFINITY;
-        for (int64_t k = 0; k < len; k++) mx = fmaxf(mx, x[k * inner]);
-        double sum = 0;
-        for (int64_t k = 0; k < len; k++) sum += exp((double)x[k * inner] - mx);
-        if (take_log) {
-            float lse = (float)(mx + log(sum));
-            for (int64_t k = 0; k < len; k++) y[k * inner] = x[k * inner] - lse;
-        } else {
-            for (int64_t k = 0; k < len; k++) y[k * inner] = (float)(exp((double)x[k * inner] - mx) / sum);
+    #pragma omp parallel if (outer * len * inner >= PARALLEL_WORK)
+    {
+        const unsigned fp = fp_flush_denormals();
+        #pragma omp for schedule(static)
+        for (int64_t oi = 0; oi < outer * inner; oi++) {
+            const float *x = in + (oi / inner) * len * inner + oi % inner;
+            float *y = out + (oi / inner) * len * inner + oi % inner;
+            float mx = -INFINITY;
+            for (int64_t k = 0; k < len; k++) mx = fmaxf(mx, x[k * inner]);
+            double sum = 0;
+            for (int64_t k = 0; k < len; k++) sum += exp((double)x[k * inner] - mx);
+            if (take_log) {
+                float lse = (float)(mx + log(sum));
+                for (int64_t k = 0; k < len; k++) y[k * inner] = x[k * inner] - lse;
+            } else {
+                for (int64_t k = 0; k < len; k++) y[k * inner] = (float)(exp((double)x[k * inner] - mx) / sum);
+            }
         }
+        fp_restore(fp);
     }
 }
 
@@ -219,29 +229,39 @@ static void k_softmax_causal(const int64_t *a, void *const *p) {
 #ifdef CPU_X86
     softmax_row_fn row = softmax_row();
     if (row) {
-        #pragma omp parallel for schedule(static) if (a[0] * rows * cols >= PARALLEL_WORK)
-        for (int64_t br = 0; br < a[0] * rows; br++) {
-            int64_t r = br % rows, keep = r + 1 < cols ? r + 1 : cols;
-            row(in + br * cols, out + br * cols, keep, 0, cols);
+        #pragma omp parallel if (a[0] * rows * cols >= PARALLEL_WORK)
+        {
+            const unsigned fp = fp_flush_denormals();
+            #pragma omp for schedule(static)
+            for (int64_t br = 0; br < a[0] * rows; br++) {
+                int64_t r = br % rows, keep = r + 1 < cols ? r + 1 : cols;
+                row(in + br * cols, out + br * cols, keep, 0, cols);
+            }
+            fp_restore(fp);
         }
         return;
     }
 #endif
-    #pragma omp parallel for schedule(static) if (a[0] * rows * cols >= PARALLEL_WORK)
-    for (int64_t br = 0; br < a[0] * rows; br++) {
-        int64_t r = br % rows, keep = r + 1 < cols ? r + 1 : cols;
-        const float *x = in + br * cols;
-        float *y = out + br * cols;
-        float mx = -INFINITY;
-        for (int64_t c = 0; c < keep; c++) mx = fmaxf(mx, x[c]);
-        float sum = 0;
-        for (int64_t c = 0; c < keep; c++) {
-            y[c] = expf(x[c] - mx);
-            sum += y[c];
+    #pragma omp parallel if (a[0] * rows * cols >= PARALLEL_WORK)
+    {
+        const unsigned fp = fp_flush_denormals();
+        #pragma omp for schedule(static)
+        for (int64_t br = 0; br < a[0] * rows; br++) {
+            int64_t r = br % rows, keep = r + 1 < cols ? r + 1 : cols;
+            const float *x = in + br * cols;
+            float *y = out + br * cols;
+            float mx = -INFINITY;
+            for (int64_t c = 0; c < keep; c++) mx = fmaxf(mx, x[c]);
+            float sum = 0;
+            for (int64_t c = 0; c < keep; c++) {
+                y[c] = expf(x[c] - mx);
+                sum += y[c];
+            }
+            float inv = 1.0f / sum;
+            for (int64_t c = 0; c < keep; c++) y[c] *= inv;
+            for (int64_t c = keep; c < cols; c++) y[c] = 0;
         }
-        float inv = 1.0f / sum;
-        for (int64_t c = 0; c < keep; c++) y[c] *= inv;
-        for (int64_t c = keep; c < cols; c++) y[c] = 0;
+        fp_restore(fp);
     }
 }
 
@@ -355,9 +375,14 @@ static void k_col2im(const int64_t *a, void *const *p) {
     int64_t ho = (H + 2 * pad - kh) / s + 1, wo = (W + 2 * pad - kw) / s + 1;
     const float *cols = p[0];
     float *out = p[1];
-    #pragma omp parallel for schedule(static) if (N * C * kh * kw * ho * wo >= PARALLEL_WORK)
-    for (int64_t nc = 0; nc < N * C; nc++)
-        col2im_image(cols + nc * kh * kw * ho * wo, out + nc * H * W, 1, H, W, kh, kw, s, pad);
+    #pragma omp parallel if (N * C * kh * kw * ho * wo >= PARALLEL_WORK)
+    {
+        const unsigned fp = fp_flush_denormals();
+        #pragma omp for schedule(static)
+        for (int64_t nc = 0; nc < N * C; nc++)
+            col2im_image(cols + nc * kh * kw * ho * wo, out + nc * H * W, 1, H, W, kh, kw, s, pad);
+        fp_restore(fp);
+    }
 }
 
 /* The first maximum (row-major) of a window: the exported files' own (one source). */
@@ -512,24 +537,29 @@ static void maxpool(const int64_t *a, void *const *p, bool backward) {
     const float *x = p[0];
     bool tiled = k == s && pad == 0 && H % k == 0 && W % k == 0;
     if (backward && !tiled) memset(p[2], 0, sizeof(float) * (size_t)(N * C * H * W));
-    #pragma omp parallel for schedule(static) if (N * C * H * W >= PARALLEL_WORK)
-    for (int64_t nc = 0; nc < N * C; nc++) {
-        const float *img = x + nc * H * W;
-        if (tiled) {
-            if (backward) maxpool_tiled(img, H, W, k, (const float *)p[1] + nc * ho * wo, (float *)p[2] + nc * H * W, NULL);
-            else maxpool_tiled(img, H, W, k, NULL, NULL, (float *)p[1] + nc * ho * wo);
-        } else {
-            for (int64_t oy = 0; oy < ho; oy++)
-                for (int64_t ox = 0; ox < wo; ox++) {
-                    int64_t at = tgk_window_argmax(img, H, W, k, s, pad, oy, ox), o = (nc * ho + oy) * wo + ox;
-                    if (backward) {
-                        if (at >= 0) ((float *)p[2])[nc * H * W + at] += ((const float *)p[1])[o];
-                    } else {
-                        ((float *)p[1])[o] = at >= 0 ? img[at] : -INFINITY;
+    #pragma omp parallel if (N * C * H * W >= PARALLEL_WORK)
+    {
+        const unsigned fp = fp_flush_denormals();
+        #pragma omp for schedule(static)
+        for (int64_t nc = 0; nc < N * C; nc++) {
+            const float *img = x + nc * H * W;
+            if (tiled) {
+                if (backward) maxpool_tiled(img, H, W, k, (const float *)p[1] + nc * ho * wo, (float *)p[2] + nc * H * W, NULL);
+                else maxpool_tiled(img, H, W, k, NULL, NULL, (float *)p[1] + nc * ho * wo);
+            } else {
+                for (int64_t oy = 0; oy < ho; oy++)
+                    for (int64_t ox = 0; ox < wo; ox++) {
+                        int64_t at = tgk_window_argmax(img, H, W, k, s, pad, oy, ox), o = (nc * ho + oy) * wo + ox;
+                        if (backward) {
+                            if (at >= 0) ((float *)p[2])[nc * H * W + at] += ((const float *)p[1])[o];
+                        } else {
+                            ((float *)p[1])[o] = at >= 0 ? img[at] : -INFINITY;
+                        }
                     }
-                }
+            }
+            if (backward && a[8]) mask_by_step((float *)p[2] + nc * H * W, img, H * W);
         }
-        if (backward && a[8]) mask_by_step((float *)p[2] + nc * H * W, img, H * W);
+        fp_restore(fp);
     }
 }
 
