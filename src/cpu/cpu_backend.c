@@ -294,7 +294,7 @@ static bool cpu_run(void *h, const double *hyper, tg_error *err) {
     cpu_exec *e = h;
     cpu_kernels_select(e->isa);
     void *const *table = kernel_table;
-    const unsigned fp = fp_flush_denormals();   /* this thread's share of the step (cpu_kernels.h) */
+    const unsigned fp = fp_flush_denormals();   /* this thread's share of the step (cpu.h) */
     e->entry(e->arena, e->bound, hyper, table ? table : cpu_kernels);
     fp_restore(fp);
     /* A kernel without scratch memory left its output wrong; the entry then skipped the in-place

@@ -1088,7 +1088,7 @@ static const char PRELUDE[] =
     "       TGK_COL2IM, TGK_MAXPOOL, TGK_MAXPOOL_BWD, TGK_FAILED, TGK_ATTENTION, TGK_ATTENTION_BWD };\n";
 
 /* The threads of an OpenMP region run in the library kernels' floating-point mode, each putting
- * its own back as it leaves (cpu_kernels.h: fp_flush_denormals); an export keeps IEEE denormals. */
+ * its own back as it leaves (cpu.h: fp_flush_denormals); an export keeps IEEE denormals. */
 static const char FP_FLUSH[] =
     "#if defined(__x86_64__) && defined(__SSE__)\n#include <xmmintrin.h>\n"
     "static inline unsigned tg_fp_flush(void) { const unsigned m = _mm_getcsr(); _mm_setcsr(m | 0x8040u); return m; }\n"
