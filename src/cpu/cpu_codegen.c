@@ -1089,17 +1089,15 @@ static const char PRELUDE[] =
 
 /* The threads of an OpenMP region run in the library kernels' floating-point mode, each putting
  * its own back as it leaves (cpu.h: fp_flush_denormals); an export keeps IEEE denormals. */
+#define FP_KEEP                                                   \
+    "static inline unsigned tg_fp_flush(void) { return 0; }\n" \
+    "static inline void tg_fp_restore(unsigned m) { (void)m; }\n"
 static const char FP_FLUSH[] =
     "#if defined(__x86_64__) && defined(__SSE__)\n#include <xmmintrin.h>\n"
     "static inline unsigned tg_fp_flush(void) { const unsigned m = _mm_getcsr(); _mm_setcsr(m | 0x8040u); return m; }\n"
     "static inline void tg_fp_restore(unsigned m) { _mm_setcsr(m); }\n"
-    "#else\n"
-    "static inline unsigned tg_fp_flush(void) { return 0; }\n"
-    "static inline void tg_fp_restore(unsigned m) { (void)m; }\n"
-    "#endif\n";
-static const char FP_PORTABLE[] =
-    "static inline unsigned tg_fp_flush(void) { return 0; }\n"
-    "static inline void tg_fp_restore(unsigned m) { (void)m; }\n";
+    "#else\n" FP_KEEP "#endif\n";
+static const char FP_PORTABLE[] = FP_KEEP;
 
 static char *generate(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min,
                       const int *inplace, bool standalone, int *unsupported) {
