@@ -5,16 +5,26 @@
 #include "compile/compile.h"
 
 /* cuda_codegen.c: the CUDA source of a scheduled, planned graph and its launch list, in order:
- * kernels (grid x block threads, each kernel (float *A, void *const *B, const double *H)),
+ * kernels (grid x block threads, each kernel (float *A, void *const *B, const double *H), and for
+ * some a cuda_kernel_args),
  * cuBLAS products (row-major op(A) op(B), per-batch offsets) and memsets of a node's buffer. */
 typedef enum { CL_KERNEL, CL_GEMM, CL_MEMSET } cuda_launch_kind;
+/* The fourth parameter of a kernel compiled once for several launches (attention), as the device
+ * source's tga_args: where each buffer is (floats into the arena; -1 none; -2 - i: B[i]), and the
+ * scale. */
+typedef struct {
+    int64_t at[9];
+    float scale;
+} cuda_kernel_args;
 typedef struct {
     cuda_launch_kind kind;
     int node;                        /* the node whose buffer it writes */
-    char name[24];                   /* CL_KERNEL */
+    char name[64];                   /* CL_KERNEL */
     int64_t grid, grid_y;
     int block;
     int shared;                      /* CL_KERNEL: bytes of dynamic shared memory */
+    bool takes_args;                 /* CL_KERNEL: args is its fourth parameter */
+    cuda_kernel_args args;
     int ta, tb, a, b;                /* CL_GEMM: operands' nodes */
     int64_t M, N, K, batch, *aoff, *boff;
     int64_t n;                       /* CL_MEMSET: elements */

@@ -23,6 +23,11 @@
 
 const char CUDA_ATTENTION_SOURCE[] =
     "#define TGA_T 64\n"
+    /* a kernel's buffers, as the host's cuda_kernel_args (one kernel for every layer of a shape) */
+    "struct tga_args { long long at[9]; float scale; };\n"
+    "template <class X>\n"
+    "static __device__ X *tga_at(float *A, void *const *B, long long at) {\n"
+    "    return at >= 0 ? (X *)(A + at) : at == -1 ? (X *)0 : (X *)B[-2 - at];\n}\n"
     "static __device__ float tga_max16(float x) {\n"
     "    for (int o = 8; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));\n"
     "    return x;\n}\n"

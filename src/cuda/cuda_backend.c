@@ -890,7 +890,8 @@ static bool enqueue_one(cuda_exec *e, int i, tg_error *err) {
     } else if (l->kind == CL_GEMM) {
         if (!gemm(e, i, err)) return false;
     } else {
-        void *args[] = { &e->arena, &table, &hyper };
+        cuda_kernel_args by_value = l->args;
+        void *args[] = { &e->arena, &table, &hyper, l->takes_args ? &by_value : NULL };
         TRY(cu.LaunchKernel(e->fn[i], (unsigned)l->grid, (unsigned)l->grid_y, 1, (unsigned)l->block, 1, 1, (unsigned)l->shared,
                             e->dev->stream, args, NULL),
             l->name);

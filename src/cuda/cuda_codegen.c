@@ -46,12 +46,13 @@ static cuda_launch *add_launch(cuda_plan *p, cuda_launch_kind kind, int node) {
     return l;
 }
 
-static void kernel_launch(cuda_plan *p, int node, int64_t threads, int block) {
+static cuda_launch *kernel_launch(cuda_plan *p, int node, int64_t threads, int block) {
     cuda_launch *l = add_launch(p, CL_KERNEL, node);
     snprintf(l->name, sizeof l->name, "k%d", node);
     l->block = block;
     l->grid = (threads + block - 1) / block;
     l->grid_y = 1;
+    return l;
 }
 
 static void memset_launch(cuda_plan *p, int node) { add_launch(p, CL_MEMSET, node)->n = p->g->nodes[node].numel; }
@@ -1022,9 +1023,22 @@ static void matmul_launch(cg *c, cuda_plan *p, int id) {
     l->b = n->src[1];
 }
 
+/* Where a kernel compiled once for several launches finds node id's buffer (cuda_kernel_args):
+ * its rounded copy, or its f32 values: floats into the arena, or -2 - h for B[h] (a bound leaf). */
+static int64_t buffer_at(cg *c, int id, bool rounded) {
+    int h = plan_home(c->plan, id);
+    size_t at = rounded ? c->plan->shadow[h] : c->plan->offset[h];
+    if (!rounded && cg_is_bound(N(c, h)->op)) return -2 - (int64_t)h;
+    if (at == PLAN_BOUND) c->unsupported = id;   /* no such buffer: a planner bug, not a crash */
+    return (int64_t)at;
+}
+
 /* Attention nodes of one kernel (cg_attention_joins: ATTENTION with its LSE, or the gradients
  * of one forward), a block per row tile of one batch element (device code and tile sizes in
- * cuda_attention.c). Returns how many of next[] it took. */
+ * cuda_attention.c). The kernel depends only on the shapes and the precision, and a model's layers
+ * share those: it is compiled once, named for them, and each launch passes its buffers
+ * (cuda_kernel_args), which spares the compiler a copy per layer. Returns how many of next[] it
+ * took. */
 static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_next) {
     const tg_node *n = N(c, id);
     int64_t a[7];
@@ -1032,68 +1046,59 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     cg_attention_args(c->g, id, a);
     memcpy(&scale, &a[6], sizeof scale);
     const long long B = a[0], T = a[1], S = a[2], D = a[3], E = a[4];
-    const bool bf = c->g->precision == TG_PRECISION_BF16;
-    const char *rnd = bf ? ", 2" : c->g->precision == TG_PRECISION_TF32 ? ", 1" : ", 0";   /* operands rounded on load */
+    const tg_precision prec = c->g->precision;
+    const bool bf = prec == TG_PRECISION_BF16, f32 = prec == TG_PRECISION_F32, bwd = n->op == OP_ATTENTION_BWD;
+    const bool fwd = n->op == OP_ATTENTION;   /* else ATTENTION_LSE alone: no output rows */
     const bool mma = cuda_attention_mma(c->g, id, p->sm);   /* tensor cores: operands read as rounded copies */
-    const bool f32 = c->g->precision == TG_PRECISION_F32;
     const char *policy = !mma ? "" : bf ? "tgm_bf16, " : f32 ? "tgm_f32x3, " : "tgm_tf32, ";
+    const char *rnd = mma ? "" : bf ? ", 2" : f32 ? ", 0" : ", 1";   /* SIMT: operands rounded on load */
     const long long pad = bf ? 8 : 4, elem = bf ? 2 : 4;   /* the policy's row padding and element bytes */
     int outs[3] = { id }, n_out = 1;
     for (int k = 0; k < n_next && n_out < 3 && cg_attention_joins(c->g, outs[n_out - 1], next[k]); k++) outs[n_out++] = next[k];
-    /* The sources as the kernel takes them: P<src>, or S<home> for the operands of tensor cores;
-     * those read as f32 are the extra pointers end_kernel_roots declares. */
-    char src[6][16], decl[600] = "";
-    int ops[4], n_ops = mma && !f32 ? attention_operands(n, ops) : 0, f32s[6], n_f32 = 0;
-    for (int k = 0; k < n->nsrc; k++) {
-        bool op = false;
-        for (int o = 0; o < n_ops; o++) op |= ops[o] == k;
-        if (op) {
-            int h = plan_home(c->plan, n->src[k]);
-            snprintf(src[k], sizeof src[k], "S%d", h);
-            if (!strstr(decl, src[k])) {
-                strbuf sp = { 0 };
-                shadow_pointer(c, &sp, h);
-                snprintf(decl + strlen(decl), sizeof decl - strlen(decl), "%s", sb_str(&sp));
-                free(sp.s);
-            }
-        } else {
-            snprintf(src[k], sizeof src[k], "P%d", n->src[k]);
-            f32s[n_f32++] = n->src[k];
-        }
-    }
-    char call[400], f[40];
-    cg_begin(c, id);
-    int64_t tiles;
-    int shared;
-    if (n->op == OP_ATTENTION_BWD) {
-        char ptr[3][16] = { "(float *)0", "(float *)0", "(float *)0" };
+    /* The kernel's buffers: the sources (q, k, v, then out, d_out, lse backward), then the outputs
+     * (out, lse forward; dq, dk, dv backward); operands of tensor cores as rounded copies. */
+    cuda_kernel_args args = { .scale = (float)(bwd ? scale : scale * 1.4426950408889634) };
+    bool rounded[9] = { false };
+    int ops[4], n_ops = mma && !f32 ? attention_operands(n, ops) : 0;
+    for (int k = 0; k < 9; k++) args.at[k] = -1;
+    for (int o = 0; o < n_ops; o++) rounded[ops[o]] = true;
+    for (int k = 0; k < n->nsrc; k++) args.at[k] = buffer_at(c, n->src[k], rounded[k]);
+    if (bwd) {
         for (int r = 0; r < n_out; r++) {
-            snprintf(ptr[N(c, outs[r])->iarg[1]], 16, "P%d", outs[r]);
+            args.at[6 + N(c, outs[r])->iarg[1]] = buffer_at(c, outs[r], false);
             if (N(c, outs[r])->iarg[1] == 0) memset_launch(p, outs[r]);   /* dq is added up with atomics */
         }
-        snprintf(call, sizeof call, "tgk_attention_bwd%s<%s%lld, %lld, %lld, %lld, %s%s>(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                 mma ? "_mma" : "", policy, T, S, D, E, a[5] ? "true" : "false", mma ? "" : rnd, src[0], src[1], src[2],
-                 src[3], src[4], src[5], ptr[0], ptr[1], ptr[2], cg_flit(scale, f));
-        tiles = (S + 63) / 64;
-        shared = mma ? (int)(4 * 128 + elem * (2 * 64 * (D + pad + E + pad) + 64 * (D + pad)) + 4 * 64 * 72)
-                     : (int)(4 * (64 * (D + 1) * 2 + 64 * (E + 1) * 2 + 64 * 65 + 128));
     } else {
-        bool fwd = n->op == OP_ATTENTION;   /* else ATTENTION_LSE alone: no output rows */
-        char out[16] = "(float *)0", lse[16] = "(float *)0";
-        if (fwd) snprintf(out, sizeof out, "P%d", id);
-        if (!fwd || n_out > 1) snprintf(lse, sizeof lse, "P%d", fwd ? outs[1] : id);
-        snprintf(call, sizeof call, "tgk_attention%s<%s%lld, %lld, %lld, %lld, %s, %s%s>(%s, %s, %s, %s, %s, %s)",
-                 mma ? "_mma" : "", policy, T, S, D, E, a[5] ? "true" : "false", fwd ? "true" : "false", mma ? "" : rnd,
-                 src[0], src[1], fwd ? src[2] : src[1], out, lse, cg_flit(scale * 1.4426950408889634, f));
-        tiles = mma ? (T + 127) / 128 : (T + 63) / 64;
-        shared = mma ? (int)(elem * 2 * 64 * (D + pad + E + pad)) : (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
+        if (!fwd) args.at[2] = args.at[1];   /* v unread */
+        args.at[3] = fwd ? buffer_at(c, id, false) : -1;
+        args.at[4] = !fwd ? buffer_at(c, id, false) : n_out > 1 ? buffer_at(c, outs[1], false) : -1;
     }
-    char head[1100];
-    snprintf(head, sizeof head, "%s    %s;\n", decl, call);
-    end_kernel_roots(c, outs, n_out, f32s, n_f32, head, "", 0);
-    int block = mma && n->op == OP_ATTENTION_BWD ? 128 : 256;   /* warps of 16 rows: 4 backward, 8 forward (mma) */
-    kernel_launch(p, id, tiles * B * block, block);
-    p->launch[p->n - 1].shared = shared;
+    char name[sizeof p->launch->name];
+    snprintf(name, sizeof name, "attn%s_%s%s_%lldx%lldx%lldx%lld%s", bwd ? "_bwd" : fwd ? "" : "_lse", mma ? "" : "simt_",
+             bf ? "bf16" : f32 ? (mma ? "f32x3" : "f32") : "tf32", T, S, D, E, a[5] ? "_causal" : "");
+    bool compiled = false;
+    for (int i = 0; i < p->n; i++) compiled |= p->launch[i].kind == CL_KERNEL && !strcmp(p->launch[i].name, name);
+    if (!compiled) {
+        sb_printf(c->out, "extern \"C\" __global__ void %s(float *A, void *const *B, const double *H, tga_args a) {\n"
+                          "    tgk_attention%s%s<%s%lld, %lld, %lld, %lld, %s%s%s>(",
+                  name, bwd ? "_bwd" : "", mma ? "_mma" : "", policy, T, S, D, E, a[5] ? "true" : "false",
+                  bwd ? "" : fwd ? ", true" : ", false", rnd);
+        for (int k = 0; k < (bwd ? 9 : 5); k++)
+            sb_printf(c->out, "tga_at<%s%s>(A, B, a.at[%d]), ", k < (bwd ? 6 : 3) ? "const " : "",
+                      rounded[k] ? shadow_type(c) : "float", k);
+        sb_printf(c->out, "a.scale);\n}\n\n");
+    }
+    int64_t tiles = bwd ? (S + 63) / 64 : mma ? (T + 127) / 128 : (T + 63) / 64;
+    int block = mma && bwd ? 128 : 256;   /* warps of 16 rows: 4 backward, 8 forward (mma) */
+    cuda_launch *l = kernel_launch(p, id, tiles * B * block, block);
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->takes_args = true;
+    l->args = args;
+    if (bwd)
+        l->shared = mma ? (int)(4 * 128 + elem * (2 * 64 * (D + pad + E + pad) + 64 * (D + pad)) + 4 * 64 * 72)
+                        : (int)(4 * (64 * (D + 1) * 2 + 64 * (E + 1) * 2 + 64 * 65 + 128));
+    else
+        l->shared = mma ? (int)(elem * 2 * 64 * (D + pad + E + pad)) : (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
     return n_out - 1;
 }
 
