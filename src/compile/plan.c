@@ -10,34 +10,70 @@
 
 static bool is_bound(tg_op op) { return op == OP_INPUT || op == OP_PARAM || op == OP_STATE; }
 
-typedef struct { size_t off, size; int last; } live_buf;
+/* A buffer to place: its size and the steps it is live, from its birth to its last reader
+ * (inclusive); two buffers whose lifetimes meet must not overlap. */
+typedef struct { size_t size, off; int from, to; } span;
 
-/* Lowest offset where `size` fits between the live buffers (kept sorted by offset). */
-static size_t first_fit(const live_buf *live, int n, size_t size) {
-    size_t at = 0;
-    for (int i = 0; i < n; i++) {
-        if (live[i].off >= at + size) break;
-        if (live[i].off + live[i].size > at) at = live[i].off + live[i].size;
+static size_t aligned(size_t numel) { return (numel + ALIGN - 1) / ALIGN * ALIGN; }
+
+/* Offsets for the spans taken in `order`: each at the lowest offset clear of the spans placed
+ * before it whose lifetimes meet its own (by_off: scratch of n, the placed ones by offset).
+ * Returns the arena's size in elements, or PLAN_BOUND past PLAN_MAX_ARENA. */
+static size_t place_spans(span *s, const int *order, int n, int *by_off) {
+    size_t top = 0;
+    for (int q = 0; q < n; q++) {
+        span *x = &s[order[q]];
+        size_t at = 0;
+        for (int j = 0; j < q; j++) {
+            const span *y = &s[by_off[j]];
+            if (y->to < x->from || y->from > x->to) continue;
+            if (y->off >= at + x->size) break;   /* a gap wide enough below the rest */
+            if (y->off + y->size > at) at = y->off + y->size;
+        }
+        if (at > PLAN_MAX_ARENA - x->size) return PLAN_BOUND;
+        x->off = at;
+        int pos = q;
+        while (pos > 0 && s[by_off[pos - 1]].off > at) { by_off[pos] = by_off[pos - 1]; pos--; }
+        by_off[pos] = order[q];
+        if (at + x->size > top) top = at + x->size;
     }
-    return at;
+    return top;
 }
 
-/* Place a buffer of `numel` elements, needed from step `at` to step `last`, among the live ones:
- * its offset, PLAN_BOUND past PLAN_MAX_ARENA. */
-static size_t place(live_buf *live, int *n_live, int at, size_t numel, int last, size_t *arena) {
-    int w = 0;   /* drop buffers whose last reader ran before this step */
-    for (int j = 0; j < *n_live; j++)
-        if (live[j].last >= at) live[w++] = live[j];
-    *n_live = w;
-    size_t size = (numel + ALIGN - 1) / ALIGN * ALIGN;
-    size_t off = first_fit(live, w, size);
-    if (off > PLAN_MAX_ARENA - size) return PLAN_BOUND;   /* no machine has that much memory; sizes stay exact */
-    int pos = w;
-    while (pos > 0 && live[pos - 1].off > off) { live[pos] = live[pos - 1]; pos--; }
-    live[pos] = (live_buf){ off, size, last };
-    (*n_live)++;
-    if (off + size > *arena) *arena = off + size;
-    return off;
+typedef struct { size_t size; int k; } by_size;
+
+static int larger_first(const void *a, const void *b) {
+    const by_size *x = a, *y = b;
+    if (x->size != y->size) return x->size < y->size ? 1 : -1;
+    return x->k - y->k;   /* then as given: birth order */
+}
+
+/* Offsets for n spans given in birth order (s[k].off; arena: the size in elements): placed as
+ * they are born, or the largest first, whichever needs less memory. Each greedy order leaves
+ * holes the other avoids: births pack the forward's short-lived temporaries, sizes keep the large
+ * saved activations together. False when memory runs out or past PLAN_MAX_ARENA. */
+static bool place_all(span *s, int n, size_t *arena) {
+    int *order = tg_alloc(sizeof(int) * (size_t)(n + 1)), *by_off = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    size_t *birth = tg_alloc(sizeof(size_t) * (size_t)(n + 1));
+    by_size *sizes = tg_alloc(sizeof(by_size) * (size_t)(n + 1));
+    bool ok = order && by_off && birth && sizes;
+    if (ok) {
+        for (int k = 0; k < n; k++) order[k] = k;
+        size_t births = place_spans(s, order, n, by_off);
+        for (int k = 0; k < n; k++) birth[k] = s[k].off, sizes[k] = (by_size){ s[k].size, k };
+        qsort(sizes, (size_t)n, sizeof *sizes, larger_first);
+        for (int k = 0; k < n; k++) order[k] = sizes[k].k;
+        size_t largest = place_spans(s, order, n, by_off);
+        if (largest > births)
+            for (int k = 0; k < n; k++) s[k].off = birth[k];
+        *arena = largest < births ? largest : births;
+        ok = *arena != PLAN_BOUND;
+    }
+    free(order);
+    free(by_off);
+    free(birth);
+    free(sizes);
+    return ok;
 }
 
 /* The nodes in the order their buffers are born (by step, then index): a counting sort. */
@@ -61,7 +97,6 @@ bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *mate
                 const int *live_until, const bool *unplaced, const int *born, tg_plan *out) {
     int n = g->n;
     int *last = out->last = tg_alloc(sizeof(int) * (size_t)(n + 1));
-    live_buf *live = tg_alloc(sizeof(live_buf) * (size_t)(n + 1));
     out->offset = tg_alloc(sizeof(size_t) * (size_t)(n + 1));
     out->alias = tg_alloc(sizeof(int) * (size_t)(n + 1));
     out->born = tg_alloc(sizeof(int) * (size_t)(n + 1));
@@ -70,9 +105,8 @@ bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *mate
     int *seq = NULL;
     for (int i = 0; out->born && i < n; i++) out->born[i] = born && born[i] >= 0 && born[i] < i ? born[i] : i;
     if (out->born) seq = birth_order(out->born, n);
-    if (!last || !live || !out->offset || !out->alias || !seq) {
+    if (!last || !out->offset || !out->alias || !seq) {
         free(seq);
-        free(live);
         plan_free(out);
         return false;
     }
@@ -92,59 +126,52 @@ bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *mate
         if (out->alias[i] >= 0 && last[out->alias[i]] < last[i]) last[out->alias[i]] = last[i];   /* shared buffer */
     }
 
-    int n_live = 0;
-    for (int s = 0; s < n; s++) {   /* by birth: an alias is born with (after) its home */
+    /* The buffers in birth order (an alias is born with, after, its home: it takes its offset) */
+    span *sp = tg_alloc(sizeof(span) * (size_t)(n + 1));
+    int *of = tg_alloc(sizeof(int) * (size_t)(n + 1)), n_sp = 0;
+    bool ok = sp && of;
+    for (int s = 0; ok && s < n; s++) {
         int i = seq[s];
         bool none = is_bound(g->nodes[i].op) || (materialized && !materialized[i]) || (unplaced && unplaced[i]);
-        if (none) { out->offset[i] = PLAN_BOUND; continue; }
-        if (out->alias[i] >= 0) { out->offset[i] = out->offset[out->alias[i]]; continue; }
-        out->offset[i] = place(live, &n_live, out->born[i], (size_t)g->nodes[i].numel, last[i], &out->arena);
-        if (out->offset[i] == PLAN_BOUND) {
-            free(seq);
-            free(live);
-            plan_free(out);
-            return false;
-        }
+        out->offset[i] = PLAN_BOUND;
+        if (none || out->alias[i] >= 0) continue;
+        of[n_sp] = i;
+        sp[n_sp++] = (span){ aligned((size_t)g->nodes[i].numel), 0, out->born[i], last[i] };
     }
+    ok = ok && place_all(sp, n_sp, &out->arena);
+    for (int k = 0; ok && k < n_sp; k++) out->offset[of[k]] = sp[k].off;
+    for (int s = 0; ok && s < n; s++)
+        if (out->alias[seq[s]] >= 0) out->offset[seq[s]] = out->offset[out->alias[seq[s]]];
+    free(sp);
+    free(of);
     free(seq);
-    free(live);
-    return true;
+    if (!ok) plan_free(out);
+    return ok;
 }
 
 bool plan_shadows(const tg_graph *g, tg_plan *p, const bool *want, int elem_bytes) {
-    int n = g->n;
-    live_buf *live = tg_alloc(sizeof(live_buf) * (size_t)(n + 1));
+    int n = g->n, *seq = birth_order(p->born, n), *of = tg_alloc(sizeof(int) * (size_t)(n + 1)), n_sp = 0;
+    span *sp = tg_alloc(sizeof(span) * (size_t)(n + 1));
     p->shadow = tg_alloc(sizeof(size_t) * (size_t)(n + 1));
-    if (!live || !p->shadow) {
-        free(live);
-        return false;
-    }
-    int *seq = birth_order(p->born, n);
-    if (!seq) {
-        free(live);
-        return false;
-    }
-    size_t base = p->arena, top = 0;
-    int n_live = 0;
-    for (int pass = 0; pass < 2; pass++)   /* leaves first: they are rounded before the first kernel */
+    bool ok = seq && of && sp && p->shadow;
+    for (int pass = 0; ok && pass < 2; pass++)   /* leaves first: they are rounded before the first kernel */
         for (int s = 0; s < n; s++) {
             int i = seq[s];
             if (is_bound(g->nodes[i].op) != (pass == 0)) continue;
             p->shadow[i] = PLAN_BOUND;
             if (!want[i]) continue;
-            size_t off = place(live, &n_live, pass ? p->born[i] : 0, ((size_t)g->nodes[i].numel * (size_t)elem_bytes + 3) / 4,
-                               p->last[i], &top);
-            if (off == PLAN_BOUND || base > PLAN_MAX_ARENA - top) {
-                free(seq);
-                free(live);
-                return false;
-            }
-            p->shadow[i] = base + off;
+            of[n_sp] = i;
+            sp[n_sp++] = (span){ aligned(((size_t)g->nodes[i].numel * (size_t)elem_bytes + 3) / 4), 0, pass ? p->born[i] : 0,
+                                 p->last[i] };
         }
-    p->arena = base + top;
+    size_t top = 0, base = p->arena;
+    ok = ok && place_all(sp, n_sp, &top) && base <= PLAN_MAX_ARENA - top;
+    for (int k = 0; ok && k < n_sp; k++) p->shadow[of[k]] = base + sp[k].off;
+    if (ok) p->arena = base + top;
     free(seq);
-    free(live);
-    return true;
+    free(of);
+    free(sp);
+    return ok;
 }
 
 void plan_free(tg_plan *p) {
