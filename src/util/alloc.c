@@ -29,14 +29,18 @@ static bool alloc_allowed(void) {
 static _Thread_local long failures;
 long alloc_failures(void) { return failures; }
 
+/* More bytes than a 64-bit machine's address space holds (2^47 on x86-64 and aarch64): refused
+ * here, as malloc would, because AddressSanitizer aborts on such a size instead of returning NULL. */
+#define ALLOC_MAX ((size_t)1 << 47)
+
 void *tg_alloc(size_t n) {
-    void *p = alloc_allowed() ? calloc(1, n ? n : 1) : NULL;
+    void *p = alloc_allowed() && n <= ALLOC_MAX ? calloc(1, n ? n : 1) : NULL;
     failures += !p;
     return p;
 }
 
 void *tg_alloc_aligned64(size_t bytes) {
-    if (bytes > SIZE_MAX - 63) return NULL;
+    if (bytes > ALLOC_MAX) return NULL;
     bytes = bytes ? (bytes + 63) / 64 * 64 : 64;   /* aligned_alloc wants a multiple of the alignment */
     void *p = alloc_allowed() ? aligned_alloc(64, bytes) : NULL;
     failures += !p;
@@ -44,7 +48,7 @@ void *tg_alloc_aligned64(size_t bytes) {
 }
 
 void *tg_realloc(void *p, size_t n) {
-    void *q = alloc_allowed() ? realloc(p, n ? n : 1) : NULL;
+    void *q = alloc_allowed() && n <= ALLOC_MAX ? realloc(p, n ? n : 1) : NULL;
     failures += !q;
     return q;
 }
