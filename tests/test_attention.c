@@ -122,6 +122,9 @@ static void test_forward(void) {
 /* ----- gradients ----- */
 
 static tg_tensor self_attention(const void *vc, const tg_tensor *in) { return tg_attention(in[0], in[0], in[0], 1, 0.5); }
+static tg_tensor merged_attention(const void *vc, const tg_tensor *in) {
+    return tg_merge_heads(tg_attention(in[0], in[1], in[2], 1, 0.5));
+}
 
 static void test_gradients(void) {
     char what[200];
@@ -133,6 +136,22 @@ static void test_gradients(void) {
     /* self-attention: q, k and v one tensor, so its gradient is the sum of all three */
     inspec x = FIN("x", -1, 1, 2, 5, 3);
     op_gradcheck("tg_attention(x, x, x) causal", self_attention, NULL, NULL, 1, &x, 0, false);
+    /* heads merged after attention, as a model does: the gradients read the output from the
+     * merged copy [B, T, H, E] (ATTENTION_BWD's iarg[2]), so the output's own buffer need not
+     * live until the backward */
+    inspec qkv[3] = { FIN("q", -1, 1, 2, 3, 5, 4), FIN("k", -1, 1, 2, 3, 5, 4), FIN("v", -1, 1, 2, 3, 5, 6) };
+    tg_probe *p = op_gradcheck("tg_merge_heads(tg_attention) causal", merged_attention, NULL, NULL, 3, qkv, 0, true);
+    const tg_graph *g = p ? tg_probe_graph(p) : NULL;
+    int bwd = 0, from_merged = 0;
+    for (int i = 0; g && i < tg_graph_n_nodes(g); i++) {
+        tg_node_info n = tg_graph_node(g, i);
+        if (strcmp(n.op, "attention_backward") != 0) continue;
+        bwd++;
+        from_merged += strcmp(tg_graph_node(g, n.inputs[3]).op, "permute") == 0;
+    }
+    CHECK(bwd == 3 && from_merged == 3, "%d of %d attention gradients read the output from the merged heads, want 3 of 3",
+          from_merged, bwd);
+    tg_probe_free(p);
 }
 
 /* ----- recognition of the written-out form ----- */

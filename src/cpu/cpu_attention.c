@@ -24,12 +24,13 @@
  * are rounded to bf16 as operands (a graph of bf16 precision), as the reference does; the
  * products then run in f32 on the rounded copies (p is not rounded, so the p v product has no
  * bf16 operand pair for vdpbf16ps: the same arithmetic as f32, a copy's cost more). */
-typedef struct { int64_t batch, T, S, D, E; bool causal, bf16; float scale; } attn;
+typedef struct { int64_t batch, T, S, D, E, heads; bool causal, bf16; float scale; } attn;
 
-static attn attn_of(const int64_t *a) {
+/* a: cg_attention_args, whether the operands are bf16, and (backward) out's heads (attn_out_row) */
+static attn attn_of(const int64_t *a, bool backward) {
     double scale;
     memcpy(&scale, &a[6], sizeof scale);
-    return (attn){ a[0], a[1], a[2], a[3], a[4], a[5] != 0, a[7] != 0, (float)scale };
+    return (attn){ a[0], a[1], a[2], a[3], a[4], backward ? a[8] : 0, a[5] != 0, a[7] != 0, (float)scale };
 }
 
 /* x, or (bf16) its n values rounded to bf16 in dst; dst advanced past what it used. */
@@ -116,7 +117,7 @@ static void forward_block(const attn *A, exp_sub_fn exp_sub, const float *qb, co
 
 /* p = {q, k, v, out (or NULL), lse (or NULL)} */
 void cpu_attention(const int64_t *a, void *const *p) {
-    const attn A = attn_of(a);
+    const attn A = attn_of(a, false);
     const float *q = p[0], *k = p[1], *v = p[2];
     float *out = p[3], *lse = p[4];
     const exp_sub_fn exp_sub = exp_sub_for(cpu_kernels_isa());
@@ -141,8 +142,8 @@ void cpu_attention(const int64_t *a, void *const *p) {
 
 /* ----- backward ----- */
 
-/* One head (pointers offset to it), a block of query rows at a time: with p_c = exp(s_c - lse_r)
- * and delta_r = d_out_r . out_r, dp = d_out vᵀ, ds = scale p (dp - delta); dq = ds k, dk += dsᵀ q,
+/* One head (pointers offset to it; out's rows attn_out_stride apart), a block of query rows at a
+ * time: with p_c = exp(s_c - lse_r) and delta_r = d_out_r . out_r, dp = d_out vᵀ, ds = scale p (dp - delta); dq = ds k, dk += dsᵀ q,
  * dv += pᵀ d_out. dq, dk, dv may be NULL (not wanted). buf: 2 RB S floats. */
 static void backward_head(const attn *A, exp_sub_fn exp_sub, const float *q, const float *k, const float *v,
                           const float *o, const float *dout, const float *lse, float *dq, float *dk, float *dv,
@@ -157,7 +158,8 @@ static void backward_head(const attn *A, exp_sub_fn exp_sub, const float *q, con
         for (int64_t i = 0; i < rows; i++) {
             float *pi = pb + i * A->S, *di = ds + i * A->S, delta = 0;
             const int64_t r = r0 + i, n = kept(A, r);
-            for (int64_t e = 0; e < A->E; e++) delta += dout[r * A->E + e] * o[r * A->E + e];
+            const float *orow = o + r * attn_out_stride(A->E, A->heads);
+            for (int64_t e = 0; e < A->E; e++) delta += dout[r * A->E + e] * orow[e];
             for (int64_t c = 0; c < n; c++) pi[c] *= A->scale;
             exp_sub(pi, n, lse[r]);
             #pragma omp simd
@@ -172,7 +174,7 @@ static void backward_head(const attn *A, exp_sub_fn exp_sub, const float *q, con
 
 /* p = {q, k, v, out, d_out, lse, dq, dk, dv} (any of the last three NULL) */
 void cpu_attention_bwd(const int64_t *a, void *const *p) {
-    const attn A = attn_of(a);
+    const attn A = attn_of(a, true);
     const float *q = p[0], *k = p[1], *v = p[2], *o = p[3], *dout = p[4], *lse = p[5];
     float *dq = p[6], *dk = p[7], *dv = p[8];
     const exp_sub_fn exp_sub = exp_sub_for(cpu_kernels_isa());
@@ -188,7 +190,7 @@ void cpu_attention_bwd(const int64_t *a, void *const *p) {
             const float *qh = operand(&A, q + b * A.T * A.D, A.T * A.D, &copies);
             const float *kh = operand(&A, k + b * A.S * A.D, A.S * A.D, &copies);
             const float *vh = operand(&A, v + b * A.S * A.E, A.S * A.E, &copies);
-            backward_head(&A, exp_sub, qh, kh, vh, o + b * A.T * A.E, operand(&A, dout + b * A.T * A.E, A.T * A.E, &copies),
+            backward_head(&A, exp_sub, qh, kh, vh, o + attn_out_row(b, 0, A.T, A.E, A.heads), operand(&A, dout + b * A.T * A.E, A.T * A.E, &copies),
                           lse + b * A.T, dq ? dq + b * A.T * A.D : NULL, dk ? dk + b * A.S * A.D : NULL,
                           dv ? dv + b * A.S * A.E : NULL, buf);
         }

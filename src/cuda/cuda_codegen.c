@@ -1073,16 +1073,21 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
         args.at[3] = fwd ? buffer_at(c, id, false) : -1;
         args.at[4] = !fwd ? buffer_at(c, id, false) : n_out > 1 ? buffer_at(c, outs[1], false) : -1;
     }
-    char name[sizeof p->launch->name];
+    const long long heads = bwd && n->iarg[2] > 1 ? n->iarg[2] : 1;   /* out's layout (graph.h: attn_out_row) */
+    char name[sizeof p->launch->name], last[40];   /* last: the template's OUT (forward), RND (SIMT), heads (backward) */
     snprintf(name, sizeof name, "attn%s_%s%s_%lldx%lldx%lldx%lld%s", bwd ? "_bwd" : fwd ? "" : "_lse", mma ? "" : "simt_",
              bf ? "bf16" : f32 ? (mma ? "f32x3" : "f32") : "tf32", T, S, D, E, a[5] ? "_causal" : "");
+    snprintf(last, sizeof last, "%s%s", bwd ? "" : fwd ? ", true" : ", false", rnd);
+    if (bwd) {
+        snprintf(last + strlen(last), sizeof last - strlen(last), ", %lld", heads);
+        snprintf(name + strlen(name), sizeof name - strlen(name), "_h%lld", heads);
+    }
     bool compiled = false;
     for (int i = 0; i < p->n; i++) compiled |= p->launch[i].kind == CL_KERNEL && !strcmp(p->launch[i].name, name);
     if (!compiled) {
         sb_printf(c->out, "extern \"C\" __global__ void %s(float *A, void *const *B, const double *H, tga_args a) {\n"
-                          "    tgk_attention%s%s<%s%lld, %lld, %lld, %lld, %s%s%s>(",
-                  name, bwd ? "_bwd" : "", mma ? "_mma" : "", policy, T, S, D, E, a[5] ? "true" : "false",
-                  bwd ? "" : fwd ? ", true" : ", false", rnd);
+                          "    tgk_attention%s%s<%s%lld, %lld, %lld, %lld, %s%s>(",
+                  name, bwd ? "_bwd" : "", mma ? "_mma" : "", policy, T, S, D, E, a[5] ? "true" : "false", last);
         for (int k = 0; k < (bwd ? 9 : 5); k++)
             sb_printf(c->out, "tga_at<%s%s>(A, B, a.at[%d]), ", k < (bwd ? 6 : 3) ? "const " : "",
                       rounded[k] ? shadow_type(c) : "float", k);

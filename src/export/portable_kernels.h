@@ -445,12 +445,14 @@ static void tgk_attention(const int64_t *a, void *const *p) {
 #if defined(TGK_USE_ATTENTION_BWD)
 /* p = {q, k, v, out, d_out, lse, dq, dk, dv} (any of the last three NULL): with p_c = exp(s_c -
  * lse_r) and delta_r = d_out_r . out_r, ds_c = scale p_c (d_out_r . v_c - delta_r); dq_r =
- * sum_c ds_c k_c, dk_c += ds_c q_r, dv_c += p_c d_out_r. */
+ * sum_c ds_c k_c, dk_c += ds_c q_r, dv_c += p_c d_out_r. a[8] = h > 1: out's rows are those of h
+ * heads interleaved ([.., T, h, E]; graph.h's attn_out_row). */
 static void tgk_attention_bwd(const int64_t *a, void *const *p) {
     const tgk_attn A = tgk_attn_of(a);
+    const int64_t h = a[8] > 1 ? a[8] : 1, os = h * A.E;   /* out's row stride */
     for (int64_t b = 0; b < A.batch; b++) {
         const float *q = (const float *)p[0] + b * A.T * A.D, *k = (const float *)p[1] + b * A.S * A.D;
-        const float *v = (const float *)p[2] + b * A.S * A.E, *o = (const float *)p[3] + b * A.T * A.E;
+        const float *v = (const float *)p[2] + b * A.S * A.E, *o = (const float *)p[3] + ((b / h) * A.T * h + b % h) * A.E;
         const float *g = (const float *)p[4] + b * A.T * A.E, *lse = (const float *)p[5] + b * A.T;
         float *dq = p[6] ? (float *)p[6] + b * A.T * A.D : NULL, *dk = p[7] ? (float *)p[7] + b * A.S * A.D : NULL;
         float *dv = p[8] ? (float *)p[8] + b * A.S * A.E : NULL;
@@ -459,7 +461,7 @@ static void tgk_attention_bwd(const int64_t *a, void *const *p) {
         for (int64_t r = 0; r < A.T; r++) {
             const float *qr = q + r * A.D, *gr = g + r * A.E;
             float delta = 0;
-            for (int64_t e = 0; e < A.E; e++) delta += gr[e] * o[r * A.E + e];
+            for (int64_t e = 0; e < A.E; e++) delta += gr[e] * o[r * os + e];
             if (dq) for (int64_t d = 0; d < A.D; d++) dq[r * A.D + d] = 0;
             for (int64_t c = 0; c < tgk_attn_kept(&A, r); c++) {
                 float pc = expf(tgk_attn_score(&A, qr, k + c * A.D) - lse[r]), dp = 0;

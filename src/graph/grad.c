@@ -66,13 +66,31 @@ static void matmul_rule(grad_ctx *c, tg_site s, const tg_node *n, tg_tensor go) 
     }
 }
 
+/* A permute of attention output `id` [.., H, T, E] that swaps its heads and rows, as a model
+ * merges heads ([.., T, H, E], then a reshape): its node, or -1. */
+static int heads_merged(const tg_graph *g, int id) {
+    const tg_node *o = &g->nodes[id];
+    const int nd = o->shape.ndim;
+    for (int j = id + 1; nd >= 3 && j < g->n; j++) {
+        const tg_node *p = &g->nodes[j];
+        bool swap = p->op == OP_PERMUTE && p->src[0] == id;
+        for (int i = 0; swap && i < nd; i++) swap = p->iarg[i] == (i == nd - 3 ? nd - 2 : i == nd - 2 ? nd - 3 : i);
+        if (swap) return j;
+    }
+    return -1;
+}
+
 /* Gradients of attention with respect to q, k and v, as consecutive ATTENTION_BWD nodes (the
  * ones needed, in that order) reading the forward's output and its row log-sum-exp, the
- * ATTENTION_LSE node tg_attention put right after it. */
+ * ATTENTION_LSE node tg_attention put right after it. Where the model merges the heads of the
+ * output, the gradients read the output from that copy, which lives on anyway (the next product
+ * reads it), and the output's own buffer is free once the copy is made: a [.., T, E] buffer less
+ * a layer until the backward. */
 static void attention_rule(grad_ctx *c, tg_site s, int id, tg_tensor go) {
     tg_graph *g = c->g;
     const tg_node n = g->nodes[id];   /* a copy: appending nodes may move the array */
-    int srcs[6] = { n.src[0], n.src[1], n.src[2], id, go.id, id + 1 };
+    const int merged = heads_merged(g, id);
+    int srcs[6] = { n.src[0], n.src[1], n.src[2], merged >= 0 ? merged : id, go.id, id + 1 };
     if (id + 1 >= g->n || g->nodes[id + 1].op != OP_ATTENTION_LSE) {
         ir_fail(g, s, "internal: attention node %d has no row statistics after it", id);
         return;
@@ -83,6 +101,7 @@ static void attention_rule(grad_ctx *c, tg_site s, int id, tg_tensor go) {
         tg_tensor d = MIRROR(OP_ATTENTION_BWD, g->nodes[n.src[w]].shape, 6, srcs);
         if (d.id < 0) return;
         g->nodes[d.id].iarg[1] = w;
+        g->nodes[d.id].iarg[2] = merged >= 0 ? n.shape.d[n.shape.ndim - 3] : 0;
         grads[w] = d.id;
     }
     for (int w = 0; w < 3; w++)   /* after all three: accumulating appends nodes between them */

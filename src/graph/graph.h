@@ -107,7 +107,9 @@ typedef enum {
      * ATTENTION node (backends may compute both in one pass; the gradient reads it, a forward
      * never does, and schedules drop it there). ATTENTION_BWD: src q, k, v, out, d_out, lse;
      * iarg[1] = 0, 1, 2: the gradient with respect to q, k or v (shape of that operand). The
-     * gradient rule appends the ones it needs consecutively, in that order. */
+     * gradient rule appends the ones it needs consecutively, in that order. iarg[2] = H > 1: out
+     * is given with the head axis and the rows swapped ([.., T, H, E]: the copy a model makes to
+     * merge heads, attn_out_row), so that the output itself need not live until the backward. */
     OP_ATTENTION, OP_ATTENTION_LSE, OP_ATTENTION_BWD,
 
     OP_COUNT
@@ -252,6 +254,13 @@ tg_tensor op_hyper(tg_graph *g, int slot);
 tg_tensor op_state(tg_graph *g, int like_param_node);
 tg_tensor op_scatter_rows(tg_site s, tg_tensor vals, tg_tensor idx, int64_t rows);
 /* Attention (checked operands): the ATTENTION node, with its ATTENTION_LSE node after it. */
+/* Where ATTENTION_BWD's `out` holds row r of batch b (of T rows of E), its iarg[2] being h: b's
+ * rows one after another, or with h > 1 those of its h heads interleaved ([.., T, h, E]); the
+ * next row is attn_out_stride further. */
+static inline int64_t attn_out_row(int64_t b, int64_t r, int64_t T, int64_t E, int64_t h) {
+    return h > 1 ? (((b / h) * T + r) * h + b % h) * E : (b * T + r) * E;
+}
+static inline int64_t attn_out_stride(int64_t E, int64_t h) { return h > 1 ? h * E : E; }
 tg_tensor op_attention(tg_site s, tg_tensor q, tg_tensor k, tg_tensor v, bool causal, double scale);
 /* An f32 node of op `op` carrying the axis/iarg/farg of node `like` (gradient rules use it to
  * emit adjoints: slice for pad, col2im for im2col, the same dropout mask). */

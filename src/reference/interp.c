@@ -709,13 +709,13 @@ static void maxpool2d(const tg_node *n, const tg_node *x, bool bwd, double *rest
  * Attention (OP_ATTENTION, _LSE, _BWD): q [.., T, D], k [.., S, D], v [.., S, E], batch by batch
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct { int64_t batch, T, S, D, E; bool causal; double scale; } attn_dims;
+typedef struct { int64_t batch, T, S, D, E, heads; bool causal; double scale; } attn_dims;
 
 static attn_dims attn_dims_of(const tg_graph *g, const tg_node *n)
 {
     tg_shape q = g->nodes[n->src[0]].shape, v = g->nodes[n->src[2 < n->nsrc ? 2 : 1]].shape;
     attn_dims a = { 1, q.d[q.ndim - 2], g->nodes[n->src[1]].shape.d[q.ndim - 2], q.d[q.ndim - 1], v.d[v.ndim - 1],
-                    n->iarg[0] != 0, n->farg };
+                    n->op == OP_ATTENTION_BWD ? n->iarg[2] : 0, n->iarg[0] != 0, n->farg };
     for (int i = 0; i < q.ndim - 2; i++)
         a.batch *= q.d[i];
     return a;
@@ -782,12 +782,13 @@ static void attention_backward(const attn_dims *a, int which, double *const *in,
     memset(grad, 0, sizeof(double) * (size_t)(a->batch * rows * cols));
     for (int64_t b = 0; b < a->batch; b++) {
         const double *qb = q + b * a->T * a->D, *kb = k + b * a->S * a->D, *vb = v + b * a->S * a->E;
-        const double *ob = o + b * a->T * a->E, *gb = dout + b * a->T * a->E;
+        const double *ob = o + attn_out_row(b, 0, a->T, a->E, a->heads), *gb = dout + b * a->T * a->E;
+        const int64_t os = attn_out_stride(a->E, a->heads);
         double *db = grad + b * rows * cols;
         for (int64_t r = 0; r < a->T; r++) {
             double delta = 0;
             for (int64_t e = 0; e < a->E; e++)
-                delta += gb[r * a->E + e] * ob[r * a->E + e];
+                delta += gb[r * a->E + e] * ob[r * os + e];
             for (int64_t c = 0; c < attn_kept(a, r); c++) {
                 double p = exp(attn_score(a, qb, kb, r, c) - lse[b * a->T + r]), dp = 0;
                 for (int64_t e = 0; e < a->E; e++)
