@@ -143,8 +143,9 @@ void cpu_attention(const int64_t *a, void *const *p) {
 /* ----- backward ----- */
 
 /* One head (pointers offset to it; out's rows attn_out_stride apart), a block of query rows at a
- * time: with p_c = exp(s_c - lse_r) and delta_r = d_out_r . out_r, dp = d_out vᵀ, ds = scale p (dp - delta); dq = ds k, dk += dsᵀ q,
- * dv += pᵀ d_out. dq, dk, dv may be NULL (not wanted). buf: 2 RB S floats. */
+ * time: with p_c = exp(s_c - lse_r) and delta_r = d_out_r . out_r, dp = d_out vᵀ, ds = scale p
+ * (dp - delta); dq = ds k, dk += dsᵀ q, dv += pᵀ d_out. dq, dk, dv may be NULL (not wanted).
+ * buf: 2 RB S floats. */
 static void backward_head(const attn *A, exp_sub_fn exp_sub, const float *q, const float *k, const float *v,
                           const float *o, const float *dout, const float *lse, float *dq, float *dk, float *dv,
                           float *buf) {
@@ -190,9 +191,9 @@ void cpu_attention_bwd(const int64_t *a, void *const *p) {
             const float *qh = operand(&A, q + b * A.T * A.D, A.T * A.D, &copies);
             const float *kh = operand(&A, k + b * A.S * A.D, A.S * A.D, &copies);
             const float *vh = operand(&A, v + b * A.S * A.E, A.S * A.E, &copies);
-            backward_head(&A, exp_sub, qh, kh, vh, o + attn_out_row(b, 0, A.T, A.E, A.heads), operand(&A, dout + b * A.T * A.E, A.T * A.E, &copies),
-                          lse + b * A.T, dq ? dq + b * A.T * A.D : NULL, dk ? dk + b * A.S * A.D : NULL,
-                          dv ? dv + b * A.S * A.E : NULL, buf);
+            const float *gh = operand(&A, dout + b * A.T * A.E, A.T * A.E, &copies);
+            backward_head(&A, exp_sub, qh, kh, vh, o + attn_out_row(b, 0, A.T, A.E, A.heads), gh, lse + b * A.T,
+                          dq ? dq + b * A.T * A.D : NULL, dk ? dk + b * A.S * A.D : NULL, dv ? dv + b * A.S * A.E : NULL, buf);
         }
         fp_restore(fp);
     }
