@@ -18,21 +18,27 @@ static size_t aligned(size_t numel) { return (numel + ALIGN - 1) / ALIGN * ALIGN
 
 /* Offsets for the spans taken in `order`: each at the lowest offset clear of the spans placed
  * before it whose lifetimes meet its own (by_off: scratch of n, the placed ones by offset).
+ * `births`: the order is by birth, so a span that ended before the current one began ends before
+ * every later one begins too, and leaves the list (placing stays linear in the live spans).
  * Returns the arena's size in elements, or PLAN_BOUND past PLAN_MAX_ARENA. */
-static size_t place_spans(span *s, const int *order, int n, int *by_off) {
+static size_t place_spans(span *s, const int *order, int n, int *by_off, bool births) {
     size_t top = 0;
+    int placed = 0;
     for (int q = 0; q < n; q++) {
         span *x = &s[order[q]];
         size_t at = 0;
-        for (int j = 0; j < q; j++) {
+        int w = 0;
+        for (int j = 0; j < placed; j++) {
             const span *y = &s[by_off[j]];
-            if (y->to < x->from || y->from > x->to) continue;
-            if (y->off >= at + x->size) break;   /* a gap wide enough below the rest */
+            if (births && y->to < x->from) continue;   /* dead for good: dropped */
+            by_off[w++] = by_off[j];
+            if (y->to < x->from || y->from > x->to || y->off >= at + x->size) continue;
             if (y->off + y->size > at) at = y->off + y->size;
         }
+        placed = w;
         if (at > PLAN_MAX_ARENA - x->size) return PLAN_BOUND;
         x->off = at;
-        int pos = q;
+        int pos = placed++;
         while (pos > 0 && s[by_off[pos - 1]].off > at) { by_off[pos] = by_off[pos - 1]; pos--; }
         by_off[pos] = order[q];
         if (at + x->size > top) top = at + x->size;
@@ -51,7 +57,10 @@ static int larger_first(const void *a, const void *b) {
 /* Offsets for n spans given in birth order (s[k].off; arena: the size in elements): placed as
  * they are born, or the largest first, whichever needs less memory. Each greedy order leaves
  * holes the other avoids: births pack the forward's short-lived temporaries, sizes keep the large
- * saved activations together. False when memory runs out or past PLAN_MAX_ARENA. */
+ * saved activations together. The largest-first pass compares every pair of spans, a cost that
+ * grows with the square of their number: graphs of more than LARGEST_FIRST_MAX buffers skip it.
+ * False when memory runs out or past PLAN_MAX_ARENA. */
+#define LARGEST_FIRST_MAX 16384
 static bool place_all(span *s, int n, size_t *arena) {
     int *order = tg_alloc(sizeof(int) * (size_t)(n + 1)), *by_off = tg_alloc(sizeof(int) * (size_t)(n + 1));
     size_t *birth = tg_alloc(sizeof(size_t) * (size_t)(n + 1));
@@ -59,13 +68,15 @@ static bool place_all(span *s, int n, size_t *arena) {
     bool ok = order && by_off && birth && sizes;
     if (ok) {
         for (int k = 0; k < n; k++) order[k] = k;
-        size_t births = place_spans(s, order, n, by_off);
-        for (int k = 0; k < n; k++) birth[k] = s[k].off, sizes[k] = (by_size){ s[k].size, k };
-        qsort(sizes, (size_t)n, sizeof *sizes, larger_first);
-        for (int k = 0; k < n; k++) order[k] = sizes[k].k;
-        size_t largest = place_spans(s, order, n, by_off);
-        if (largest > births)
-            for (int k = 0; k < n; k++) s[k].off = birth[k];
+        size_t births = place_spans(s, order, n, by_off, true), largest = PLAN_BOUND;
+        if (n <= LARGEST_FIRST_MAX) {
+            for (int k = 0; k < n; k++) birth[k] = s[k].off, sizes[k] = (by_size){ s[k].size, k };
+            qsort(sizes, (size_t)n, sizeof *sizes, larger_first);
+            for (int k = 0; k < n; k++) order[k] = sizes[k].k;
+            largest = place_spans(s, order, n, by_off, false);
+            if (largest > births)
+                for (int k = 0; k < n; k++) s[k].off = birth[k];
+        }
         *arena = largest < births ? largest : births;
         ok = *arena != PLAN_BOUND;
     }
