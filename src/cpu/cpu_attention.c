@@ -192,7 +192,7 @@ void cpu_attention_bwd(const int64_t *a, void *const *p) {
             const float *kh = operand(&A, k + b * A.S * A.D, A.S * A.D, &copies);
             const float *vh = operand(&A, v + b * A.S * A.E, A.S * A.E, &copies);
             const float *gh = operand(&A, dout + b * A.T * A.E, A.T * A.E, &copies);
-            backward_head(&A, exp_sub, qh, kh, vh, o + attn_out_row(b, 0, A.T, A.E, A.heads), gh, lse + b * A.T,
+            backward_head(&A, exp_sub, qh, kh, vh, o + attn_out_row(b, A.T, A.E, A.heads), gh, lse + b * A.T,
                           dq ? dq + b * A.T * A.D : NULL, dk ? dk + b * A.S * A.D : NULL, dv ? dv + b * A.S * A.E : NULL, buf);
         }
         fp_restore(fp);

@@ -289,7 +289,7 @@ static void *compile_cubin(const char *source, const char *arch, size_t *len, tg
  * dozen pointwise ones; the costliest go first, each to the part with the least so far, so that
  * one long kernel (a whole optimizer update: a segment per parameter) does not make its part
  * the last to finish. */
-#define MAX_PARTS 16   /* a part for each of a GPT's dozen attention kernels, where the machine has the processors */
+#define MAX_PARTS 16   /* parts compile at once where the machine has the processors */
 
 typedef struct {
     strbuf source;

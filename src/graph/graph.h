@@ -254,14 +254,14 @@ tg_tensor op_hyper(tg_graph *g, int slot);
 tg_tensor op_state(tg_graph *g, int like_param_node);
 tg_tensor op_scatter_rows(tg_site s, tg_tensor vals, tg_tensor idx, int64_t rows);
 /* Attention (checked operands): the ATTENTION node, with its ATTENTION_LSE node after it. */
-/* Where ATTENTION_BWD's `out` holds row r of batch b (of T rows of E), its iarg[2] being h: b's
- * rows one after another, or with h > 1 those of its h heads interleaved ([.., T, h, E]); the
- * next row is attn_out_stride further. */
-static inline int64_t attn_out_row(int64_t b, int64_t r, int64_t T, int64_t E, int64_t h) {
-    return h > 1 ? (((b / h) * T + r) * h + b % h) * E : (b * T + r) * E;
+tg_tensor op_attention(tg_site s, tg_tensor q, tg_tensor k, tg_tensor v, bool causal, double scale);
+/* Where ATTENTION_BWD's `out` holds the first row of batch b (of T rows of E), its iarg[2] being
+ * h: b's rows one after another, or with h > 1 those of its h heads interleaved ([.., T, h, E]);
+ * each next row is attn_out_stride further. */
+static inline int64_t attn_out_row(int64_t b, int64_t T, int64_t E, int64_t h) {
+    return h > 1 ? ((b / h) * T * h + b % h) * E : b * T * E;
 }
 static inline int64_t attn_out_stride(int64_t E, int64_t h) { return h > 1 ? h * E : E; }
-tg_tensor op_attention(tg_site s, tg_tensor q, tg_tensor k, tg_tensor v, bool causal, double scale);
 /* An f32 node of op `op` carrying the axis/iarg/farg of node `like` (gradient rules use it to
  * emit adjoints: slice for pad, col2im for im2col, the same dropout mask). */
 tg_tensor op_mirror(tg_graph *g, tg_site s, tg_op op, int like, tg_shape shape, int nsrc, const int *src);

@@ -782,7 +782,7 @@ static void attention_backward(const attn_dims *a, int which, double *const *in,
     memset(grad, 0, sizeof(double) * (size_t)(a->batch * rows * cols));
     for (int64_t b = 0; b < a->batch; b++) {
         const double *qb = q + b * a->T * a->D, *kb = k + b * a->S * a->D, *vb = v + b * a->S * a->E;
-        const double *ob = o + attn_out_row(b, 0, a->T, a->E, a->heads), *gb = dout + b * a->T * a->E;
+        const double *ob = o + attn_out_row(b, a->T, a->E, a->heads), *gb = dout + b * a->T * a->E;
         const int64_t os = attn_out_stride(a->E, a->heads);
         double *db = grad + b * rows * cols;
         for (int64_t r = 0; r < a->T; r++) {
