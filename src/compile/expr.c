@@ -527,8 +527,14 @@ static const char *val(cg *c, int id, ix_t ix) {
     char name[NAME];
     if (in_memory(c, id)) {
         ensure_flat(c, n->shape, &ix);
+        bool own = c->lanes && strcmp(ix.flat, c->lane_ix) == 0;
+        if (c->regs && c->regs[id]) {
+            if (!own) c->regs_missed = true;
+            cg_def(c, name, "t", "float", "R%d[it * %d + %d]", id, c->lanes, c->lane);
+            return cg_memo_add(c, id, key, name);
+        }
         c->used[id] = true;
-        if (c->lanes && strcmp(ix.flat, c->lane_ix) == 0 && lane_load(c, id, name)) {
+        if (own && lane_load(c, id, name)) {
             /* a lane of one wide load */
         } else if (cg_unplaced(c, id)) cg_def(c, name, "t", "float", "tgk_bf16f(P%d[%s])", id, ix.flat);   /* kept in bf16 only */
         else cg_def(c, name, "t", cg_ctype(n), "P%d[%s]", id, ix.flat);

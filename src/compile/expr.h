@@ -46,6 +46,12 @@ typedef struct {
     char lane_base[NAME], lane_ix[NAME];
     struct { int node; char name[NAME]; } vec[32];
     int n_vec;
+    /* CUDA row kernels (NULL: off): per node, whether its row elements live in a register array
+     * R<node>[it * lanes + lane] of the kernel's unrolled loop (iteration `it`) instead of its
+     * buffer. Read anywhere but at lane_ix, such a node sets regs_missed (the kernel is then
+     * generated again without). */
+    const bool *regs;
+    bool regs_missed;
     /* CPU row runs (row 0: off): an element-wise loop nested as flat index i = o * row + u, u < row.
      * The coordinates of a value of that innermost size read at index i are u and functions of o
      * alone, which the compiler hoists out of the loop over u: a permuted or broadcast read is

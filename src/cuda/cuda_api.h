@@ -62,9 +62,16 @@ typedef struct {
     CUresult (*EventDestroy)(CUevent);
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*StreamQuery)(CUstream);
+    CUresult (*LaunchKernelEx)(const void *, CUfunction, void **, void **);   /* optional (CUDA 11.8 on): NULL without */
 } cuda_driver_api;
 extern cuda_driver_api tg_cuda_driver;
 #define cu tg_cuda_driver
+
+/* Kernel f on the stream, grid[0] x grid[1] x grid[2] blocks of `block` threads. `early`: the
+ * kernel begins with tgk_prior (every kernel of the generated source does), so it may start while
+ * the kernel before it finishes (programmatic dependent launch: lt_device's `early`). */
+CUresult cuda_start(CUfunction f, const unsigned grid[3], unsigned block, unsigned shared, CUstream stream, void **args,
+                     bool early);
 
 /* cuda_products.c: matrix products through cuBLASLt, each with an algorithm chosen by timing. */
 typedef struct {
@@ -75,6 +82,7 @@ typedef struct {
     CUdeviceptr workspace;
     size_t workspace_bytes;
     int own_warps;                /* most warps a block of our small-product kernel may have (its shared memory) */
+    bool early;                   /* kernels may be launched early (sm_90 on, cuLaunchKernelEx, TG_CUDA_EARLY not 0) */
 } lt_device;
 #define LT_OWN_WARP_BYTES (3200 * 4)   /* the shared memory a warp of that kernel uses (its TGG_WARP floats) */
 /* Row-major C[M, N] = op(A) op(B) summed in f32, batch times (operands a_stride, b_stride
@@ -101,7 +109,8 @@ void *lt_handle_new(void);        /* NULL without cuBLASLt */
  * more candidate where not NULL. False (p cleared) when cuBLASLt is missing or has none. */
 bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, CUfunction own, const void *A, const void *B,
                      void *C);
-int lt_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C);   /* cuBLAS status */
+/* cuBLAS status; early: our kernel, where it runs p, may start early (cuda_start) */
+int lt_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C, bool early);
 void lt_product_free(lt_product *p);
 
 #endif

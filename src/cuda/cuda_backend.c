@@ -25,7 +25,8 @@
  * product to cuBLAS and every sum to a kernel of its own (small ones are otherwise computed
  * inside the kernels that read them), so that the tests reach both ways. Products go through
  * cuBLASLt with an algorithm chosen per shape by timing (cuda_products.c; TG_CUDA_TUNE), or
- * through cublasGemmEx where cuBLASLt has none, or everywhere with TG_CUDA_LT=0.
+ * through cublasGemmEx where cuBLASLt has none, or everywhere with TG_CUDA_LT=0. On sm_90 and
+ * later our kernels are launched early (cuda_start); TG_CUDA_EARLY=0 launches them as usual.
  * "cuda-nvrtc" is a compile-only variant for tests on machines without a GPU: it generates and
  * NVRTC-compiles every kernel for sm_90 and runs nothing. */
 #include "cuda/cuda.h"
@@ -165,6 +166,7 @@ static void load_driver(void) {
     void *lib = open_any(CUDA_LIBS);
     if (!lib) { WHY("the CUDA driver (libcuda.so.1) is not installed"); return; }
     if (!resolve(lib, (void **)&cu, CU_NAMES, N_OF(CU_NAMES), g_cuda.driver_why, sizeof g_cuda.driver_why)) return;
+    *(void **)&cu.LaunchKernelEx = dlsym(lib, "cuLaunchKernelEx");
     void *blas = open_any(CUBLAS_LIBS);
     if (!blas) { WHY("cuBLAS (libcublas.so) is not installed"); return; }
     if (!resolve(blas, (void **)&cublas, CUBLAS_NAMES, N_OF(CUBLAS_NAMES), g_cuda.driver_why, sizeof g_cuda.driver_why))
@@ -196,8 +198,39 @@ static bool setup_device(int d, cuda_device *v) {
         return false;
     }
     /* our product kernel's shared memory, 12.5 KB a warp: up to 16 warps in an sm_90 block's 227 KB */
-    v->lt = (lt_device){ d, v->name, lt_handle_new(), v->stream, ws, 32u << 20, major >= 9 ? 16 : 4 };
+    const char *early = getenv("TG_CUDA_EARLY");
+    v->lt = (lt_device){ d, v->name, lt_handle_new(), v->stream, ws, 32u << 20, major >= 9 ? 16 : 4,
+                         major >= 9 && cu.LaunchKernelEx && !(early && early[0] == '0') };
     return true;
+}
+
+/* cuLaunchKernelEx's configuration and one attribute (cuda.h's CUlaunchConfig, CUlaunchAttribute) */
+typedef struct {
+    int id;
+    char pad[4];
+    union { char bytes[64]; int allowed; void *align; } value;
+} cu_launch_attribute;
+typedef struct {
+    unsigned grid[3], block[3], shared;
+    CUstream stream;
+    cu_launch_attribute *attrs;
+    unsigned n_attrs;
+} cu_launch_config;
+#define CU_LAUNCH_PROGRAMMATIC_SERIALIZATION 6
+
+/* A step of a small model is mostly short kernels, each waiting about 2 us for the one before it
+ * to finish and its own blocks to be dispatched. Launched early (programmatic dependent launch),
+ * a kernel is dispatched while the one before it runs, once every block of that one has passed
+ * its tgk_prior, and its own blocks wait there for that kernel's results: the dispatch no longer
+ * waits. Kernels of cuBLAS and the write-backs are launched as usual, and a kernel launched early
+ * after one of them just starts when it ends. */
+CUresult cuda_start(CUfunction f, const unsigned grid[3], unsigned block, unsigned shared, CUstream stream, void **args,
+                     bool early) {
+    if (!early || !cu.LaunchKernelEx)
+        return cu.LaunchKernel(f, grid[0], grid[1], grid[2], block, 1, 1, shared, stream, args, NULL);
+    cu_launch_attribute attr = { .id = CU_LAUNCH_PROGRAMMATIC_SERIALIZATION, .value.allowed = 1 };
+    cu_launch_config config = { { grid[0], grid[1], grid[2] }, { block, 1, 1 }, shared, stream, &attr, 1 };
+    return cu.LaunchKernelEx(&config, f, args, NULL);
 }
 
 static bool nvrtc_ready(tg_error *err) {
@@ -849,7 +882,7 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
  * tensor cores, or bf16 operands; sums are f32 in every case, C f32 or rounded to bf16
  * (product_buffers). Through cuBLASLt with the algorithm products_ready chose, else
  * cublasGemmEx, by the column-major identity C^T = op(B)^T op(A)^T. */
-static bool gemm(cuda_exec *e, int i, tg_error *err) {
+static bool gemm(cuda_exec *e, int i, bool early, tg_error *err) {
     const cuda_launch *l = &e->launches.launch[i];
     const float one = 1, zero = 0;
     const char *a, *b;
@@ -864,7 +897,7 @@ static bool gemm(cuda_exec *e, int i, tg_error *err) {
     int rc = 0;
     bool strided = strided_batch(l);
     if (strided && p) {
-        rc = lt_run(p, &e->dev->lt, a + l->aoff[0] * es, b + l->boff[0] * es, C);
+        rc = lt_run(p, &e->dev->lt, a + l->aoff[0] * es, b + l->boff[0] * es, C, early);
     } else if (strided) {
         rc = cublas.GemmStridedBatchedEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[0] * es, type, ldb,
                                          l->boff[1] - l->boff[0], a + l->aoff[0] * es, type, lda, l->aoff[1] - l->aoff[0],
@@ -872,7 +905,7 @@ static bool gemm(cuda_exec *e, int i, tg_error *err) {
                                          CUBLAS_GEMM_DEFAULT);
     } else {
         for (int64_t j = 0; j < l->batch && rc == 0; j++)
-            rc = p ? lt_run(p, &e->dev->lt, a + l->aoff[j] * es, b + l->boff[j] * es, C + j * m * n * cs)
+            rc = p ? lt_run(p, &e->dev->lt, a + l->aoff[j] * es, b + l->boff[j] * es, C + j * m * n * cs, early)
                    : cublas.GemmEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[j] * es, type, ldb,
                                    a + l->aoff[j] * es, type, lda, &zero, C + j * m * n * cs, ctype, n, compute,
                                    CUBLAS_GEMM_DEFAULT);
@@ -881,20 +914,21 @@ static bool gemm(cuda_exec *e, int i, tg_error *err) {
     return rc == 0;
 }
 
-/* Enqueue launch i on the stream. */
+/* Enqueue launch i on the stream; a kernel of ours early (cuda_start) where a kernel precedes it
+ * (a memset does not overlap anything) and no profile times launches one by one. */
 static bool enqueue_one(cuda_exec *e, int i, tg_error *err) {
     const cuda_launch *l = &e->launches.launch[i];
     CUdeviceptr table = e->table, hyper = e->hyper_dev;
+    bool early = e->dev->lt.early && !e->profile && i > 0 && e->launches.launch[i - 1].kind != CL_MEMSET;
     if (l->kind == CL_MEMSET) {
         TRY(cu.MemsetD32Async(node_ptr(e, l->node), 0, (size_t)l->n, e->dev->stream), "memset");
     } else if (l->kind == CL_GEMM) {
-        if (!gemm(e, i, err)) return false;
+        if (!gemm(e, i, early, err)) return false;
     } else {
         cuda_kernel_args by_value = l->args;
         void *args[] = { &e->arena, &table, &hyper, l->takes_args ? &by_value : NULL };
-        TRY(cu.LaunchKernel(e->fn[i], (unsigned)l->grid, (unsigned)l->grid_y, 1, (unsigned)l->block, 1, 1, (unsigned)l->shared,
-                            e->dev->stream, args, NULL),
-            l->name);
+        const unsigned grid[3] = { (unsigned)l->grid, (unsigned)l->grid_y, 1 };
+        TRY(cuda_start(e->fn[i], grid, (unsigned)l->block, (unsigned)l->shared, e->dev->stream, args, early), l->name);
     }
     return true;
 fail:

@@ -218,7 +218,7 @@ static void leaf_kernel(cg *c, cuda_plan *p) {
         total += N(c, i)->numel;
     }
     if (first >= 0) {
-        sb_printf(c->out, "extern \"C\" __global__ void kleaves(float *A, void *const *B, const double *H) {\n%s"
+        sb_printf(c->out, "extern \"C\" __global__ void kleaves(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s"
                           "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n%s}\n\n",
                   sb_str(&decl), BLOCK, sb_str(&body));
         kernel_launch(p, first, total, BLOCK);
@@ -245,7 +245,7 @@ static void end_kernel_roots(cg *c, const int *roots, int n_roots, const int *ex
     }
     char bounds[40] = "";
     if (threads) snprintf(bounds, sizeof bounds, "__launch_bounds__(%d) ", threads);
-    sb_printf(c->out, "extern \"C\" __global__ void %sk%d(float *A, void *const *B, const double *H) {\n%s%s%s%s}\n\n",
+    sb_printf(c->out, "extern \"C\" __global__ void %sk%d(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s%s%s%s}\n\n",
               bounds, roots[0], sb_str(&decl), head, sb_str(&c->body), tail);
     free(decl.s);
 }
@@ -898,6 +898,55 @@ static int row_role(const cg *c, int id, int64_t R, int64_t L) {
  * columns. */
 #define ROW_BLOCK_MIN 4096
 
+/* Row elements a thread may hold in registers (cg.regs) across a warp-per-row kernel's loops */
+#define ROW_REGS_MAX 48
+
+/* Does a node other than members[0..nm) read node id, directly or through nodes computed where
+ * they are read? (reach: scratch, a flag per node) */
+static bool read_elsewhere(const cg *c, int id, const int *members, int nm, bool *reach) {
+    memset(reach, 0, sizeof(bool) * (size_t)c->g->n);
+    reach[id] = true;
+    for (int i = id + 1; i < c->g->n; i++) {
+        const tg_node *n = N(c, i);
+        bool reads = false;
+        for (int k = 0; k < n->nsrc; k++) reads |= reach[n->src[k]] && (n->src[k] == id || !c->mat[n->src[k]]);
+        if (!reads) continue;
+        if (!c->mat[i]) reach[i] = true;
+        else {
+            bool member = false;
+            for (int m = 0; m < nm; m++) member |= members[m] == i;
+            if (!member) return true;
+        }
+    }
+    return false;
+}
+
+/* Marks in regs the ROW_ELEMS members that nothing after this kernel reads (not kept, read by no
+ * other node, not rounded for a product): they need no buffer, only an array of `per` registers
+ * a thread, as long as the arrays fit ROW_REGS_MAX. A layer norm's backward computes the centred
+ * gradient, sums it and reads it once more: a [rows, width] buffer written and read twice, else.
+ * How many it marked. */
+static int row_registers(const cg *c, const int *members, const int *roles, int nm, int per, bool *regs) {
+    int kept = 0;
+    bool *reach = tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
+    memset(regs, 0, sizeof(bool) * (size_t)c->g->n);
+    for (int m = 0; reach && m < nm && (kept + 1) * per <= ROW_REGS_MAX; m++) {
+        int id = members[m];
+        if (roles[m] != ROW_ELEMS || c->plan->last[id] == c->g->n || has_shadow(c, id) ||
+            read_elsewhere(c, id, members, nm, reach))
+            continue;
+        regs[id] = true;
+        kept++;
+    }
+    free(reach);
+    return kept;
+}
+
+/* The loop of a member whose body is in c->body: unrolled where it reads or writes registers */
+static const char *row_loop(const cg *c, const char *plain, const char *unrolled) {
+    return c->regs && strstr(sb_str(&c->body), "[it * ") ? unrolled : plain;
+}
+
 /* The row kernel starting at the sum order[0]; returns how many of order[] it took (0: none). */
 static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
     int64_t R, L;
@@ -905,6 +954,8 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
     const bool block = L >= ROW_BLOCK_MIN;
     const int step = block ? BLOCK : 32;
     const char *sync = block ? "__syncthreads()" : "__syncwarp()";
+    const char *max_iters = getenv("TG_CUDA_ROW_REGS");   /* n: registers only where a loop takes at most n turns; 0: never */
+    bool *regs = tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1)), try_regs = regs && !block;
     n_order = before_sum_producer(c, order, n_order);
     int members[MAX_ROW_MEMBERS], roles[MAX_ROW_MEMBERS], nm = 0;
     for (int q = 0; q < n_order && nm < MAX_ROW_MEMBERS; q++) {
@@ -927,9 +978,21 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
         int lanes = lanes_wanted(NULL);
         for (int m = 0; m < nm; m++)
             if (L % lanes != 0 || (roles[m] == ROW_ELEMS && !floats(c, &members[m], 1))) lanes = 1;
-        char loop[120], base[NAME], v[4][NAME];
-        snprintf(loop, sizeof loop, "    for (int64_t j = %d * lane; j < %lldll; j += %d) {\n", lanes, (long long)L, lanes * step);
+        char plain[120], unrolled[200], base[NAME], v[4][NAME];
+        const int64_t iters = (L + lanes * step - 1) / (lanes * step);
+        const bool iters_ok = !max_iters || iters <= atoi(max_iters);
+        const int kept = try_regs && iters_ok ? row_registers(c, members, roles, nm, (int)iters * lanes, regs) : 0;
         strbuf text = { 0 };
+        /* a loop touching registers is unrolled, so that every index of their arrays is a constant */
+        snprintf(plain, sizeof plain, "    for (int64_t j = %d * lane; j < %lldll; j += %d) {\n", lanes, (long long)L, lanes * step);
+        snprintf(unrolled, sizeof unrolled,
+                 "    _Pragma(\"unroll\") for (int it = 0; it < %lld; it++) {\n"
+                 "        const int64_t j = %d * lane + it * %d;\n        if (j >= %lldll) continue;\n",
+                 (long long)iters, lanes, lanes * step, (long long)L);
+        for (int m = 0; m < nm && kept; m++)
+            if (regs[members[m]]) sb_printf(&text, "    float R%d[%lld];\n", members[m], (long long)(iters * lanes));
+        c->regs = kept ? regs : NULL;
+        c->regs_missed = false;
         for (int m = 0; m < nm; m++) {
             int id = members[m];
             c->root = id;
@@ -943,7 +1006,7 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
                     cg_line(c, "acc += (double)%s;", cg_value(c, N(c, id)->src[0], c->lane_ix));
                 }
                 c->lanes = 0;
-                sb_printf(&text, "    {\n    double acc = 0;\n%s%s    }\n", loop, sb_str(&c->body));
+                sb_printf(&text, "    {\n    double acc = 0;\n%s%s    }\n", row_loop(c, plain, unrolled), sb_str(&c->body));
                 sb_printf(&text, "    acc = %s;\n", block ? "tgk_block_sum_d(acc)" : "tgk_warp<tgk_add>(acc)");
                 sb_printf(&text, "    if (lane == 0) P%d[r] = (%s)acc;\n    %s;\n    }\n", id, cg_ctype(N(c, id)), sync);
             } else if (roles[m] == ROW_ELEMS) {
@@ -952,14 +1015,22 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
                     lane_root(c, id, v[k]);
                 }
                 c->lanes = 0;
-                lane_stores(c, id, v, lanes, base);
-                sb_printf(&text, "%s%s    }\n", loop, sb_str(&c->body));
+                for (int k = 0; k < lanes && c->regs && c->regs[id]; k++) cg_line(c, "R%d[it * %d + %d] = %s;", id, lanes, k, v[k]);
+                if (!c->regs || !c->regs[id]) lane_stores(c, id, v, lanes, base);
+                sb_printf(&text, "%s%s    }\n", row_loop(c, plain, unrolled), sb_str(&c->body));
             } else {
                 cg_line(c, "const %s v = %s;", cg_ctype(N(c, id)), cg_root_value(c, "r"));
                 shadow_store(c, id, "r");   /* every lane stores the same value */
                 if (!cg_unplaced(c, id)) cg_line(c, "if (lane == 0) P%d[r] = v;", id);
                 sb_printf(&text, "    {\n%s    %s;\n    }\n", sb_str(&c->body), sync);
             }
+        }
+        c->regs = NULL;
+        if (c->regs_missed) {   /* a member read off its own lane: this many members again, in buffers */
+            free(text.s);
+            try_regs = false;
+            nm++;
+            continue;
         }
         bool ok = true;
         for (int i = 0; i < c->g->n && ok; i++)
@@ -983,8 +1054,10 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
                  "    if (r >= %lldll) return;\n", BLOCK, step, step, (long long)R);
         end_kernel_roots(c, members, nm, NULL, 0, head, "", 0);
         kernel_launch(p, members[0], R * step, BLOCK);
+        free(regs);
         return nm;
     }
+    free(regs);
     return 0;
 }
 
@@ -1086,7 +1159,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     for (int i = 0; i < p->n; i++) compiled |= p->launch[i].kind == CL_KERNEL && !strcmp(p->launch[i].name, name);
     if (!compiled) {
         sb_printf(c->out, "extern \"C\" __global__ void %s(float *A, void *const *B, const double *H, tga_args a) {\n"
-                          "    tgk_attention%s%s<%s%lld, %lld, %lld, %lld, %s%s>(",
+                          "    tgk_prior();\n    tgk_attention%s%s<%s%lld, %lld, %lld, %lld, %s%s>(",
                   name, bwd ? "_bwd" : "", mma ? "_mma" : "", policy, T, S, D, E, a[5] ? "true" : "false", last);
         for (int k = 0; k < (bwd ? 9 : 5); k++)
             sb_printf(c->out, "tga_at<%s%s>(A, B, a.at[%d]), ", k < (bwd ? 6 : 3) ? "const " : "",
@@ -1120,7 +1193,7 @@ static void fill_shadow(cg *c, cuda_plan *p, int id) {
     char store[120] = "", round[120] = "";
     if (rounds) snprintf(round, sizeof round, " v = tgk_round_bf16_float(v); P%d[i] = v;", id);
     if (fills) snprintf(store, sizeof store, " S%d[i] = %s(v);", id, round_fn(c));
-    sb_printf(c->out, "extern \"C\" __global__ void kfill%d(float *A, void *const *B, const double *H) {\n%s"
+    sb_printf(c->out, "extern \"C\" __global__ void kfill%d(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s"
                       "    const int64_t i = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
                       "    if (i < %lldll) { float v = P%d[i];%s%s }\n}\n\n",
               id, sb_str(&decl), BLOCK, (long long)N(c, id)->numel, id, round, store);
@@ -1428,9 +1501,19 @@ static const char DEVICE_KERNELS[] =
     "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < c.n; i += (long long)gridDim.x * blockDim.x)\n"
     "        c.dst[i] = c.src[i];\n}\n\n";
 
+/* tgk_prior, the first statement of every generated kernel: launched early (programmatic
+ * dependent launch, sm_90 on: cuda_backend.c's cuda_start), a kernel's blocks may start while
+ * the kernel before it on the stream still runs, so each waits here for that kernel's results
+ * (and so for everything before it) before it reads or writes memory; then lets the kernel after
+ * it start the same way. Launched as usual, or before sm_90, it does nothing. */
 static const char HEADER[] =
     "typedef long long int64_t;\ntypedef unsigned long long uint64_t;\ntypedef int int32_t;\ntypedef unsigned uint32_t;\n"
-    "#define INFINITY __int_as_float(0x7f800000)\n#define NAN __int_as_float(0x7fffffff)\n\n";
+    "#define INFINITY __int_as_float(0x7f800000)\n#define NAN __int_as_float(0x7fffffff)\n"
+    "static __device__ __forceinline__ void tgk_prior(void) {\n"
+    "#if __CUDA_ARCH__ >= 900\n"
+    "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
+    "    asm volatile(\"griddepcontrol.launch_dependents;\" ::: \"memory\");\n"
+    "#endif\n}\n\n";
 
 char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches, int sm,
                    int *unsupported) {
@@ -1502,3 +1585,4 @@ void cuda_plan_free(cuda_plan *p) {
     free(p->launch);
     memset(p, 0, sizeof *p);
 }
+
