@@ -28,6 +28,8 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     for l in 1 2 4; do   # each vector-lane path on every shape that allows it (the default picks by size)
         TG_CUDA_LANES=$l TG_TEST_CUDA_ONLY=1 run build/tests/test_backend
     done
+    TG_CUDA_EARLY=0 TG_TEST_CUDA_ONLY=1 run build/tests/test_backend      # kernels launched as usual, not early
+    TG_CUDA_ROW_REGS=0 TG_TEST_CUDA_ONLY=1 run build/tests/test_backend   # row kernels with every member in memory
     for w in 4 8 16; do   # every small f32/tf32 product through our kernel (cuda_products.c), each block size
         TG_CUDA_OWN_GEMM=$w TG_TEST_CUDA_ONLY=1 run build/tests/test_backend
     done
@@ -40,10 +42,15 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     run build/examples/digits --backend cuda
 fi
 if [ "$what" = bench ] || [ "$what" = bench+peer ] || [ "$what" = all ]; then
+    # The first pass compiles on an empty kernel cache (its compile cold= figures) and warms the
+    # GPU: the first process on a fresh machine ran the small workloads up to 8% slower than the
+    # processes after it (bench/RESULTS.md, thirteenth session). The second pass is the one timed.
     echo "== tensorgrad (empty kernel cache: cold compiles)"
     rm -rf "$TG_CACHE_DIR"
-    for p in ${PRECISIONS:-f32 tf32 bf16}; do
-        build/bench/bench --backend cuda --precision $p sin_mlp mnist_mlp cifar_cnn char_gpt_small char_gpt 2>&1 | tee -a "$out/log.txt"
+    for pass in cold.txt log.txt; do
+        for p in ${PRECISIONS:-f32 tf32 bf16}; do
+            build/bench/bench --backend cuda --precision $p sin_mlp mnist_mlp cifar_cnn char_gpt_small char_gpt 2>&1 | tee -a "$out/$pass"
+        done
     done
     for p in ${PRECISIONS:-f32 bf16}; do   # launches timed between events: where the time goes
         TG_CUDA_PROFILE=1 build/bench/bench --backend cuda --precision $p --steps-scale 0.2 char_gpt_small char_gpt 2>&1 |
