@@ -1585,4 +1585,3 @@ void cuda_plan_free(cuda_plan *p) {
     free(p->launch);
     memset(p, 0, sizeof *p);
 }
-
