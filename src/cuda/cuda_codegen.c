@@ -1454,7 +1454,8 @@ static const char DEVICE_KERNELS[] =
      * buffer, only if loss + *flag is finite, so a step with a NaN or infinite loss or gradient
      * changes nothing. One pass over the new values, instead of a reduction per gradient. Such a
      * step also sets *poison, which stays until the host clears it: the steps queued behind it
-     * (tg_steps) change nothing either. */
+     * (tg_steps) change nothing either. Its first thread reports the loss and the flag side by
+     * side, for the host to read in one copy. */
     "struct tgk_copy { const float *src; float *dst; long long n; };\n"
     "extern \"C\" __global__ void tg_wb_check(float *flag, const tgk_copy *table) {\n"
     "    const tgk_copy c = table[blockIdx.y];\n"
@@ -1492,7 +1493,9 @@ static const char DEVICE_KERNELS[] =
     "extern \"C\" __global__ void tg_to_bf16(const float *src, unsigned short *dst, long long n) {\n"
     "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)\n"
     "        dst[i] = tgk_round_bf16(src[i]);\n}\n"
-    "extern \"C\" __global__ void tg_writeback(const float *loss, const float *flag, float *poison, const tgk_copy *table) {\n"
+    "extern \"C\" __global__ void tg_writeback(const float *loss, const float *flag, float *poison, const tgk_copy *table,\n"
+    "                                        float *report) {\n"
+    "    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) report[0] = *loss, report[1] = *flag;\n"
     "    if (!isfinite(*loss + *flag + *poison)) {\n"
     "        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *poison = NAN;\n"
     "        return;\n"
