@@ -7,8 +7,9 @@
  * source, the architecture and the NVRTC version). The first run captures the whole launch list
  * (hyper scalars upload, kernels, cuBLAS products, memsets) into a CUDA graph, replayed by every
  * later run. A training step's graph also holds the write-backs, guarded on the device by the
- * step's guard node (finite only when the loss and every gradient are), and the copies of the
- * loss and the guard into pinned memory: one graph launch and one synchronisation per step.
+ * step's guard node (finite only when the loss and every gradient are), and one copy of the
+ * loss and the write-back flag into pinned memory: one graph launch and one synchronisation per
+ * step.
  *
  * Each device is set up at its first use (primary context, stream, cuBLAS). Data parallelism
  * (src/dist/) gets a backend table per device (cuda_on_device) and runs a step of every local
