@@ -175,6 +175,7 @@ void cg_root_line(cg *c, int r) {
     c->root = r;
     const char *v = cg_root_value(c, "i");
     if (!cg_unplaced(c, r)) cg_line(c, "P%d[i] = %s;", r, v);
+    if (c->wb_check && c->wb_check[r]) cg_line(c, WB_CHECK_LINE, v, c->flag_slot, r);
     if (c->n_memo > 0) cg_memo_add(c, r, "fi", c->memo[c->n_memo - 1].name);
 }
 

@@ -52,6 +52,10 @@ typedef struct {
      * generated again without). */
     const bool *regs;
     bool regs_missed;
+    /* CUDA (NULL: off): per node, whether each value it stores is checked to be finite, a value
+     * that is not setting the write-back flag, float at H + flag_slot (cuda_codegen.c's WB_MARK) */
+    const bool *wb_check;
+    int flag_slot;
     /* CPU row runs (row 0: off): an element-wise loop nested as flat index i = o * row + u, u < row.
      * The coordinates of a value of that innermost size read at index i are u and functions of o
      * alone, which the compiler hoists out of the loop over u: a permuted or broadcast read is
@@ -63,6 +67,11 @@ typedef struct {
     bool row_used;
 } cg;
 
+
+/* The check of a write-back source's value (cg.wb_check): value, flag slot, node. The comment
+ * marks the node as checked in the source (cuda_codegen.c reads the marks back). */
+#define WB_CHECK_LINE "if (!isfinite(%s)) *(float *)(H + %d) = NAN;   /* checks %d */"
+#define WB_MARK "/* checks "
 
 /* False when memory runs out (cg_release still frees what it got). */
 bool cg_init(cg *c, const tg_graph *g, const bool *materialized, const tg_plan *plan, strbuf *out);

@@ -38,7 +38,14 @@ typedef struct {
     /* Floats from the arena's start: scratch of the sums cut into chunks, to allocate past the
      * plan's arena and zero once (scratch_end 0: none). */
     size_t scratch_at, scratch_end;
+    /* Every write-back source's kernel flags a value that is not finite itself (cuda_codegen.c,
+     * WB_MARK): the step needs no pass of its own over them (tg_wb_check). */
+    bool writebacks_checked;
 } cuda_plan;
+/* The hyper scalars' slots on the device: the graph's, at least CUDA_HYPER_SLOTS (patch sites may
+ * add more). The write-back flag is the slot after them. */
+#define CUDA_HYPER_SLOTS 8
+static inline int cuda_hyper_slots(const tg_graph *g) { return g->n_hyper > CUDA_HYPER_SLOTS ? g->n_hyper : CUDA_HYPER_SLOTS; }
 /* cuda_attention.c: the device source of flash attention, instantiated by generated kernels. */
 extern const char CUDA_ATTENTION_SOURCE[];
 /* cuda_products.c: our kernel for small f32 products, a template (in the prelude), and its

@@ -541,7 +541,6 @@ typedef struct {
     CUfunction own[4];       /* our small-product kernel by (ta, tb) (f32 and tf32 graphs), else NULL */
 } cuda_exec;
 
-#define N_HYPER_SLOTS 8   /* at least: the optimizer's; patch sites may add more */
 #define HYPER_EXTRA 2     /* device slots past them: the write-back flag and the report */
 
 static void print_launch(const cuda_exec *e, int i, int runs) {
@@ -729,7 +728,7 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
         TRY(cu.MemsetD32(e->arena + e->launches.scratch_at * 4, 0, e->launches.scratch_end - e->launches.scratch_at),
             "clearing the sums' scratch");
     TRY(cu.MemAlloc(&e->table, sizeof(void *) * (size_t)(g->n + 1)), "allocating the buffer table");
-    e->n_hyper = g->n_hyper > N_HYPER_SLOTS ? g->n_hyper : N_HYPER_SLOTS;
+    e->n_hyper = cuda_hyper_slots(g);
     TRY(cu.MemAlloc(&e->hyper_dev, sizeof(double) * (size_t)(e->n_hyper + HYPER_EXTRA)), "allocating hyper scalars");
     e->wb_flag = e->hyper_dev + sizeof(double) * (size_t)e->n_hyper;
     e->wb_report = e->wb_flag + sizeof(double);
@@ -1087,7 +1086,9 @@ static bool step_tail(cuda_exec *e, void *ctx, tg_error *err) {
         return true;
     }
     void *check[] = { &flag, &table }, *copy[] = { &loss_ptr, &flag, &poison, &table, &report };
-    TRY(cu.LaunchKernel(e->wb_check, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, e->dev->stream, check, NULL), "write-back check");
+    if (!e->launches.writebacks_checked)
+        TRY(cu.LaunchKernel(e->wb_check, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, e->dev->stream, check, NULL),
+            "write-back check");
     TRY(cu.LaunchKernel(e->writeback, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, e->dev->stream, copy, NULL), "write-backs");
     TRY(cu.MemcpyDtoHAsync(e->loss_host, report, 2 * sizeof(float), e->dev->stream), "reading the loss");
     return true;
@@ -1320,9 +1321,12 @@ static bool locked_step_wait(void *h, double *loss_out, double *guard_out, tg_er
 static bool locked_dp_step(dp_replica *rep, int n, const dp_reduce *red, tg_error *err) LOCKED(bool, cuda_dp_step(rep, n, red, err))
 static bool locked_set_device(int d, tg_error *err) LOCKED(bool, device_at(d, err) != NULL)
 static const char *cuda_source(void *exec) { return ((cuda_exec *)exec)->source; }
-/* The launch list, the hyper-scalar upload, the write-back check and copy of a step, and (tf32,
- * bf16) the operand roundings of the last captured step. */
-static int cuda_launches(void *exec) { return ((cuda_exec *)exec)->launches.n + 3 + ((cuda_exec *)exec)->conversions; }
+/* The launch list, the hyper-scalar upload, the write-back check (unless the kernels check) and
+ * copy of a step, and (tf32, bf16) the operand roundings of the last captured step. */
+static int cuda_launches(void *exec) {
+    const cuda_exec *e = exec;
+    return e->launches.n + 2 + !e->launches.writebacks_checked + e->conversions;
+}
 
 static tg_precision cuda_precision(tg_precision want) { return want; }
 

@@ -396,6 +396,7 @@ static void lane_stores(cg *c, int id, char (*v)[NAME], int lanes, const char *a
     char x[4][NAME + 20];
     for (int k = 0; k < lanes; k++) snprintf(x[k], sizeof x[k], "%s", v[k]);
     if (!cg_unplaced(c, id)) store_floats(c, 'P', id, at, lanes, x);
+    for (int k = 0; k < lanes && c->wb_check && c->wb_check[id]; k++) cg_line(c, WB_CHECK_LINE, v[k], c->flag_slot, id);
     if (!has_shadow(c, id)) return;
     if (c->g->precision != TG_PRECISION_BF16 || lanes == 1) {
         for (int k = 0; k < lanes; k++) snprintf(x[k], sizeof x[k], "%s(%s)", round_fn(c), v[k]);
@@ -1518,6 +1519,28 @@ static const char HEADER[] =
     "    asm volatile(\"griddepcontrol.launch_dependents;\" ::: \"memory\");\n"
     "#endif\n}\n\n";
 
+/* Write-back sources to check where they are stored: those with a buffer of their own (an alias
+ * is stored by its home's kernel). NULL when the graph writes nothing back. */
+static bool *writeback_sources(const tg_graph *g, const tg_plan *plan) {
+    bool *src = g->n_assigns > 0 ? tg_alloc(sizeof(bool) * (size_t)(g->n + 1)) : NULL;
+    for (int k = 0; src && k < g->n_assigns; k++)
+        if (plan_home(plan, g->assigns[k].src) == g->assigns[k].src) src[g->assigns[k].src] = true;
+    return src;
+}
+
+/* Did the source check every write-back source's values (WB_MARK after each check)? Marks read
+ * back from the final text, so that code a generator discarded counts for nothing. */
+static bool writebacks_checked(const tg_graph *g, const char *source) {
+    bool *seen = tg_alloc(sizeof(bool) * (size_t)(g->n + 1)), all = seen != NULL && g->n_assigns > 0;
+    for (const char *m = strstr(source, WB_MARK); m && seen; m = strstr(m + 1, WB_MARK)) {
+        int id = atoi(m + strlen(WB_MARK));
+        if (id >= 0 && id < g->n) seen[id] = true;
+    }
+    for (int k = 0; all && k < g->n_assigns; k++) all = seen[g->assigns[k].src];
+    free(seen);
+    return all;
+}
+
 char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches, int sm,
                    int *unsupported) {
     strbuf out = { 0 };
@@ -1541,6 +1564,9 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     if (g->precision != TG_PRECISION_BF16) sb_printf(&out, "%s", CUDA_PRODUCT_SOURCE);
     launches->prelude = out.len;
     c.operand_round = g->precision == TG_PRECISION_BF16 ? "tgk_round_bf16_float" : g->precision == TG_PRECISION_TF32 ? "tgk_round_tf32" : NULL;
+    bool *wb_src = writeback_sources(g, plan);
+    c.wb_check = wb_src;
+    c.flag_slot = cuda_hyper_slots(g);
     leaf_kernel(&c, launches);
     int *order = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
     bool *done = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));   /* brought forward into an earlier kernel (sum_kernel) */
@@ -1572,6 +1598,8 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
         if (used[k]) sb_printf(&out, "%s", CUDA_PRODUCT_KERNELS[k]);
     *unsupported = c.unsupported;
     cg_release(&c);
+    free(wb_src);
+    launches->writebacks_checked = out.s && writebacks_checked(g, out.s);
     if (alloc_failures() != failures || *unsupported >= 0) {   /* placeholders or holes: not a program */
         free(out.s);
         cuda_plan_free(launches);
