@@ -767,6 +767,85 @@ static void nvrtc_qkv_sums(void) {
     }
 }
 
+/* A layer norm between two linear layers, its backward inside the gradient (the first layer's
+ * output needs one): what the generated kernels are checked for below. */
+static tg_linear ln_in, ln_out;
+static tg_layernorm ln_mid;
+static tg_tensor ln_loss(const void *ctx, const tg_tensor *in) {
+    return tg_cross_entropy(tg_linear(&ln_out, tg_layernorm(&ln_mid, tg_linear(&ln_in, in[0]))), in[1], TG_MEAN);
+}
+
+static tg_train *ln_step(tg_model **m, tg_precision precision, tg_error *err) {
+    *m = tg_model_new(6);
+    ln_in = tg_linear_new(*m, "in", 32, 128, NULL);
+    ln_mid = tg_layernorm_new(*m, "ln", 128, 1e-5, 1);
+    ln_out = tg_linear_new(*m, "out", 128, 10, NULL);
+    return tg_compile(&(tg_train_spec){ .model = *m, .loss = ln_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
+                                        .precision = precision,
+                                        .inputs = (tg_input_decl[]){ TG_F32("x", 64, 32), TG_I32("y", 64) }, .n_inputs = 2 },
+                      err);
+}
+
+/* How many kernels of the source begin otherwise than with tgk_prior (the prelude's own kernels,
+ * launched as usual, aside); *n: how many there are. */
+static int kernels_without_prior(const char *src, int *n) {
+    static const char K[] = "__global__ void ";
+    int bad = 0;
+    *n = 0;
+    for (const char *k = strstr(src, K); k; k = strstr(k + 1, K)) {
+        const char *name = k + strlen(K), *body = strstr(k, "{\n");
+        if (strncmp(name, "__launch_bounds__", 17) == 0) name = strchr(name, ' ') + 1;
+        if (strncmp(name, "tg_wb_check", 11) == 0 || strncmp(name, "tg_to_", 6) == 0 || strncmp(name, "tg_writeback", 12) == 0)
+            continue;
+        (*n)++;
+        bad += !body || strncmp(body + 2, "    tgk_prior();", 16) != 0;
+    }
+    return bad;
+}
+
+/* Distinct nodes the source checks for non-finite values as it stores them (WB_MARK) */
+static int checked_nodes(const char *src) {
+    int ids[64], n = 0;
+    for (const char *m = strstr(src, "/* checks "); m; m = strstr(m + 1, "/* checks ")) {
+        int id = atoi(m + 10), k = 0;
+        while (k < n && ids[k] != id) k++;
+        if (k == n && n < 64) ids[n++] = id;
+    }
+    return n;
+}
+
+/* The generated step at each precision: every kernel of ours waits for the one before it first
+ * (it may be launched early); the kernels computing the 18 values written back (six parameters,
+ * each with Adam's two moments) check each value they store, so the step needs no pass of its
+ * own over them. At f32 the layer norm's backward is one row kernel that keeps its centred
+ * gradient in registers (with TG_CUDA_ROW_REGS=0 in a buffer); at tf32 and bf16 the input
+ * gradient it makes of it is a kernel of its own here (a product reads it rounded), which reads
+ * the centred gradient from memory: nothing may stay in registers then. */
+static void nvrtc_generated_kernels(void) {
+    for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++)
+        for (int regs = 1; regs >= 0; regs--) {
+            if (regs) unsetenv("TG_CUDA_ROW_REGS");
+            else setenv("TG_CUDA_ROW_REGS", "0", 1);
+            tg_model *m;
+            tg_error err = { { 0 } };
+            tg_train *t = ln_step(&m, (tg_precision)p, &err);
+            const char *src = t ? tg_train_kernel_source(t) : NULL, *prec = tg_precision_name((tg_precision)p);
+            CHECK(src != NULL, "%s: NVRTC compiles the layer-norm step: %s", prec, err.msg);
+            if (src) {
+                int n, bad = kernels_without_prior(src, &n);
+                CHECK(n > 5 && bad == 0, "%s: %d of %d generated kernels begin otherwise than with tgk_prior", prec, bad, n);
+                CHECK(checked_nodes(src) == 18, "%s: %d write-back sources checked where computed (expected 18)", prec,
+                      checked_nodes(src));
+                bool in_regs = strstr(src, "float R") && strstr(src, "_Pragma(\"unroll\") for (int it");
+                CHECK(in_regs == (regs == 1 && p == TG_PRECISION_F32), "%s, TG_CUDA_ROW_REGS %s: the layer norm's backward %s registers", prec,
+                      regs ? "unset" : "0", in_regs ? "keeps a member in" : "keeps nothing in");
+            }
+            tg_destroy(t);
+            tg_model_free(m);
+        }
+    unsetenv("TG_CUDA_ROW_REGS");
+}
+
 /* The most lanes a column sum of `src` takes (its head: "oc = (... + y) * L;"), and a large
  * element-wise kernel ("g = (... + threadIdx.x) * L;") */
 static int lanes_in(const char *src, const char *head) {
@@ -992,6 +1071,7 @@ int main(void) {
             nvrtc_lanes();
             nvrtc_own_products();
             nvrtc_qkv_sums();
+            nvrtc_generated_kernels();
         }
     }
     char cmd[100];
