@@ -126,6 +126,37 @@ static tg_tensor merged_attention(const void *vc, const tg_tensor *in) {
     return tg_merge_heads(tg_attention(in[0], in[1], in[2], 1, 0.5));
 }
 
+/* Heads split from [B, T, H * D] rows and merged back, as a model does (tg_split_heads,
+ * tg_merge_heads): attention reads the rows where they are (heads interleaved, graph.h's
+ * iarg[3]) and writes its output merged. */
+static tg_tensor split_attention(const void *vc, const tg_tensor *in) {
+    return tg_merge_heads(tg_attention(tg_split_heads(in[0], 3), tg_split_heads(in[1], 3), tg_split_heads(in[2], 3), 1, 0.5));
+}
+
+/* The graph of probe p (forward and gradients): attention and its gradients read no permute, the
+ * gradients read the output from the attention node itself, and no node reads a permute (the
+ * splits of heads are left unread). */
+static void check_interleaved(tg_probe *p) {
+    const tg_graph *g = p ? tg_probe_graph(p) : NULL;
+    int attn = -1, bwd = 0, from_attn = 0, read_permutes = 0, attn_permutes = 0;
+    for (int i = 0; g && i < tg_graph_n_nodes(g); i++) {
+        tg_node_info x = tg_graph_node(g, i);
+        bool is_attn = strcmp(x.op, "attention") == 0, is_bwd = strcmp(x.op, "attention_backward") == 0;
+        if (is_attn) attn = i;
+        for (int k = 0; k < x.n_inputs; k++) {
+            bool permute = strcmp(tg_graph_node(g, x.inputs[k]).op, "permute") == 0;
+            read_permutes += permute;
+            attn_permutes += permute && (is_attn || is_bwd);
+        }
+        bwd += is_bwd;
+        from_attn += is_bwd && x.inputs[3] == attn;
+    }
+    CHECK(g && attn >= 0 && attn_permutes == 0 && bwd == 3 && from_attn == 3,
+          "split heads: attention and its %d gradients read %d permutes (want 0), the gradients the output itself (%d of 3)",
+          bwd, attn_permutes, from_attn);
+    CHECK(g && read_permutes == 0, "split heads: no node reads a permute (%d do)", read_permutes);
+}
+
 static void test_gradients(void) {
     char what[200];
     for (int k = 0; k < N_SHAPES; k++) {
@@ -151,6 +182,10 @@ static void test_gradients(void) {
     }
     CHECK(bwd == 3 && from_merged == 3, "%d of %d attention gradients read the output from the merged heads, want 3 of 3",
           from_merged, bwd);
+    tg_probe_free(p);
+    inspec rows[3] = { FIN("q", -1, 1, 2, 5, 12), FIN("k", -1, 1, 2, 5, 12), FIN("v", -1, 1, 2, 5, 6) };
+    p = op_gradcheck("tg_merge_heads(tg_attention(tg_split_heads)) causal", split_attention, NULL, NULL, 3, rows, 0, true);
+    check_interleaved(p);
     tg_probe_free(p);
 }
 

@@ -20,7 +20,7 @@ enum {
     NARROW, CONCAT3, STACK, SPLIT, SOFTMAX_CAUSAL, WHERE_CAUSAL, STOP_GRADIENT, DROPOUT, RANDN, CONV2D,
     CONV2D_S2, CONV2D_BIG, CONV2D_BIAS, CONV2D_P2, CONV2D_P0, CONV2D_BIAS_RELU, CONV_BLOCK, LINEAR, LINEAR_RELU, LINEAR_GELU,
     MAXPOOL, MAXPOOL_PAD, MAXPOOL_RELU, MAXPOOL_PAD_RELU,
-    UPSAMPLE, LAYERNORM_CHAIN, ATTENTION, SCALAR_CHAIN, FUSED_ATTN, FUSED_ATTN_CAUSAL, MERGED_ATTN, QKV_BIAS, SOFTMAX_BIAS, CE_BIAS,
+    UPSAMPLE, LAYERNORM_CHAIN, ATTENTION, SCALAR_CHAIN, FUSED_ATTN, FUSED_ATTN_CAUSAL, MERGED_ATTN, SPLIT_ATTN, SPLIT_ATTN_CAUSAL, QKV_BIAS, SOFTMAX_BIAS, CE_BIAS,
 };
 
 typedef struct {
@@ -133,6 +133,11 @@ static tg_tensor op_fwd(const bcase *c, const tg_tensor *in) {
     case FUSED_ATTN: return tg_attention(x, y, z, 0, 0.3);
     case FUSED_ATTN_CAUSAL: return tg_attention(x, y, z, 1, 1.0 / sqrt((double)node_of(x)->shape.d[node_of(x)->shape.ndim - 1]));
     case MERGED_ATTN: return tg_merge_heads(tg_attention(x, y, z, 1, 0.25));
+    case SPLIT_ATTN: case SPLIT_ATTN_CAUSAL: {   /* [.., T, H, D] operands, split and merged as a model does */
+        tg_tensor o = tg_attention(tg_swapaxes(x, -3, -2), tg_swapaxes(y, -3, -2), tg_swapaxes(z, -3, -2), c->op == SPLIT_ATTN_CAUSAL,
+                                   c->op == SPLIT_ATTN_CAUSAL ? 0.25 : 0.3);
+        return tg_swapaxes(o, -3, -2);
+    }
     case QKV_BIAS: {   /* q, k and v as biased projections, as a transformer block has them */
         tg_tensor w[3], b[3], h[3];
         tg_split(y, (int64_t[]){ 16, 16, 16 }, 3, 1, w);
@@ -290,6 +295,13 @@ static const bcase CASES[] = {
      * merged copy ([B, T, H, E], ATTENTION_BWD's iarg[2]), across tiles and with odd heads */
     { "attention causal, 3 heads merged, T=70 D=16", MERGED_ATTN, 3, { F("q", 2, 3, 70, 16), F("k", 2, 3, 70, 16), F("v", 2, 3, 70, 16) }, 0, false, true },
     { "attention causal, 5 heads merged, T=9 D=8", MERGED_ATTN, 3, { F("q", 1, 5, 9, 8), F("k", 1, 5, 9, 8), F("v", 1, 5, 9, 8) }, 0, false, false },
+    /* heads interleaved ([.., T, H, D], graph.h's iarg[3]): operands that are splits of heads
+     * are read where they are, and the output is written merged */
+    { "attention causal, heads interleaved, T=70 H=3 D=16", SPLIT_ATTN_CAUSAL, 3, { F("q", 2, 70, 3, 16), F("k", 2, 70, 3, 16), F("v", 2, 70, 3, 16) }, 0, false, true },
+    { "attention causal, heads interleaved, T=130 H=2 D=64", SPLIT_ATTN_CAUSAL, 3, { F("q", 1, 130, 2, 64), F("k", 1, 130, 2, 64), F("v", 1, 130, 2, 64) }, 0, false, true },
+    { "attention causal, heads interleaved, T=1 H=4 D=16", SPLIT_ATTN_CAUSAL, 3, { F("q", 3, 1, 4, 16), F("k", 3, 1, 4, 16), F("v", 3, 1, 4, 16) }, 0, false, false },
+    { "attention, heads interleaved, T=5 S=9 H=2 D=8 E=12", SPLIT_ATTN, 3, { F("q", 2, 5, 2, 8), F("k", 2, 9, 2, 8), F("v", 2, 9, 2, 12) }, 0, false, true },
+    { "attention, heads interleaved, T=67 S=40 H=5 D=32 E=16", SPLIT_ATTN, 3, { F("q", 67, 5, 32), F("k", 40, 5, 32), F("v", 40, 5, 16) }, 0, false, true },
     { "attention 2-D T=7 S=3 D=5", FUSED_ATTN, 3, { F("q", 7, 5), F("k", 3, 5), F("v", 3, 4) }, 0, false, false },
     /* the three bias gradients' sums, which the gradient's order puts between their products, as
      * one CUDA kernel (cuda_sums_early): over 512 rows in chunks, and over 20 in one pass; at f32
@@ -335,7 +347,8 @@ static double worst_of(const bcase *c, const double *a, const double *b, int64_t
     /* Attention gradients are sums of p (dp - delta), terms of the inputs' size (~1) that cancel:
      * with one key (T = 1, causal) dq and dk are exactly 0 and each backend gets rounding noise of
      * ~1e-7 in two different orders. Their errors are measured against that size. */
-    bool attention = c->op == ATTENTION || c->op == FUSED_ATTN || c->op == FUSED_ATTN_CAUSAL || c->op == MERGED_ATTN;
+    bool attention = c->op == ATTENTION || c->op == FUSED_ATTN || c->op == FUSED_ATTN_CAUSAL || c->op == MERGED_ATTN ||
+                     c->op == SPLIT_ATTN || c->op == SPLIT_ATTN_CAUSAL;
     double floor = attention ? 1 : 1e-3, w = 0;
     if (c->long_sums) {
         double ss = 0;

@@ -773,13 +773,15 @@ void cg_attention_args(const tg_graph *g, int id, int64_t *a) {
     const tg_node *n = &g->nodes[id];
     tg_shape q = g->nodes[n->src[0]].shape, k = g->nodes[n->src[1]].shape;
     tg_shape v = n->op == OP_ATTENTION_LSE ? k : g->nodes[n->src[2]].shape;
-    a[0] = shape_numel(q) / (q.d[q.ndim - 2] * q.d[q.ndim - 1]);
-    a[1] = q.d[q.ndim - 2];
-    a[2] = k.d[k.ndim - 2];
+    const int rows = n->iarg[3] > 0 ? 3 : 2;   /* interleaved heads: [.., T, H, D] */
+    a[1] = q.d[q.ndim - rows];
     a[3] = q.d[q.ndim - 1];
+    a[0] = shape_numel(q) / (a[1] * a[3]);
+    a[2] = k.d[k.ndim - rows];
     a[4] = v.d[v.ndim - 1];
     a[5] = n->iarg[0];
     memcpy(&a[6], &n->farg, sizeof(double));
+    a[7] = n->iarg[3];
 }
 
 bool cg_attention_joins(const tg_graph *g, int prev, int next) {

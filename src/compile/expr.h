@@ -125,7 +125,8 @@ bool cg_expr_reads(const cg *c, int root, int node, int target);
  * member of the row kernel) only within row r? */
 bool cg_row_sum(const cg *c, int id, int64_t *R, int64_t *L);
 bool cg_row_local(const cg *c, int root, int node, int target, int state, int64_t R, int64_t L);
-/* An attention node's constants: {batch, T, S, D, E, causal, the bits of its double scale}. */
+/* An attention node's constants: {batch, T, S, D, E, causal, the bits of its double scale, the
+ * heads interleaved in its operands (graph.h: iarg[3]; 0 none)}. */
 void cg_attention_args(const tg_graph *g, int id, int64_t *a);
 /* Does node next join node prev's attention kernel? ATTENTION_LSE right after its ATTENTION, or
  * the ATTENTION_BWD of another operand right after one of the same forward. */

@@ -20,26 +20,33 @@
 /* Query rows per block: the block's scores [RB, S] stay in cache between its products. */
 #define RB 64
 
-/* a = {batch, T, S, D, E, causal, scale as the bits of a double, bf16}. bf16: q, k, v and d_out
- * are rounded to bf16 as operands (a graph of bf16 precision), as the reference does; the
- * products then run in f32 on the rounded copies (p is not rounded, so the p v product has no
- * bf16 operand pair for vdpbf16ps: the same arithmetic as f32, a copy's cost more). */
-typedef struct { int64_t batch, T, S, D, E, heads; bool causal, bf16; float scale; } attn;
+/* a = {batch, T, S, D, E, causal, scale as the bits of a double, the heads interleaved in the
+ * operands (graph.h: attn_row), bf16, (backward) out's heads}. bf16: q, k, v and d_out are
+ * rounded to bf16 as operands (a graph of bf16 precision), as the reference does; the products
+ * then run in f32 on the rounded copies (p is not rounded, so the p v product has no bf16 operand
+ * pair for vdpbf16ps: the same arithmetic as f32, a copy's cost more). */
+typedef struct { int64_t batch, T, S, D, E, heads, out_heads; bool causal, bf16; float scale; } attn;
 
-/* a: cg_attention_args, whether the operands are bf16, and (backward) out's heads (attn_out_row) */
 static attn attn_of(const int64_t *a, bool backward) {
     double scale;
     memcpy(&scale, &a[6], sizeof scale);
-    return (attn){ a[0], a[1], a[2], a[3], a[4], backward ? a[8] : 0, a[5] != 0, a[7] != 0, (float)scale };
+    return (attn){ a[0], a[1], a[2], a[3], a[4], a[7], backward ? a[9] : 0, a[5] != 0, a[8] != 0, (float)scale };
 }
 
-/* x, or (bf16) its n values rounded to bf16 in dst; dst advanced past what it used. */
-static const float *operand(const attn *A, const float *x, int64_t n, float **dst) {
-    if (!A->bf16) return x;
+/* Rows of an operand: where the first is, and the stride between them. */
+typedef struct { const float *p; int64_t ld; } rows;
+
+/* Rows [r0, r0 + n) of batch element b of operand x of W columns (attn_row's layout), or (bf16)
+ * their values rounded to bf16 in dst, one row after another; dst advanced past what it used. */
+static rows operand(const attn *A, const float *x, int64_t b, int64_t T, int64_t W, int64_t r0, int64_t n, float **dst) {
+    const int64_t ld = attn_stride(W, A->heads);
+    x += attn_row(b, T, W, A->heads) + r0 * ld;
+    if (!A->bf16) return (rows){ x, ld };
     float *r = *dst;
-    for (int64_t i = 0; i < n; i++) r[i] = precision_round(TG_PRECISION_BF16, x[i]);
-    *dst += n;
-    return r;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < W; j++) r[i * W + j] = precision_round(TG_PRECISION_BF16, x[i * ld + j]);
+    *dst += n * W;
+    return (rows){ r, W };
 }
 
 /* The columns row r attends to, and the most any row of the block [r0, r1) does. */
@@ -96,13 +103,14 @@ static exp_sub_fn exp_sub_for(cpu_isa isa) {
 
 /* ----- forward ----- */
 
-/* Rows [r0, r1) of one head (qb: its query row r0): s [RB, S] scratch. Row r's probabilities
- * over its kept columns, zeros past them (so the block's p v product needs no mask). */
-static void forward_block(const attn *A, exp_sub_fn exp_sub, const float *qb, const float *k, const float *v, float *out,
+/* Rows [r0, r1) of one head (q: its query row r0; out: its row 0, rows ldo apart): s [RB, S]
+ * scratch. Row r's probabilities over its kept columns, zeros past them (so the block's p v
+ * product needs no mask). */
+static void forward_block(const attn *A, exp_sub_fn exp_sub, rows q, rows k, rows v, float *out, int64_t ldo,
                           float *lse, int64_t r0, int64_t r1, float *s) {
-    const int64_t rows = r1 - r0, cols = kept(A, r1 - 1);   /* the block's widest row */
-    kernel_gemm(0, 1, rows, cols, A->D, qb, A->D, k, A->D, s, A->S, 0);
-    for (int64_t i = 0; i < rows; i++) {
+    const int64_t n_rows = r1 - r0, cols = kept(A, r1 - 1);   /* the block's widest row */
+    kernel_gemm(0, 1, n_rows, cols, A->D, q.p, q.ld, k.p, k.ld, s, A->S, 0);
+    for (int64_t i = 0; i < n_rows; i++) {
         float *si = s + i * A->S, mx = -INFINITY;
         const int64_t n = kept(A, r0 + i);
         for (int64_t c = 0; c < n; c++) mx = fmaxf(mx, si[c] *= A->scale);
@@ -112,7 +120,7 @@ static void forward_block(const attn *A, exp_sub_fn exp_sub, const float *qb, co
         for (int64_t c = n; c < cols; c++) si[c] = 0;
         if (lse) lse[r0 + i] = mx + (float)log(sum);
     }
-    if (out) kernel_gemm(0, 0, rows, A->E, cols, s, A->S, v, A->E, out + r0 * A->E, A->E, 0);
+    if (out) kernel_gemm(0, 0, n_rows, A->E, cols, s, A->S, v.p, v.ld, out + r0 * ldo, ldo, 0);
 }
 
 /* p = {q, k, v, out (or NULL), lse (or NULL)} */
@@ -131,10 +139,10 @@ void cpu_attention(const int64_t *a, void *const *p) {
             float *s = kernel_scratch((size_t)(RB * A.S + (A.bf16 ? RB * A.D + A.S * (A.D + A.E) : 0)));
             if (!s) continue;   /* recorded: the step fails */
             float *copies = s + RB * A.S;   /* the block's q rows; the head's k and v (1/RB of the block's work) */
-            const float *qb = operand(&A, q + (b * A.T + r0) * A.D, (r1 - r0) * A.D, &copies);
-            const float *kh = operand(&A, k + b * A.S * A.D, A.S * A.D, &copies);
-            const float *vh = operand(&A, v + b * A.S * A.E, A.S * A.E, &copies);
-            forward_block(&A, exp_sub, qb, kh, vh, out ? out + b * A.T * A.E : NULL, lse ? lse + b * A.T : NULL, r0, r1, s);
+            const rows qb = operand(&A, q, b, A.T, A.D, r0, r1 - r0, &copies);
+            const rows kh = operand(&A, k, b, A.S, A.D, 0, A.S, &copies), vh = operand(&A, v, b, A.S, A.E, 0, A.S, &copies);
+            forward_block(&A, exp_sub, qb, kh, vh, out ? out + attn_row(b, A.T, A.E, A.heads) : NULL,
+                          attn_stride(A.E, A.heads), lse ? lse + b * A.T : NULL, r0, r1, s);
         }
         fp_restore(fp);
     }
@@ -142,34 +150,40 @@ void cpu_attention(const int64_t *a, void *const *p) {
 
 /* ----- backward ----- */
 
-/* One head (pointers offset to it; out's rows attn_out_stride apart), a block of query rows at a
- * time: with p_c = exp(s_c - lse_r) and delta_r = d_out_r . out_r, dp = d_out vᵀ, ds = scale p
- * (dp - delta); dq = ds k, dk += dsᵀ q, dv += pᵀ d_out. dq, dk, dv may be NULL (not wanted).
- * buf: 2 RB S floats. */
-static void backward_head(const attn *A, exp_sub_fn exp_sub, const float *q, const float *k, const float *v,
-                          const float *o, const float *dout, const float *lse, float *dq, float *dk, float *dv,
-                          float *buf) {
+/* Gradient rows of W columns (n of them, ld apart; NULL: not wanted) set to zero. */
+static void zero_rows(float *x, int64_t n, int64_t W, int64_t ld) {
+    for (int64_t i = 0; x && i < n; i++) memset(x + i * ld, 0, sizeof(float) * (size_t)W);
+}
+
+/* One head (operands and gradients offset to it, the gradients' rows ld apart as their operands'
+ * in memory; out's rows attn_stride(E, out_heads) apart), a block of query rows at a time: with
+ * p_c = exp(s_c - lse_r) and delta_r = d_out_r . out_r, dp = d_out vᵀ, ds = scale p (dp - delta);
+ * dq = ds k, dk += dsᵀ q, dv += pᵀ d_out. dq, dk, dv may be NULL (not wanted). buf: 2 RB S floats. */
+static void backward_head(const attn *A, exp_sub_fn exp_sub, rows q, rows k, rows v, const float *o, rows dout,
+                          const float *lse, float *dq, float *dk, float *dv, float *buf) {
     float *pb = buf, *ds = buf + RB * A->S;
-    if (dk) memset(dk, 0, sizeof(float) * (size_t)(A->S * A->D));
-    if (dv) memset(dv, 0, sizeof(float) * (size_t)(A->S * A->E));
+    const int64_t ldd = attn_stride(A->D, A->heads), lde = attn_stride(A->E, A->heads), os = attn_stride(A->E, A->out_heads);
+    zero_rows(dk, A->S, A->D, ldd);
+    zero_rows(dv, A->S, A->E, lde);
     for (int64_t r0 = 0; r0 < A->T; r0 += RB) {
-        const int64_t r1 = r0 + RB < A->T ? r0 + RB : A->T, rows = r1 - r0, cols = kept(A, r1 - 1);
-        kernel_gemm(0, 1, rows, cols, A->D, q + r0 * A->D, A->D, k, A->D, pb, A->S, 0);
-        kernel_gemm(0, 1, rows, cols, A->E, dout + r0 * A->E, A->E, v, A->E, ds, A->S, 0);
-        for (int64_t i = 0; i < rows; i++) {
+        const int64_t r1 = r0 + RB < A->T ? r0 + RB : A->T, n_rows = r1 - r0, cols = kept(A, r1 - 1);
+        const float *qb = q.p + r0 * q.ld, *gb = dout.p + r0 * dout.ld;
+        kernel_gemm(0, 1, n_rows, cols, A->D, qb, q.ld, k.p, k.ld, pb, A->S, 0);
+        kernel_gemm(0, 1, n_rows, cols, A->E, gb, dout.ld, v.p, v.ld, ds, A->S, 0);
+        for (int64_t i = 0; i < n_rows; i++) {
             float *pi = pb + i * A->S, *di = ds + i * A->S, delta = 0;
             const int64_t r = r0 + i, n = kept(A, r);
-            const float *orow = o + r * attn_out_stride(A->E, A->heads);
-            for (int64_t e = 0; e < A->E; e++) delta += dout[r * A->E + e] * orow[e];
+            const float *orow = o + r * os, *grow = gb + i * dout.ld;
+            for (int64_t e = 0; e < A->E; e++) delta += grow[e] * orow[e];
             for (int64_t c = 0; c < n; c++) pi[c] *= A->scale;
             exp_sub(pi, n, lse[r]);
             #pragma omp simd
             for (int64_t c = 0; c < n; c++) di[c] = A->scale * pi[c] * (di[c] - delta);
             for (int64_t c = n; c < cols; c++) pi[c] = di[c] = 0;
         }
-        if (dq) kernel_gemm(0, 0, rows, A->D, cols, ds, A->S, k, A->D, dq + r0 * A->D, A->D, 0);
-        if (dk) kernel_gemm(1, 0, cols, A->D, rows, ds, A->S, q + r0 * A->D, A->D, dk, A->D, 1);
-        if (dv) kernel_gemm(1, 0, cols, A->E, rows, pb, A->S, dout + r0 * A->E, A->E, dv, A->E, 1);
+        if (dq) kernel_gemm(0, 0, n_rows, A->D, cols, ds, A->S, k.p, k.ld, dq + r0 * ldd, ldd, 0);
+        if (dk) kernel_gemm(1, 0, cols, A->D, n_rows, ds, A->S, qb, q.ld, dk, ldd, 1);
+        if (dv) kernel_gemm(1, 0, cols, A->E, n_rows, pb, A->S, gb, dout.ld, dv, lde, 1);
     }
 }
 
@@ -188,12 +202,11 @@ void cpu_attention_bwd(const int64_t *a, void *const *p) {
             float *buf = kernel_scratch((size_t)(2 * RB * A.S + (A.bf16 ? (A.T + A.S) * (A.D + A.E) : 0)));
             if (!buf) continue;   /* recorded: the step fails */
             float *copies = buf + 2 * RB * A.S;
-            const float *qh = operand(&A, q + b * A.T * A.D, A.T * A.D, &copies);
-            const float *kh = operand(&A, k + b * A.S * A.D, A.S * A.D, &copies);
-            const float *vh = operand(&A, v + b * A.S * A.E, A.S * A.E, &copies);
-            const float *gh = operand(&A, dout + b * A.T * A.E, A.T * A.E, &copies);
-            backward_head(&A, exp_sub, qh, kh, vh, o + attn_out_row(b, A.T, A.E, A.heads), gh, lse + b * A.T,
-                          dq ? dq + b * A.T * A.D : NULL, dk ? dk + b * A.S * A.D : NULL, dv ? dv + b * A.S * A.E : NULL, buf);
+            const rows qh = operand(&A, q, b, A.T, A.D, 0, A.T, &copies), kh = operand(&A, k, b, A.S, A.D, 0, A.S, &copies);
+            const rows vh = operand(&A, v, b, A.S, A.E, 0, A.S, &copies), gh = operand(&A, dout, b, A.T, A.E, 0, A.T, &copies);
+            backward_head(&A, exp_sub, qh, kh, vh, o + attn_row(b, A.T, A.E, A.out_heads), gh, lse + b * A.T,
+                          dq ? dq + attn_row(b, A.T, A.D, A.heads) : NULL, dk ? dk + attn_row(b, A.S, A.D, A.heads) : NULL,
+                          dv ? dv + attn_row(b, A.S, A.E, A.heads) : NULL, buf);
         }
         fp_restore(fp);
     }

@@ -905,21 +905,21 @@ static void library_call(gen *G, int id, const char *fn, const int64_t *args, in
 static int attention_call(gen *G, int id, const int *next, int n_next) {
     cg *c = &G->c;
     const tg_node *n = N(c, id);
-    int64_t a[9];   /* cg_attention_args, whether q, k, v and d_out are bf16 operands, out's heads */
+    int64_t a[10];   /* cg_attention_args, whether q, k, v and d_out are bf16 operands, out's heads */
     cg_attention_args(c->g, id, a);
-    a[7] = c->g->precision == TG_PRECISION_BF16;
-    a[8] = n->op == OP_ATTENTION_BWD ? n->iarg[2] : 0;
+    a[8] = c->g->precision == TG_PRECISION_BF16;
+    a[9] = n->op == OP_ATTENTION_BWD ? n->iarg[2] : 0;
     int outs[3] = { id }, n_out = 1;
     for (int k = 0; k < n_next && n_out < 3 && cg_attention_joins(c->g, outs[n_out - 1], next[k]); k++) outs[n_out++] = next[k];
     if (n->op == OP_ATTENTION_BWD) {
         int bufs[9] = { n->src[0], n->src[1], n->src[2], n->src[3], n->src[4], n->src[5], -1, -1, -1 };
         for (int r = 0; r < n_out; r++) bufs[6 + N(c, outs[r])->iarg[1]] = outs[r];
-        library_call_n(G, outs, n_out, "TGK_ATTENTION_BWD", a, 9, bufs, 9);
+        library_call_n(G, outs, n_out, "TGK_ATTENTION_BWD", a, 10, bufs, 9);
     } else {
         bool fwd = n->op == OP_ATTENTION;
         int lse = fwd ? (n_out > 1 ? outs[1] : -1) : id;
         int bufs[5] = { n->src[0], n->src[1], fwd ? n->src[2] : n->src[1], fwd ? id : -1, lse };
-        library_call_n(G, outs, n_out, "TGK_ATTENTION", a, 8, bufs, 5);
+        library_call_n(G, outs, n_out, "TGK_ATTENTION", a, 9, bufs, 5);
     }
     return n_out - 1;
 }

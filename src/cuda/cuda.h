@@ -10,10 +10,10 @@
  * cuBLAS products (row-major op(A) op(B), per-batch offsets) and memsets of a node's buffer. */
 typedef enum { CL_KERNEL, CL_GEMM, CL_MEMSET } cuda_launch_kind;
 /* The fourth parameter of a kernel compiled once for several launches (attention), as the device
- * source's tga_args: where each buffer is (floats into the arena; -1 none; -2 - i: B[i]), and the
- * scale. */
+ * source's tga_args: where each buffer is (floats into the arena; -1 none; -2 - i: B[i]; the
+ * sources, the outputs, then the outputs' rounded copies: attention_kernel), and the scale. */
 typedef struct {
-    int64_t at[9];
+    int64_t at[11];
     float scale;
 } cuda_kernel_args;
 typedef struct {

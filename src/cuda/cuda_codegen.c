@@ -68,14 +68,22 @@ static void pointer(cg *c, strbuf *decl, int id, bool out) { cg_pointer(c, decl,
 static int home_of(const int *alias, int x) { return alias[x] >= 0 ? alias[x] : x; }
 
 /* Does the kernel computing home node h also write its rounded copy (shadow_store)? Pointwise and
- * row kernels do, and kleaves for the leaves; products, sums and the special kernels do not. */
+ * row kernels do, kleaves for the leaves, and attention for its output and the gradients of k
+ * and v; products, sums, the other special kernels and attention's dq (added up with atomics:
+ * filled after it, fills_shadow) do not. */
 static bool writes_shadow(const tg_graph *g, const bool *materialized, int h) {
-    tg_op op = g->nodes[h].op;
-    return cg_is_bound(op) || (materialized[h] && fuse_pointwise(op));
+    const tg_node *n = &g->nodes[h];
+    bool attention = n->op == OP_ATTENTION || (n->op == OP_ATTENTION_BWD && n->iarg[1] != 0);
+    return cg_is_bound(n->op) || (materialized[h] && (fuse_pointwise(n->op) || attention));
+}
+
+/* Is home node h's rounded copy made by a pass right after its kernel (fill_shadow)? */
+static bool fills_shadow(const tg_graph *g, const bool *materialized, int h) {
+    return materialized[h] && g->nodes[h].op == OP_ATTENTION_BWD && g->nodes[h].iarg[1] == 0;
 }
 
 bool cuda_attention_mma(const tg_graph *g, int id, int sm) {
-    int64_t a[7];
+    int64_t a[8];
     cg_attention_args(g, id, a);
     const int k = g->precision == TG_PRECISION_BF16 ? 16 : 8;   /* the mma's k (f32: three tf32 products) */
     return sm >= 80 && a[3] % k == 0 && a[4] % k == 0;
@@ -132,8 +140,10 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
         if (!materialized[i]) continue;
         int ops[4], n_ops = 0;
         if (on_cublas(g, materialized, i)) {   /* operands that no kernel of ours computes go through a slot */
-            for (int k = 0; k < 2; k++)
-                if (writes_shadow(g, materialized, home_of(alias, n->src[k]))) ops[n_ops++] = k;
+            for (int k = 0; k < 2; k++) {
+                int h = home_of(alias, n->src[k]);
+                if (writes_shadow(g, materialized, h) || fills_shadow(g, materialized, h)) ops[n_ops++] = k;
+            }
         } else if (is_attention(n->op) && cuda_attention_mma(g, i, sm)) {   /* all: attention_kernel fills the others */
             n_ops = attention_operands(n, ops);
         }
@@ -149,7 +159,7 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
     bool *bf16;
     graph_bf16_values(g, &bf16);   /* NULL when memory runs out: every activation in f32 too */
     for (int i = 0; i < g->n; i++) {
-        bool computed = !cg_is_bound(g->nodes[i].op) && alias[i] < 0;
+        bool computed = !cg_is_bound(g->nodes[i].op) && alias[i] < 0 && !is_attention(g->nodes[i].op);   /* attention writes f32 */
         only[i] = computed && ((want[i] && writes_shadow(g, materialized, i)) ||
                                (bf16 && bf16[i] && (writes_shadow(g, materialized, i) || on_cublas(g, materialized, i))));
     }
@@ -661,7 +671,7 @@ static int far_sibling(cg *c, const int *next, const bool *done, int q, const ch
     cg_line(c, "acc%d += %s;", n_sums, v);
     bool ok = true;
     for (int u = 0; u < c->g->n && ok; u++)
-        ok = !c->used[u] || before[u] || u < i0 || cg_is_bound(N(c, u)->op);   /* read: computed before */
+        ok = !c->used[u] || before[u] || home_of(c->plan->alias, u) < i0 || cg_is_bound(N(c, u)->op);   /* read: computed before */
     roots[n_roots] = b;
     if (pb >= 0) roots[n_roots + 1] = pb;
     if (ok && outputs_apart(c, roots, n_roots + 1 + (pb >= 0))) return pb;
@@ -672,13 +682,14 @@ static int far_sibling(cg *c, const int *next, const bool *done, int q, const ch
     return -2;
 }
 
-/* Is node x's value at hand before step i0: a leaf, computed before it, or computed inline from
- * such (within a few steps of inlining)? */
-static bool ready_before(const tg_graph *g, const bool *mat, int x, int i0, int depth) {
+/* Is node x's value at hand before step i0: a leaf, computed before it (an alias: its home, as
+ * attention's gradients reshaped), or computed inline from such (within a few steps of
+ * inlining)? */
+static bool ready_before(const tg_graph *g, const bool *mat, const int *alias, int x, int i0, int depth) {
     if (cg_is_bound(g->nodes[x].op)) return true;
-    if (mat[x]) return x < i0;
+    if (mat[x]) return home_of(alias, x) < i0;
     for (int k = 0; k < g->nodes[x].nsrc; k++)
-        if (depth > 32 || !ready_before(g, mat, g->nodes[x].src[k], i0, depth + 1)) return false;
+        if (depth > 32 || !ready_before(g, mat, alias, g->nodes[x].src[k], i0, depth + 1)) return false;
     return true;
 }
 
@@ -701,8 +712,8 @@ void cuda_sums_early(const tg_graph *g, const bool *mat, const int *alias, int *
             int xb = born[b] == b ? sum_alike(g, mat, id, b, outer, len, inner, numel) : -1;
             if (xb < 0) continue;
             bool produced = born[a] == a && a != id && sums_its_source(g, mat, a, b), ok = true;
-            for (int s = 0; produced && s < g->nodes[a].nsrc; s++) ok &= ready_before(g, mat, g->nodes[a].src[s], i0, 0);
-            if (!ok || (!produced && !ready_before(g, mat, xb, i0, 0))) continue;
+            for (int s = 0; produced && s < g->nodes[a].nsrc; s++) ok &= ready_before(g, mat, alias, g->nodes[a].src[s], i0, 0);
+            if (!ok || (!produced && !ready_before(g, mat, alias, xb, i0, 0))) continue;
             born[b] = i0;
             if (produced) born[a] = i0;
             n_sums++;
@@ -1115,7 +1126,7 @@ static int64_t buffer_at(cg *c, int id, bool rounded) {
  * took. */
 static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_next) {
     const tg_node *n = N(c, id);
-    int64_t a[7];
+    int64_t a[8];
     double scale;
     cg_attention_args(c->g, id, a);
     memcpy(&scale, &a[6], sizeof scale);
@@ -1132,23 +1143,27 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     /* The kernel's buffers: the sources (q, k, v, then out, d_out, lse backward), then the outputs
      * (out, lse forward; dq, dk, dv backward); operands of tensor cores as rounded copies. */
     cuda_kernel_args args = { .scale = (float)(bwd ? scale : scale * 1.4426950408889634) };
-    bool rounded[9] = { false };
+    bool rounded[11] = { false };
     int ops[4], n_ops = mma && !f32 ? attention_operands(n, ops) : 0;
-    for (int k = 0; k < 9; k++) args.at[k] = -1;
+    for (int k = 0; k < 11; k++) args.at[k] = -1;
     for (int o = 0; o < n_ops; o++) rounded[ops[o]] = true;
     for (int k = 0; k < n->nsrc; k++) args.at[k] = buffer_at(c, n->src[k], rounded[k]);
-    if (bwd) {
+    if (bwd) {   /* dq, dk, dv; the rounded copies of dk, dv (at[9], at[10]) where products read them */
         for (int r = 0; r < n_out; r++) {
-            args.at[6 + N(c, outs[r])->iarg[1]] = buffer_at(c, outs[r], false);
-            if (N(c, outs[r])->iarg[1] == 0) memset_launch(p, outs[r]);   /* dq is added up with atomics */
+            const int w = (int)N(c, outs[r])->iarg[1];
+            args.at[6 + w] = buffer_at(c, outs[r], false);
+            if (w > 0 && has_shadow(c, outs[r])) args.at[8 + w] = buffer_at(c, outs[r], true);
+            if (w == 0) memset_launch(p, outs[r]);   /* dq is added up with atomics */
         }
-    } else {
+    } else {   /* out, lse, and out's rounded copy (at[5]) */
         if (!fwd) args.at[2] = args.at[1];   /* v unread */
         args.at[3] = fwd ? buffer_at(c, id, false) : -1;
         args.at[4] = !fwd ? buffer_at(c, id, false) : n_out > 1 ? buffer_at(c, outs[1], false) : -1;
+        if (fwd && has_shadow(c, id)) args.at[5] = buffer_at(c, id, true);
     }
-    const long long heads = bwd && n->iarg[2] > 1 ? n->iarg[2] : 1;   /* out's layout (graph.h: attn_out_row) */
-    char name[sizeof p->launch->name], last[40];   /* last: the template's OUT (forward), RND (SIMT), heads (backward) */
+    const long long heads = bwd && n->iarg[2] > 1 ? n->iarg[2] : 1;   /* out's layout (graph.h: attn_row) */
+    const long long inter = a[7] > 1 ? a[7] : 1;                       /* the operands' (graph.h: iarg[3]) */
+    char name[sizeof p->launch->name], last[60];   /* last: the template's OUT (forward), RND (SIMT), heads (backward), inter */
     snprintf(name, sizeof name, "attn%s_%s%s_%lldx%lldx%lldx%lld%s", bwd ? "_bwd" : fwd ? "" : "_lse", mma ? "" : "simt_",
              bf ? "bf16" : f32 ? (mma ? "f32x3" : "f32") : "tf32", T, S, D, E, a[5] ? "_causal" : "");
     snprintf(last, sizeof last, "%s%s", bwd ? "" : fwd ? ", true" : ", false", rnd);
@@ -1156,15 +1171,17 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
         snprintf(last + strlen(last), sizeof last - strlen(last), ", %lld", heads);
         snprintf(name + strlen(name), sizeof name - strlen(name), "_h%lld", heads);
     }
+    snprintf(last + strlen(last), sizeof last - strlen(last), ", %lld", inter);
+    if (inter > 1) snprintf(name + strlen(name), sizeof name - strlen(name), "_i%lld", inter);
     bool compiled = false;
     for (int i = 0; i < p->n; i++) compiled |= p->launch[i].kind == CL_KERNEL && !strcmp(p->launch[i].name, name);
     if (!compiled) {
         sb_printf(c->out, "extern \"C\" __global__ void %s(float *A, void *const *B, const double *H, tga_args a) {\n"
                           "    tgk_prior();\n    tgk_attention%s%s<%s%lld, %lld, %lld, %lld, %s%s>(",
                   name, bwd ? "_bwd" : "", mma ? "_mma" : "", policy, T, S, D, E, a[5] ? "true" : "false", last);
-        for (int k = 0; k < (bwd ? 9 : 5); k++)
+        for (int k = 0; k < (bwd ? 11 : 6); k++)
             sb_printf(c->out, "tga_at<%s%s>(A, B, a.at[%d]), ", k < (bwd ? 6 : 3) ? "const " : "",
-                      rounded[k] ? shadow_type(c) : "float", k);
+                      rounded[k] ? shadow_type(c) : k >= (bwd ? 9 : 5) ? "void" : "float", k);
         sb_printf(c->out, "a.scale);\n}\n\n");
     }
     int64_t tiles = bwd ? (S + 63) / 64 : mma ? (T + 127) / 128 : (T + 63) / 64;

@@ -378,10 +378,11 @@ static void tgk_maxpool_bwd(const int64_t *a, void *const *p) { tgk_maxpool_any(
 
 #if defined(TGK_USE_ATTENTION) || defined(TGK_USE_ATTENTION_BWD)
 /* Attention (OP_ATTENTION, _LSE, _BWD in graph/graph.h; the library's are cpu_attention.c):
- * a = {batch, T, S, D, E, causal, the bits of a double scale}; q [T, D], k [S, D], v [S, E] per
- * batch element. Without scratch memory: a row's scores are computed again where they are used
- * (its max, then its weights), never stored. */
-typedef struct { int64_t batch, T, S, D, E; int causal; float scale; } tgk_attn;
+ * a = {batch, T, S, D, E, causal, the bits of a double scale, h}; q [T, D], k [S, D], v [S, E]
+ * per batch element, or with h > 1 the rows of h heads interleaved ([.., T, h, D]: graph.h's
+ * attn_row), and the output and gradients as their operands. Without scratch memory: a row's
+ * scores are computed again where they are used (its max, then its weights), never stored. */
+typedef struct { int64_t batch, T, S, D, E, h, ldd, lde; int causal; float scale; } tgk_attn;
 
 static tgk_attn tgk_attn_of(const int64_t *a) {
     tgk_attn A;
@@ -394,8 +395,14 @@ static tgk_attn tgk_attn_of(const int64_t *a) {
     A.E = a[4];
     A.causal = a[5] != 0;
     A.scale = (float)scale;
+    A.h = a[7] > 1 ? a[7] : 1;
+    A.ldd = A.h * A.D;   /* the rows' strides */
+    A.lde = A.h * A.E;
     return A;
 }
+
+/* Where batch element b's row 0 of an operand of n rows of w columns is, h heads interleaved. */
+static int64_t tgk_attn_at(int64_t b, int64_t n, int64_t w, int64_t h) { return ((b / h) * n * h + b % h) * w; }
 
 static int64_t tgk_attn_kept(const tgk_attn *A, int64_t r) { return A->causal ? (r + 1 < A->S ? r + 1 : A->S) : A->S; }
 
@@ -409,11 +416,11 @@ static float tgk_attn_score(const tgk_attn *A, const float *qr, const float *kc)
 static void tgk_attn_row(const tgk_attn *A, const float *qr, const float *k, int64_t kept, float *mx, double *sum) {
     *mx = -INFINITY;
     for (int64_t c = 0; c < kept; c++) {
-        float s = tgk_attn_score(A, qr, k + c * A->D);
+        float s = tgk_attn_score(A, qr, k + c * A->ldd);
         if (s > *mx) *mx = s;
     }
     *sum = 0;
-    for (int64_t c = 0; c < kept; c++) *sum += exp((double)(tgk_attn_score(A, qr, k + c * A->D) - *mx));
+    for (int64_t c = 0; c < kept; c++) *sum += exp((double)(tgk_attn_score(A, qr, k + c * A->ldd) - *mx));
 }
 #endif
 
@@ -422,20 +429,21 @@ static void tgk_attn_row(const tgk_attn *A, const float *qr, const float *k, int
 static void tgk_attention(const int64_t *a, void *const *p) {
     const tgk_attn A = tgk_attn_of(a);
     for (int64_t b = 0; b < A.batch; b++) {
-        const float *q = (const float *)p[0] + b * A.T * A.D, *k = (const float *)p[1] + b * A.S * A.D;
-        const float *v = (const float *)p[2] + b * A.S * A.E;
+        const float *q = (const float *)p[0] + tgk_attn_at(b, A.T, A.D, A.h);
+        const float *k = (const float *)p[1] + tgk_attn_at(b, A.S, A.D, A.h);
+        const float *v = (const float *)p[2] + tgk_attn_at(b, A.S, A.E, A.h);
         for (int64_t r = 0; r < A.T; r++) {
             int64_t kept = tgk_attn_kept(&A, r);
             float mx;
             double sum;
-            tgk_attn_row(&A, q + r * A.D, k, kept, &mx, &sum);
+            tgk_attn_row(&A, q + r * A.ldd, k, kept, &mx, &sum);
             if (p[4]) ((float *)p[4])[b * A.T + r] = mx + (float)log(sum);
             if (!p[3]) continue;
-            float *o = (float *)p[3] + (b * A.T + r) * A.E;
+            float *o = (float *)p[3] + tgk_attn_at(b, A.T, A.E, A.h) + r * A.lde;
             for (int64_t e = 0; e < A.E; e++) o[e] = 0;
             for (int64_t c = 0; c < kept; c++) {
-                float w = (float)(exp((double)(tgk_attn_score(&A, q + r * A.D, k + c * A.D) - mx)) / sum);
-                for (int64_t e = 0; e < A.E; e++) o[e] += w * v[c * A.E + e];
+                float w = (float)(exp((double)(tgk_attn_score(&A, q + r * A.ldd, k + c * A.ldd) - mx)) / sum);
+                for (int64_t e = 0; e < A.E; e++) o[e] += w * v[c * A.lde + e];
             }
         }
     }
@@ -445,31 +453,34 @@ static void tgk_attention(const int64_t *a, void *const *p) {
 #if defined(TGK_USE_ATTENTION_BWD)
 /* p = {q, k, v, out, d_out, lse, dq, dk, dv} (any of the last three NULL): with p_c = exp(s_c -
  * lse_r) and delta_r = d_out_r . out_r, ds_c = scale p_c (d_out_r . v_c - delta_r); dq_r =
- * sum_c ds_c k_c, dk_c += ds_c q_r, dv_c += p_c d_out_r. a[8] = h > 1: out's rows are those of h
- * heads interleaved ([.., T, h, E]; graph.h's attn_out_row). */
+ * sum_c ds_c k_c, dk_c += ds_c q_r, dv_c += p_c d_out_r. a[9] = h > 1: out's rows are those of h
+ * heads interleaved. */
 static void tgk_attention_bwd(const int64_t *a, void *const *p) {
     const tgk_attn A = tgk_attn_of(a);
-    const int64_t h = a[8] > 1 ? a[8] : 1, os = h * A.E;   /* out's row stride */
+    const int64_t h = a[9] > 1 ? a[9] : 1, os = h * A.E;   /* out's row stride */
     for (int64_t b = 0; b < A.batch; b++) {
-        const float *q = (const float *)p[0] + b * A.T * A.D, *k = (const float *)p[1] + b * A.S * A.D;
-        const float *v = (const float *)p[2] + b * A.S * A.E, *o = (const float *)p[3] + ((b / h) * A.T * h + b % h) * A.E;
-        const float *g = (const float *)p[4] + b * A.T * A.E, *lse = (const float *)p[5] + b * A.T;
-        float *dq = p[6] ? (float *)p[6] + b * A.T * A.D : NULL, *dk = p[7] ? (float *)p[7] + b * A.S * A.D : NULL;
-        float *dv = p[8] ? (float *)p[8] + b * A.S * A.E : NULL;
-        if (dk) memset(dk, 0, sizeof(float) * (size_t)(A.S * A.D));
-        if (dv) memset(dv, 0, sizeof(float) * (size_t)(A.S * A.E));
+        const int64_t qd = tgk_attn_at(b, A.T, A.D, A.h), kd = tgk_attn_at(b, A.S, A.D, A.h), ve = tgk_attn_at(b, A.S, A.E, A.h);
+        const float *q = (const float *)p[0] + qd, *k = (const float *)p[1] + kd, *v = (const float *)p[2] + ve;
+        const float *o = (const float *)p[3] + tgk_attn_at(b, A.T, A.E, h);
+        const float *g = (const float *)p[4] + tgk_attn_at(b, A.T, A.E, A.h), *lse = (const float *)p[5] + b * A.T;
+        float *dq = p[6] ? (float *)p[6] + qd : NULL, *dk = p[7] ? (float *)p[7] + kd : NULL;
+        float *dv = p[8] ? (float *)p[8] + ve : NULL;
+        for (int64_t c = 0; c < A.S; c++) {
+            if (dk) memset(dk + c * A.ldd, 0, sizeof(float) * (size_t)A.D);
+            if (dv) memset(dv + c * A.lde, 0, sizeof(float) * (size_t)A.E);
+        }
         for (int64_t r = 0; r < A.T; r++) {
-            const float *qr = q + r * A.D, *gr = g + r * A.E;
+            const float *qr = q + r * A.ldd, *gr = g + r * A.lde;
             float delta = 0;
             for (int64_t e = 0; e < A.E; e++) delta += gr[e] * o[r * os + e];
-            if (dq) for (int64_t d = 0; d < A.D; d++) dq[r * A.D + d] = 0;
+            if (dq) for (int64_t d = 0; d < A.D; d++) dq[r * A.ldd + d] = 0;
             for (int64_t c = 0; c < tgk_attn_kept(&A, r); c++) {
-                float pc = expf(tgk_attn_score(&A, qr, k + c * A.D) - lse[r]), dp = 0;
-                for (int64_t e = 0; e < A.E; e++) dp += gr[e] * v[c * A.E + e];
+                float pc = expf(tgk_attn_score(&A, qr, k + c * A.ldd) - lse[r]), dp = 0;
+                for (int64_t e = 0; e < A.E; e++) dp += gr[e] * v[c * A.lde + e];
                 float ds = A.scale * pc * (dp - delta);
-                if (dq) for (int64_t d = 0; d < A.D; d++) dq[r * A.D + d] += ds * k[c * A.D + d];
-                if (dk) for (int64_t d = 0; d < A.D; d++) dk[c * A.D + d] += ds * qr[d];
-                if (dv) for (int64_t e = 0; e < A.E; e++) dv[c * A.E + e] += pc * gr[e];
+                if (dq) for (int64_t d = 0; d < A.D; d++) dq[r * A.ldd + d] += ds * k[c * A.ldd + d];
+                if (dk) for (int64_t d = 0; d < A.D; d++) dk[c * A.ldd + d] += ds * qr[d];
+                if (dv) for (int64_t e = 0; e < A.E; e++) dv[c * A.lde + e] += pc * gr[e];
             }
         }
     }

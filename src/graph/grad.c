@@ -89,7 +89,7 @@ static int heads_merged(const tg_graph *g, int id) {
 static void attention_rule(grad_ctx *c, tg_site s, int id, tg_tensor go) {
     tg_graph *g = c->g;
     const tg_node n = g->nodes[id];   /* a copy: appending nodes may move the array */
-    const int merged = heads_merged(g, id);
+    const int merged = n.iarg[3] > 0 ? id : heads_merged(g, id);   /* interleaved: out is as merged */
     int srcs[6] = { n.src[0], n.src[1], n.src[2], merged >= 0 ? merged : id, go.id, id + 1 };
     if (id + 1 >= g->n || g->nodes[id + 1].op != OP_ATTENTION_LSE) {
         ir_fail(g, s, "internal: attention node %d has no row statistics after it", id);
@@ -101,7 +101,7 @@ static void attention_rule(grad_ctx *c, tg_site s, int id, tg_tensor go) {
         tg_tensor d = MIRROR(OP_ATTENTION_BWD, g->nodes[n.src[w]].shape, 6, srcs);
         if (d.id < 0) return;
         g->nodes[d.id].iarg[1] = w;
-        g->nodes[d.id].iarg[2] = merged >= 0 ? n.shape.d[n.shape.ndim - 3] : 0;
+        g->nodes[d.id].iarg[2] = n.iarg[3] > 0 ? n.iarg[3] : merged >= 0 ? n.shape.d[n.shape.ndim - 3] : 0;
         grads[w] = d.id;
     }
     for (int w = 0; w < 3; w++)   /* after all three: accumulating appends nodes between them */

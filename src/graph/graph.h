@@ -109,7 +109,13 @@ typedef enum {
      * iarg[1] = 0, 1, 2: the gradient with respect to q, k or v (shape of that operand). The
      * gradient rule appends the ones it needs consecutively, in that order. iarg[2] = H > 1: out
      * is given with the head axis and the rows swapped ([.., T, H, E]: the copy a model makes to
-     * merge heads, attn_out_row), so that the output itself need not live until the backward. */
+     * merge heads, attn_row), so that the output itself need not live until the backward.
+     * iarg[3] = H > 0 (all three ops): the heads are interleaved, as a model's linear layers
+     * compute them, so that splitting and merging heads copies nothing: q [.., T, H, D], k
+     * [.., S, H, D], v [.., S, H, E], ATTENTION's output and d_out [.., T, H, E], each gradient
+     * its operand's shape; batch element b is head b % H of outer index b / H (attn_row). The
+     * row log-sum-exp is [.., H, T] either way. op_attention takes this form for operands that
+     * are such splits (a permute of axes -3 and -2). */
     OP_ATTENTION, OP_ATTENTION_LSE, OP_ATTENTION_BWD,
 
     OP_COUNT
@@ -255,13 +261,13 @@ tg_tensor op_state(tg_graph *g, int like_param_node);
 tg_tensor op_scatter_rows(tg_site s, tg_tensor vals, tg_tensor idx, int64_t rows);
 /* Attention (checked operands): the ATTENTION node, with its ATTENTION_LSE node after it. */
 tg_tensor op_attention(tg_site s, tg_tensor q, tg_tensor k, tg_tensor v, bool causal, double scale);
-/* Where ATTENTION_BWD's `out` holds the first row of batch b (of T rows of E), its iarg[2] being
- * h: b's rows one after another, or with h > 1 those of its h heads interleaved ([.., T, h, E]);
- * each next row is attn_out_stride further. */
-static inline int64_t attn_out_row(int64_t b, int64_t T, int64_t E, int64_t h) {
-    return h > 1 ? ((b / h) * T * h + b % h) * E : b * T * E;
+/* Where an attention operand of rows of W values holds the first row of batch element b (of T
+ * rows): b's rows one after another, or with h > 0 (graph.h's iarg[3]; ATTENTION_BWD's out by
+ * iarg[2]) those of h heads interleaved ([.., T, h, W]); each next row is attn_stride further. */
+static inline int64_t attn_row(int64_t b, int64_t T, int64_t W, int64_t h) {
+    return h > 1 ? ((b / h) * T * h + b % h) * W : b * T * W;
 }
-static inline int64_t attn_out_stride(int64_t E, int64_t h) { return h > 1 ? h * E : E; }
+static inline int64_t attn_stride(int64_t W, int64_t h) { return h > 1 ? h * W : W; }
 /* An f32 node of op `op` carrying the axis/iarg/farg of node `like` (gradient rules use it to
  * emit adjoints: slice for pad, col2im for im2col, the same dropout mask). */
 tg_tensor op_mirror(tg_graph *g, tg_site s, tg_op op, int like, tg_shape shape, int nsrc, const int *src);

@@ -283,6 +283,10 @@ tg_tensor tg_permute_at(tg_site s, tg_tensor x, tg_shape order) {
         identity = identity && order.d[i] == i;
     }
     if (identity) return x;
+    const tg_node *p = node_of(x);   /* a permute undoing the one before it: that one's source */
+    bool undoes = p->op == OP_PERMUTE;
+    for (int i = 0; undoes && i < order.ndim; i++) undoes = p->iarg[order.d[i]] == i;
+    if (undoes) return mk_tensor(x.g, p->src[0]);
     tg_tensor t = emit(x.g, s, OP_PERMUTE, node_of(x)->dtype, out, 1, &x.id);
     if (t.id >= 0)
         for (int i = 0; i < order.ndim; i++) x.g->nodes[t.id].iarg[i] = order.d[i];
@@ -341,18 +345,40 @@ tg_tensor op_matmul_t(tg_site s, tg_tensor a, tg_tensor b, int ta, int tb) {
 
 /* ----- attention ----- */
 
+/* Is node p a PERMUTE that swaps axes -3 and -2 of its source and keeps the others (a model's
+ * split of heads, [.., T, H, D] -> [.., H, T, D])? */
+static bool splits_heads(const tg_node *p) {
+    const int nd = p->shape.ndim;
+    bool swap = p->op == OP_PERMUTE && nd >= 3;
+    for (int i = 0; swap && i < nd; i++) swap = p->iarg[i] == (i == nd - 3 ? nd - 2 : i == nd - 2 ? nd - 3 : i);
+    return swap;
+}
+
+/* Attention over operands given as they are, or (all three splits of heads) over the splits'
+ * sources with the heads interleaved (graph.h: iarg[3]), its output swapped back for the caller:
+ * a model's split of heads and its merge (tg_permute_at cancels the swaps) copy nothing then. */
 tg_tensor op_attention(tg_site s, tg_tensor q, tg_tensor k, tg_tensor v, bool causal, double scale) {
     if (!live(q) || !live(k) || !live(v)) return bad(q.g);
     tg_shape out;
     if (!shape_attention(q.g, s, node_of(q)->shape, node_of(k)->shape, node_of(v)->shape, &out)) return bad(q.g);
-    int src[3] = { q.id, k.id, v.id };
-    tg_tensor t = emit(q.g, s, OP_ATTENTION, TG_FLOAT32, out, 3, src);
-    if (t.id < 0) return t;
-    q.g->nodes[t.id].iarg[0] = causal;
-    q.g->nodes[t.id].farg = scale;
-    tg_shape rows = out;
+    tg_graph *g = q.g;
+    const bool heads = splits_heads(node_of(q)) && splits_heads(node_of(k)) && splits_heads(node_of(v));
+    const int nd = out.ndim;
+    tg_shape rows = out, made = out;   /* rows: [.., H, T] either way */
     rows.ndim--;
-    return op_mirror(q.g, s, OP_ATTENTION_LSE, t.id, rows, 2, src).id >= 0 ? t : bad(q.g);
+    if (heads) {
+        made.d[nd - 3] = out.d[nd - 2];
+        made.d[nd - 2] = out.d[nd - 3];
+    }
+    int src[3] = { q.id, k.id, v.id };
+    for (int i = 0; heads && i < 3; i++) src[i] = g->nodes[src[i]].src[0];
+    tg_tensor t = emit(g, s, OP_ATTENTION, TG_FLOAT32, made, 3, src);
+    if (t.id < 0) return t;
+    g->nodes[t.id].iarg[0] = causal;
+    g->nodes[t.id].iarg[3] = heads ? out.d[nd - 3] : 0;
+    g->nodes[t.id].farg = scale;
+    if (op_mirror(g, s, OP_ATTENTION_LSE, t.id, rows, 2, src).id < 0) return bad(g);
+    return heads ? tg_swapaxes_at(s, t, -3, -2) : t;
 }
 
 tg_tensor tg_attention_at(tg_site s, tg_tensor q, tg_tensor k, tg_tensor v, int causal, double scale) {

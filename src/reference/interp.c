@@ -709,37 +709,45 @@ static void maxpool2d(const tg_node *n, const tg_node *x, bool bwd, double *rest
  * Attention (OP_ATTENTION, _LSE, _BWD): q [.., T, D], k [.., S, D], v [.., S, E], batch by batch
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct { int64_t batch, T, S, D, E, heads; bool causal; double scale; } attn_dims;
+typedef struct { int64_t batch, T, S, D, E, heads, out_heads; bool causal; double scale; } attn_dims;
 
 static attn_dims attn_dims_of(const tg_graph *g, const tg_node *n)
 {
+    const int rows = n->iarg[3] > 0 ? 3 : 2;   /* interleaved heads: [.., T, H, D] (graph.h) */
     tg_shape q = g->nodes[n->src[0]].shape, v = g->nodes[n->src[2 < n->nsrc ? 2 : 1]].shape;
-    attn_dims a = { 1, q.d[q.ndim - 2], g->nodes[n->src[1]].shape.d[q.ndim - 2], q.d[q.ndim - 1], v.d[v.ndim - 1],
-                    n->op == OP_ATTENTION_BWD ? n->iarg[2] : 0, n->iarg[0] != 0, n->farg };
-    for (int i = 0; i < q.ndim - 2; i++)
-        a.batch *= q.d[i];
+    attn_dims a = { 1, q.d[q.ndim - rows], g->nodes[n->src[1]].shape.d[q.ndim - rows], q.d[q.ndim - 1], v.d[v.ndim - 1],
+                    n->iarg[3], n->op == OP_ATTENTION_BWD ? n->iarg[2] : 0, n->iarg[0] != 0, n->farg };
+    a.batch = shape_numel(q) / (a.T * a.D);
     return a;
+}
+
+/* Where row r of batch element b of an operand of W columns lies, laid out as the node says
+ * (attn_row). */
+static int64_t attn_at(const attn_dims *a, int64_t b, int64_t rows, int64_t W, int64_t r)
+{
+    return attn_row(b, rows, W, a->heads) + r * attn_stride(W, a->heads);
 }
 
 /* The columns query row r attends to: all S, or c <= r when causal. */
 static int64_t attn_kept(const attn_dims *a, int64_t r) { return a->causal ? (r + 1 < a->S ? r + 1 : a->S) : a->S; }
 
-/* The scaled score of query row r against key row c. */
-static double attn_score(const attn_dims *a, const double *q, const double *k, int64_t r, int64_t c)
+/* The scaled score of query row r against key row c of batch element b. */
+static double attn_score(const attn_dims *a, const double *q, const double *k, int64_t b, int64_t r, int64_t c)
 {
+    const double *qr = q + attn_at(a, b, a->T, a->D, r), *kc = k + attn_at(a, b, a->S, a->D, c);
     double dot = 0;
     for (int64_t d = 0; d < a->D; d++)
-        dot += q[r * a->D + d] * k[c * a->D + d];
+        dot += qr[d] * kc[d];
     return dot * a->scale;
 }
 
 /* Row r's log-sum-exp over its kept columns, in one pass (running max, rescaled sum): no scratch,
  * so the interpreter allocates nothing it could fail to get. */
-static double attn_lse(const attn_dims *a, const double *q, const double *k, int64_t r)
+static double attn_lse(const attn_dims *a, const double *q, const double *k, int64_t b, int64_t r)
 {
     double mx = -INFINITY, sum = 0;
     for (int64_t c = 0; c < attn_kept(a, r); c++) {
-        double x = attn_score(a, q, k, r, c);
+        double x = attn_score(a, q, k, b, r, c);
         if (x > mx) {
             sum = sum * exp(mx - x) + 1;
             mx = x;
@@ -754,19 +762,19 @@ static double attn_lse(const attn_dims *a, const double *q, const double *k, int
 static void attention(const attn_dims *a, const double *q, const double *k, const double *v, double *out, double *lse)
 {
     for (int64_t b = 0; b < a->batch; b++) {
-        const double *qb = q + b * a->T * a->D, *kb = k + b * a->S * a->D, *vb = v ? v + b * a->S * a->E : NULL;
         for (int64_t r = 0; r < a->T; r++) {
-            double l = attn_lse(a, qb, kb, r);
+            double l = attn_lse(a, q, k, b, r);
             if (lse)
                 lse[b * a->T + r] = l;
             if (!out)
                 continue;
-            double *o = out + (b * a->T + r) * a->E;
+            double *o = out + attn_at(a, b, a->T, a->E, r);
             memset(o, 0, sizeof(double) * (size_t)a->E);
             for (int64_t c = 0; c < attn_kept(a, r); c++) {
-                double p = exp(attn_score(a, qb, kb, r, c) - l);
+                double p = exp(attn_score(a, q, k, b, r, c) - l);
+                const double *vc = v + attn_at(a, b, a->S, a->E, c);
                 for (int64_t e = 0; e < a->E; e++)
-                    o[e] += p * vb[c * a->E + e];
+                    o[e] += p * vc[e];
             }
         }
     }
@@ -781,28 +789,29 @@ static void attention_backward(const attn_dims *a, int which, double *const *in,
     int64_t rows = which == 0 ? a->T : a->S, cols = which == 2 ? a->E : a->D;
     memset(grad, 0, sizeof(double) * (size_t)(a->batch * rows * cols));
     for (int64_t b = 0; b < a->batch; b++) {
-        const double *qb = q + b * a->T * a->D, *kb = k + b * a->S * a->D, *vb = v + b * a->S * a->E;
-        const double *ob = o + attn_out_row(b, a->T, a->E, a->heads), *gb = dout + b * a->T * a->E;
-        const int64_t os = attn_out_stride(a->E, a->heads);
-        double *db = grad + b * rows * cols;
+        const double *ob = o + attn_row(b, a->T, a->E, a->out_heads);
+        const int64_t os = attn_stride(a->E, a->out_heads);
         for (int64_t r = 0; r < a->T; r++) {
+            const double *gr = dout + attn_at(a, b, a->T, a->E, r), *qr = q + attn_at(a, b, a->T, a->D, r);
             double delta = 0;
             for (int64_t e = 0; e < a->E; e++)
-                delta += gb[r * a->E + e] * ob[r * os + e];
+                delta += gr[e] * ob[r * os + e];
             for (int64_t c = 0; c < attn_kept(a, r); c++) {
-                double p = exp(attn_score(a, qb, kb, r, c) - lse[b * a->T + r]), dp = 0;
+                const double *kc = k + attn_at(a, b, a->S, a->D, c), *vc = v + attn_at(a, b, a->S, a->E, c);
+                double p = exp(attn_score(a, q, k, b, r, c) - lse[b * a->T + r]), dp = 0;
                 for (int64_t e = 0; e < a->E; e++)
-                    dp += gb[r * a->E + e] * vb[c * a->E + e];
+                    dp += gr[e] * vc[e];
                 double ds = p * (dp - delta) * a->scale;
+                double *dr = grad + attn_at(a, b, rows, cols, which == 0 ? r : c);
                 if (which == 0)
                     for (int64_t d = 0; d < a->D; d++)
-                        db[r * a->D + d] += ds * kb[c * a->D + d];
+                        dr[d] += ds * kc[d];
                 else if (which == 1)
                     for (int64_t d = 0; d < a->D; d++)
-                        db[c * a->D + d] += ds * qb[r * a->D + d];
+                        dr[d] += ds * qr[d];
                 else
                     for (int64_t e = 0; e < a->E; e++)
-                        db[c * a->E + e] += p * gb[r * a->E + e];
+                        dr[e] += p * gr[e];
             }
         }
     }
