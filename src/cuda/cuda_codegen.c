@@ -464,17 +464,41 @@ static strbuf lane_body(cg *c, const int *roots, int n_roots, int lanes) {
     return code;
 }
 
+/* Segments [lo, hi) of a pointwise kernel (segment k: thread indices up to ends[k], its code
+ * segs[k]) as a tree of comparisons: a thread finds its segment in log2 of their number (an
+ * optimizer update has one a parameter; a chain of them cost the last ones a comparison each). */
+static void segment_tree(strbuf *out, const strbuf *segs, const int64_t *ends, int lo, int hi) {
+    if (hi - lo == 1) {
+        sb_printf(out, "%s", sb_str(&segs[lo]));
+        return;
+    }
+    const int mid = (lo + hi) / 2;
+    sb_printf(out, "    if (g < %lldll) {\n", (long long)ends[mid - 1]);
+    segment_tree(out, segs, ends, lo, mid);
+    sb_printf(out, "    } else {\n");
+    segment_tree(out, segs, ends, mid, hi);
+    sb_printf(out, "    }\n");
+}
+
 /* One kernel for the pointwise node order[0] and as many of the pointwise nodes after it in
  * order[] as can join it race-free (group_ok). Nodes of one size form a segment (a thread per
  * element, later roots reading earlier ones from registers); segments of other sizes follow in
- * the same kernel, each over its own range of thread indices. A whole optimizer update, every
- * parameter's m, v and new value, is then one launch. Returns how many of order[] it took. */
+ * the same kernel, each over its own range of thread indices (segment_tree). A whole optimizer
+ * update, every parameter's m, v and new value, is then one launch. Returns how many of order[]
+ * it took. */
 static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
     int roots[MAX_ROOTS];
     group gr = { c, roots, 0, tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1)) };
-    if (!gr.seen) return 1;   /* out of memory: the source is discarded (alloc_failures) */
+    strbuf *segs = tg_alloc(sizeof(strbuf) * MAX_ROOTS);
+    int64_t *ends = tg_alloc(sizeof(int64_t) * MAX_ROOTS);
+    if (!gr.seen || !segs || !ends) {   /* out of memory: the source is discarded (alloc_failures) */
+        free(gr.seen);
+        free(segs);
+        free(ends);
+        return 1;
+    }
     strbuf code = { 0 };
-    int q = 0;
+    int q = 0, n_segs = 0;
     int64_t total = 0;
     cg_begin(c, order[0]);
     n_order = before_sum_producer(c, order, n_order);
@@ -495,10 +519,17 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
         for (q++; q < n_order && gr.n_roots < MAX_ROOTS; q++)
             if (!fuse_pointwise(N(c, order[q])->op) || N(c, order[q])->numel != numel || !join(c, &gr, roots, order[q])) break;
         const char *it = roots_index_type(c, roots + first, gr.n_roots - first, numel);
-        sb_printf(&code, "    %sif (g < %lldll) {\n        const %s i = (%s)(g - %lldll);\n%s    }\n", total ? "else " : "",
-                  (long long)(total + numel), it, it, (long long)total, sb_str(&c->body));
+        segs[n_segs] = (strbuf){ 0 };
+        sb_printf(&segs[n_segs], "    {\n        const %s i = (%s)(g - %lldll);\n%s    }\n", it, it, (long long)total, sb_str(&c->body));
         total += numel;
+        ends[n_segs++] = total;
     }
+    sb_printf(&code, "    if (g < %lldll) {\n", (long long)total);
+    segment_tree(&code, segs, ends, 0, n_segs);
+    sb_printf(&code, "    }\n");
+    for (int k = 0; k < n_segs; k++) free(segs[k].s);
+    free(segs);
+    free(ends);
     /* One large segment: each thread takes ELEMS groups of LANES consecutive elements, the
      * groups a block apart, so that many loads are in flight together (one element a thread
      * leaves HBM idle while each thread waits on its loads), and wide: four bf16 values are
