@@ -298,7 +298,8 @@ static tg_train *compile(workload *w, const char *backend, double *seconds) {
 /* The FLOPs of a step's matrix products and attention, from the graph's shapes: 2 M N K per
  * product; attention 4 T S D forward (two products) and 10 T S D for its three gradients (five),
  * counted dense (a causal mask halves the useful work; the graph API does not say which are
- * causal). */
+ * causal). T is the last axis of the row statistics (the forward's next node, the gradients'
+ * sixth input) whether or not the heads are interleaved in q, k and v, and numel(k) = batch S D. */
 static double step_flops(const tg_graph *g) {
     double flops = 0;
     for (int i = 0; i < tg_graph_n_nodes(g); i++) {
@@ -308,9 +309,10 @@ static double step_flops(const tg_graph *g) {
             int64_t M = n.shape.d[n.shape.ndim - 2], a0 = a.d[a.ndim - 2], a1 = a.d[a.ndim - 1];
             flops += 2.0 * (double)tg_numel(n.shape) * (double)(a0 == M ? a1 : a0);
         } else if (!strcmp(n.op, "attention") || !strcmp(n.op, "attention_backward")) {
-            tg_shape q = tg_graph_node(g, n.inputs[0]).shape, k = tg_graph_node(g, n.inputs[1]).shape;
-            double tsd = (double)tg_numel(q) * (double)k.d[k.ndim - 2];   /* batch T D times S */
-            flops += !strcmp(n.op, "attention") ? 4 * tsd : 10.0 / 3 * tsd;
+            bool fwd = !strcmp(n.op, "attention");
+            tg_shape lse = tg_graph_node(g, fwd ? i + 1 : n.inputs[5]).shape;   /* tg_attention puts it there */
+            double tsd = (double)tg_numel(tg_graph_node(g, n.inputs[1]).shape) * (double)lse.d[lse.ndim - 1];   /* batch S D times T */
+            flops += fwd ? 4 * tsd : 10.0 / 3 * tsd;
         }
     }
     return flops;
