@@ -79,21 +79,25 @@ static void ensure_flat(cg *c, tg_shape s, ix_t *ix) {
     ix->has_flat = true;
 }
 
+/* Is flat index ix the row nesting's (cg.row): i = o * row + u? */
+static bool row_nested(const cg *c, const ix_t *ix) { return c->row > 1 && strcmp(ix->flat, c->row_ix[0] ? c->row_ix : "i") == 0; }
+
 static void ensure_coords(cg *c, tg_shape s, ix_t *ix) {
     if (ix->has_coords) return;
-    if (c->row > 1 && s.ndim >= 2 && s.d[s.ndim - 1] == c->row && strcmp(ix->flat, "i") == 0) {   /* i = o * row + u */
+    if (row_nested(c, ix) && s.ndim >= 2 && s.d[s.ndim - 1] == c->row) {   /* i = o * row + u */
+        const char *o = c->row_o[0] ? c->row_o : "o";
         for (int k = 0; k < s.ndim; k++) {
             int64_t st = stride_of(s, k) / c->row;
             if (s.d[k] == 1) strcpy(ix->c[k], "0");
-            else if (k == s.ndim - 1) strcpy(ix->c[k], "u");
-            else if (k == 0) cg_def(c, ix->c[k], "c", "int64_t", "o / %lld", (long long)st);
-            else cg_def(c, ix->c[k], "c", "int64_t", "(o / %lld) %% %lld", (long long)st, (long long)s.d[k]);
+            else if (k == s.ndim - 1) snprintf(ix->c[k], NAME, "%s", c->row_u[0] ? c->row_u : "u");
+            else if (k == 0) cg_def(c, ix->c[k], "c", "int64_t", "%s / %lld", o, (long long)st);
+            else cg_def(c, ix->c[k], "c", "int64_t", "(%s / %lld) %% %lld", o, (long long)st, (long long)s.d[k]);
         }
         ix->has_coords = c->row_used = true;
         return;
     }
     int64_t part = s.ndim >= 2 ? s.d[s.ndim - 1] : 0;   /* a part of the row this read runs along: rows of it would do */
-    if (c->row > 1 && part >= 16 && part > c->row_part && c->row % part == 0 && strcmp(ix->flat, "i") == 0) c->row_part = part;
+    if (row_nested(c, ix) && part >= 16 && part > c->row_part && c->row % part == 0) c->row_part = part;
     for (int k = 0; k < s.ndim; k++) {
         int64_t st = stride_of(s, k);
         if (s.d[k] == 1) strcpy(ix->c[k], "0");

@@ -65,6 +65,9 @@ typedef struct {
      * head's width), 0 for none. */
     int64_t row, row_part;
     bool row_used;
+    /* The names of that nesting where they are not i, o and u (empty: those): a CUDA row kernel's
+     * lane reads element r * L + j + lane of row r (cuda_codegen.c's row_lane). */
+    char row_ix[NAME], row_o[NAME], row_u[NAME];
 } cg;
 
 

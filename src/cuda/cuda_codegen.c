@@ -383,6 +383,19 @@ static void lane_begin(cg *c, const char *it, const char *base, int lanes, int l
     }
 }
 
+/* Lane k reads element o * L + j + k (flat index ix) as row o's (cg.row; o an expression:
+ * r in a row kernel, (o * len + k) in a column sum): the other coordinates of a value read there
+ * are functions of o alone, which the compiler hoists out of the loop, where dividing them out of
+ * the flat index cost every element several divisions (a layer norm's backward reads four
+ * per-row values an element; a bias gradient's producer its bias). Off with L 0. */
+static void row_lane(cg *c, int64_t L, const char *ix, const char *o, int k) {
+    c->row = L;
+    snprintf(c->row_ix, NAME, "%s", L ? ix : "");
+    snprintf(c->row_o, NAME, "%s", L ? o : "");
+    if (L && k) snprintf(c->row_u, NAME, "(j + %d)", k);
+    else snprintf(c->row_u, NAME, "%s", L ? "j" : "");
+}
+
 /* Lane `lane`'s value of root r (c->root becomes r), which later roots of the lane read from the
  * memo; copied into v. */
 static void lane_root(cg *c, int r, char *v) {
@@ -655,14 +668,18 @@ static void sum_lanes(cg *c, const char *it, int64_t len, int64_t inner, int pro
     if (c->body.s) c->body.s[0] = 0;
     c->n_memo = 0;
     cg_def(c, base, "f", it, "(%s)((o * %lld + k) * %lld + j)", it, (long long)len, (long long)inner);
+    char o[NAME];
+    snprintf(o, sizeof o, "(o * %lld + k)", (long long)len);
     for (int k = 0; k < lanes; k++) {
         lane_begin(c, it, base, lanes, k);
+        row_lane(c, inner, c->lane_ix, o, k);
         for (int q = 0; q < n_sums; q++) {
             if (q == 0 && producer >= 0) lane_root(c, producer, v[k]);
             cg_line(c, "acc%d += %s;", q * lanes + k, q == 0 && producer >= 0 ? v[k] : cg_value(c, srcs[q], c->lane_ix));
         }
     }
     c->lanes = 0;
+    row_lane(c, 0, "", "", 0);
     if (producer >= 0) lane_stores(c, producer, v, lanes, base);
 }
 
@@ -781,7 +798,7 @@ static void fill_shadow(cg *c, cuda_plan *p, int id);
  * kernel of its own: each element is visited once, so it is stored where it is summed (a bias
  * gradient and the gradient it sums, one launch). False, with nothing emitted, when that would
  * race (its buffer shares memory with something the kernel reads). */
-static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *next, bool *done, int n_next, int *taken) {
+static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int *next, bool *done, int n_next, int *taken) {
     const tg_node *n = N(c, id);
     int64_t outer, len, inner;
     int x = sum_split(c, id, &outer, &len, &inner);
@@ -794,6 +811,9 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *nex
     char flat[NAME];
     const char *it = s->numel < ((int64_t)1 << 31) && !cg_has_pad(c, x, -1) ? "uint32_t" : "int64_t";
     cg_def(c, flat, "f", it, "(%s)((o * %lld + k) * %lld + j)", it, (long long)len, (long long)inner);
+    char o[NAME];
+    snprintf(o, sizeof o, "(o * %lld + k)", (long long)len);
+    if (inner > 1) row_lane(c, inner, flat, o, 0);
     if (producer >= 0) {
         const char *v = cg_root_value(c, flat);
         if (!cg_unplaced(c, producer)) cg_line(c, "P%d[%s] = %s;", producer, flat, v);
@@ -920,6 +940,13 @@ static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *nex
     p->launch[p->n - 1].grid_y = chunks;
     for (int r = near; r < n_roots; r++) fill_shadow(c, p, roots[r]);
     return true;
+}
+
+/* sum_kernel_body, its row nesting (row_lane) undone on every way out */
+static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *next, bool *done, int n_next, int *taken) {
+    bool ok = sum_kernel_body(c, p, id, producer, next, done, n_next, taken);
+    row_lane(c, 0, "", "", 0);
+    return ok;
 }
 
 /* Does sum_kernel compute pointwise node `a`, the source of sum `b` right after it? */
@@ -1056,18 +1083,22 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
             if (roles[m] == ROW_SUM) {
                 for (int k = 0; k < lanes; k++) {
                     lane_begin(c, it, base, lanes, k);
+                    row_lane(c, L, c->lane_ix, "r", k);
                     cg_line(c, "acc += (double)%s;", cg_value(c, N(c, id)->src[0], c->lane_ix));
                 }
                 c->lanes = 0;
+                row_lane(c, 0, "", "", 0);
                 sb_printf(&text, "    {\n    double acc = 0;\n%s%s    }\n", row_loop(c, plain, unrolled), sb_str(&c->body));
                 sb_printf(&text, "    acc = %s;\n", block ? "tgk_block_sum_d(acc)" : "tgk_warp<tgk_add>(acc)");
                 sb_printf(&text, "    if (lane == 0) P%d[r] = (%s)acc;\n    %s;\n    }\n", id, cg_ctype(N(c, id)), sync);
             } else if (roles[m] == ROW_ELEMS) {
                 for (int k = 0; k < lanes; k++) {
                     lane_begin(c, it, base, lanes, k);
+                    row_lane(c, L, c->lane_ix, "r", k);
                     lane_root(c, id, v[k]);
                 }
                 c->lanes = 0;
+                row_lane(c, 0, "", "", 0);
                 for (int k = 0; k < lanes && c->regs && c->regs[id]; k++) cg_line(c, "R%d[it * %d + %d] = %s;", id, lanes, k, v[k]);
                 if (!c->regs || !c->regs[id]) lane_stores(c, id, v, lanes, base);
                 sb_printf(&text, "%s%s    }\n", row_loop(c, plain, unrolled), sb_str(&c->body));
