@@ -302,7 +302,9 @@ TG_API tg_tensor tg_where_causal_at(tg_site s, tg_tensor x, double fill);
  * it without ever storing the [T, S] scores (flash attention on CUDA; the gradient recomputes
  * them from each row's saved log-sum-exp). The same computation written out, softmax(q @ kᵀ *
  * scale) @ v with tg_softmax_causal or tg_softmax(.., -1), is recognised when it is traced and
- * runs fused too (set TG_NO_FUSE=1 to keep it as written). */
+ * runs fused too (set TG_NO_FUSE=1 to keep it as written). Operands straight from tg_split_heads
+ * are read where they lie, and an output merged with tg_merge_heads is written merged: splitting
+ * and merging heads around attention copies nothing. */
 TG_API tg_tensor tg_attention_at(tg_site s, tg_tensor q, tg_tensor k, tg_tensor v, int causal, double scale);
 #define tg_attention(q, k, v, causal, scale) tg_attention_at(TG_HERE, q, k, v, causal, scale)
 

@@ -7,6 +7,7 @@
 #include "check.h"
 #include "internal.h"
 
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -799,6 +800,26 @@ static tg_train *ln_step(tg_model **m, tg_precision precision, tg_error *err) {
                       err);
 }
 
+/* How many coordinates the source's row kernels (a thread group a row r) and column sums
+ * (blocks of 1024 threads) divide out of an element's index ("i12 / 128", "f7 % 128": they name
+ * their element indices i<n> and f<n>). */
+static int divided_indices(const char *src) {
+    int n = 0;
+    for (const char *k = strstr(src, "__global__ void "); k; ) {
+        const char *next = strstr(k + 1, "__global__ void "), *end = next ? next : k + strlen(k);
+        const char *r = strstr(k, "const int64_t r = (");
+        bool rows = (r && r < end) || strncmp(k + 16, "__launch_bounds__(1024)", 23) == 0;
+        for (const char *op = k; rows && (op = strpbrk(op + 1, "/%")) && op < end; ) {
+            const char *q = op - 1;
+            if (op[-1] != ' ' || op[1] != ' ') continue;
+            while (q > k && q[-1] >= '0' && q[-1] <= '9') q--;
+            n += q < op - 1 && (q[-1] == 'i' || q[-1] == 'f') && !isalnum((unsigned char)q[-2]) && q[-2] != '_';
+        }
+        k = next;
+    }
+    return n;
+}
+
 /* How many kernels of the source begin otherwise than with tgk_prior (the prelude's own kernels,
  * launched as usual, aside); *n: how many there are. */
 static int kernels_without_prior(const char *src, int *n) {
@@ -833,7 +854,9 @@ static int checked_nodes(const char *src) {
  * own over them. At f32 the layer norm's backward is one row kernel that keeps its centred
  * gradient in registers (with TG_CUDA_ROW_REGS=0 in a buffer); at tf32 and bf16 the input
  * gradient it makes of it is a kernel of its own here (a product reads it rounded), which reads
- * the centred gradient from memory: nothing may stay in registers then. */
+ * the centred gradient from memory: nothing may stay in registers then. Row kernels and column
+ * sums read per-row values and the layer norm's weights at coordinates of their rows (row_lane),
+ * dividing none out of an element's index. */
 static void nvrtc_generated_kernels(void) {
     for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++)
         for (int regs = 1; regs >= 0; regs--) {
@@ -852,6 +875,8 @@ static void nvrtc_generated_kernels(void) {
                 bool in_regs = strstr(src, "float R") && strstr(src, "_Pragma(\"unroll\") for (int it");
                 CHECK(in_regs == (regs == 1 && p == TG_PRECISION_F32), "%s, TG_CUDA_ROW_REGS %s: the layer norm's backward %s registers", prec,
                       regs ? "unset" : "0", in_regs ? "keeps a member in" : "keeps nothing in");
+                CHECK(divided_indices(src) == 0, "%s: %d coordinates divided out of a row kernel's or column sum's element index", prec,
+                      divided_indices(src));
             }
             tg_destroy(t);
             tg_model_free(m);

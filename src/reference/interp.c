@@ -706,7 +706,8 @@ static void maxpool2d(const tg_node *n, const tg_node *x, bool bwd, double *rest
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Attention (OP_ATTENTION, _LSE, _BWD): q [.., T, D], k [.., S, D], v [.., S, E], batch by batch
+ * Attention (OP_ATTENTION, _LSE, _BWD): q [.., T, D], k [.., S, D], v [.., S, E] (or [.., T, H, D]
+ * and so on: heads interleaved, graph.h's iarg[3]), batch by batch
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct { int64_t batch, T, S, D, E, heads, out_heads; bool causal; double scale; } attn_dims;
