@@ -18,7 +18,12 @@
  * p = exp(score - lse); dq is added to (zeroed) memory with atomics, one tile at a time.
  *
  * tf32 and bf16 precision (RND): q, k, v and the incoming gradient are rounded as they are
- * loaded, as the reference rounds them; scores, softmax and every sum stay f32. */
+ * loaded, as the reference rounds them; scores, softmax and every sum stay f32. The output and
+ * dk, dv also store their rounded copies where products read them (tga_shadow).
+ *
+ * Operands may hold the heads interleaved (template parameter H > 1, graph.h's attn_row: rows of
+ * one head H * width apart), as a model's splits of heads leave them: every row address goes
+ * through tga_row and a row stride. */
 #include "cuda/cuda.h"
 
 const char CUDA_ATTENTION_SOURCE[] =
@@ -81,7 +86,7 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;\n"
     "    const int r0 = (int)(blockIdx.x % TILES) * TGA_T;\n"
     "    const long long b = blockIdx.x / TILES;\n"
-    "    q += tga_row<T, D, H>(b); k += tga_row<S, D, H>(b); v += tga_row<S, E, H>(b); \n"
+    "    q += tga_row<T, D, H>(b); k += tga_row<S, D, H>(b); v += tga_row<S, E, H>(b);\n"
     "    const long long ob = tga_row<T, E, H>(b);\n"
     "    tga_load<D, D + 1, RND, H * D>(Qs, q, r0, T);\n"
     "    float m[4], l[4], acc[4][EJ];\n"
@@ -353,7 +358,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    if constexpr (M::X3) M::mma(c, hi, r0, r1);\n}\n"
     "struct tgm_bf16 {\n"
     "    typedef unsigned short E;\n"
-    "    enum { KS = 16, PAD = 8, X3 = 0 };\n"
+    "    enum { KS = 16, PAD = 8, X3 = 0, RND = 2 };\n"
     "    static __device__ float value(E x) { return __uint_as_float((unsigned)x << 16); }\n"
     "    static __device__ unsigned ld(const E *p) { return *(const unsigned *)p; }\n"
     "    static __device__ int acol(int ks, int t, int h) { return 16 * ks + 2 * t + 8 * (h >> 1); }\n"
@@ -413,8 +418,9 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "                tgm_madd<P, true>(c[nt], a[ks], ar[ks], b0, b1);\n"
     "            }\n    }\n"
     "};\n"
-    "struct tgm_tf32 : tgm_tf32_base<tgm_tf32> { enum { X3 = 0 }; };\n"
-    "struct tgm_f32x3 : tgm_tf32_base<tgm_f32x3> { enum { X3 = 1 }; };\n"
+    /* RND: how an output's rounded copy is rounded (tga_shadow's; f32 has none) */
+    "struct tgm_tf32 : tgm_tf32_base<tgm_tf32> { enum { X3 = 0, RND = 1 }; };\n"
+    "struct tgm_f32x3 : tgm_tf32_base<tgm_f32x3> { enum { X3 = 1, RND = 0 }; };\n"
     /* A fragments of rows [r0, r0 + 16) of src [n, W] (in memory, rows G apart): a[W / KS][4], zeros
      * past n */
     "template <class M, int W, int G>\n"
@@ -478,7 +484,6 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    const long long b = blockIdx.x / TILES;\n"
     "    q += tga_row<T, D, H>(b); k += tga_row<S, D, H>(b); v += tga_row<S, E, H>(b);\n"
     "    const long long ob = tga_row<T, E, H>(b);\n"
-    "    constexpr int RND = M::X3 ? 0 : sizeof(X) == 2 ? 2 : 1;   /* the shadows' rounding */\n"
     "    unsigned qa[DK][4];\n"
     "    tgm_frags<M, D, H * D>(qa, q, rw, T, g, t);\n"
     "    float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f }, acc[EN][4] = {};\n"
@@ -541,7 +546,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "                const long long at = ob + (long long)r * H * E + ne * 8 + 2 * t;\n"
     "                const float x0 = acc[ne][2 * h] * inv, x1 = acc[ne][2 * h + 1] * inv;\n"
     "                *(float2 *)(o + at) = make_float2(x0, x1);\n"
-    "                tgm_shadow2<RND>(os, at, x0, x1);\n"
+    "                tgm_shadow2<M::RND>(os, at, x0, x1);\n"
     "            }\n"
     "        if (lse && t == 0) lse[b * T + r] = (m[h] + log2f(l[h])) * 0.6931471805599453f;\n"
     "    }\n"
@@ -570,7 +575,6 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    dout += tga_row<T, E, H>(b); lse += b * T;\n"
     "    if (dq) dq += tga_row<T, D, H>(b);\n"
     "    const long long kb = tga_row<S, D, H>(b), vb = tga_row<S, E, H>(b);   /* dk's and dv's */\n"
-    "    constexpr int RND = M::X3 ? 0 : sizeof(X) == 2 ? 2 : 1;   /* the shadows' rounding */\n"
     "    unsigned ka[D / M::KS][4], va[E / M::KS][4];\n"
     "    tgm_frags<M, D, H * D>(ka, k, cw, S, g, t);\n"
     "    tgm_frags<M, E, H * E>(va, v, cw, S, g, t);\n"
@@ -649,14 +653,14 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "            if (dk) {\n"
     "                const long long at = kb + (long long)c * H * D + nd * 8 + 2 * t;\n"
     "                *(float2 *)(dk + at) = make_float2(dka[nd][2 * h], dka[nd][2 * h + 1]);\n"
-    "                tgm_shadow2<RND>(dks, at, dka[nd][2 * h], dka[nd][2 * h + 1]);\n"
+    "                tgm_shadow2<M::RND>(dks, at, dka[nd][2 * h], dka[nd][2 * h + 1]);\n"
     "            }\n"
     "#pragma unroll\n"
     "        for (int ne = 0; ne < E / 8; ne++)\n"
     "            if (dv) {\n"
     "                const long long at = vb + (long long)c * H * E + ne * 8 + 2 * t;\n"
     "                *(float2 *)(dv + at) = make_float2(dva[ne][2 * h], dva[ne][2 * h + 1]);\n"
-    "                tgm_shadow2<RND>(dvs, at, dva[ne][2 * h], dva[ne][2 * h + 1]);\n"
+    "                tgm_shadow2<M::RND>(dvs, at, dva[ne][2 * h], dva[ne][2 * h + 1]);\n"
     "            }\n"
     "    }\n"
     "}\n\n";
