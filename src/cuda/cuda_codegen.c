@@ -1248,9 +1248,12 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     bool compiled = false;
     for (int i = 0; i < p->n; i++) compiled |= p->launch[i].kind == CL_KERNEL && !strcmp(p->launch[i].name, name);
     if (!compiled) {
-        sb_printf(c->out, "extern \"C\" __global__ void %s(float *A, void *const *B, const double *H, tga_args a) {\n"
+        /* bf16's tensor-core forward fits two blocks an SM in 128 registers (137 unbounded, a block
+         * an SM: 56 -> 49 us for char_gpt's layer); tf32's and f32's need more */
+        const char *bounds = mma && !bwd && bf ? "__launch_bounds__(256, 2) " : "";
+        sb_printf(c->out, "extern \"C\" __global__ void %s%s(float *A, void *const *B, const double *H, tga_args a) {\n"
                           "    tgk_prior();\n    tgk_attention%s%s<%s%lld, %lld, %lld, %lld, %s%s>(",
-                  name, bwd ? "_bwd" : "", mma ? "_mma" : "", policy, T, S, D, E, a[5] ? "true" : "false", last);
+                  bounds, name, bwd ? "_bwd" : "", mma ? "_mma" : "", policy, T, S, D, E, a[5] ? "true" : "false", last);
         for (int k = 0; k < (bwd ? 11 : 6); k++)
             sb_printf(c->out, "tga_at<%s%s>(A, B, a.at[%d]), ", k < (bwd ? 6 : 3) ? "const " : "",
                       rounded[k] ? shadow_type(c) : k >= (bwd ? 9 : 5) ? "void" : "float", k);
@@ -1280,15 +1283,28 @@ static void fill_shadow(cg *c, cuda_plan *p, int id) {
     strbuf decl = { 0 };
     pointer(c, &decl, id, rounds);
     shadow_pointer(c, &decl, id);
-    char store[120] = "", round[120] = "";
-    if (rounds) snprintf(round, sizeof round, " v = tgk_round_bf16_float(v); P%d[i] = v;", id);
-    if (fills) snprintf(store, sizeof store, " S%d[i] = %s(v);", id, round_fn(c));
+    /* four values a thread where they come in whole fours (16-byte loads: the pass is bandwidth) */
+    const long long n = (long long)N(c, id)->numel, w = n % 4 == 0 ? 4 : 1;
+    const bool bf = c->g->precision == TG_PRECISION_BF16;
+    char store[200] = "", round[200] = "";
+    if (rounds && w == 4)
+        snprintf(round, sizeof round, " v = make_float4(tgk_round_bf16_float(v.x), tgk_round_bf16_float(v.y), "
+                 "tgk_round_bf16_float(v.z), tgk_round_bf16_float(v.w)); *(float4 *)(P%d + i) = v;", id);
+    else if (rounds)
+        snprintf(round, sizeof round, " v = tgk_round_bf16_float(v); P%d[i] = v;", id);
+    if (fills && w == 4 && bf)
+        snprintf(store, sizeof store, " *(uint2 *)(S%d + i) = make_uint2(tgk_pack_bf16(v.x, v.y), tgk_pack_bf16(v.z, v.w));", id);
+    else if (fills && w == 4)
+        snprintf(store, sizeof store, " *(float4 *)(S%d + i) = make_float4(tgk_round_tf32(v.x), tgk_round_tf32(v.y), "
+                 "tgk_round_tf32(v.z), tgk_round_tf32(v.w));", id);
+    else if (fills)
+        snprintf(store, sizeof store, " S%d[i] = %s(v);", id, round_fn(c));
     sb_printf(c->out, "extern \"C\" __global__ void kfill%d(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s"
-                      "    const int64_t i = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
-                      "    if (i < %lldll) { float v = P%d[i];%s%s }\n}\n\n",
-              id, sb_str(&decl), BLOCK, (long long)N(c, id)->numel, id, round, store);
+                      "    const int64_t i = ((int64_t)blockIdx.x * %d + threadIdx.x) * %lld;\n"
+                      "    if (i < %lldll) { %s v = %s(P%d + i);%s%s }\n}\n\n",
+              id, sb_str(&decl), BLOCK, w, n, w == 4 ? "float4" : "float", w == 4 ? "*(const float4 *)" : "*", id, round, store);
     free(decl.s);
-    kernel_launch(p, id, N(c, id)->numel, BLOCK);
+    kernel_launch(p, id, n / w, BLOCK);
     snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "kfill%d", id);
 }
 
