@@ -306,8 +306,9 @@ const char CUDA_ATTENTION_SOURCE[] =
  * and t + 4, which C does not, so where A comes from C the sum over k runs in another order (pcol:
  * logical column t is 2t, t + 4 is 2t + 1) and B's rows are read in the same order. Padding puts
  * the rows a fragment load touches in different banks: 8 bf16 (16 bytes) a row, 4 floats for
- * tf32. The forward runs 8 warps on 128 query rows, so each key and value tile brought in serves
- * twice the rows; the backward 4 warps on 64 keys. */
+ * tf32. A block is 4 warps: 64 query rows forward (8 warps on 128 rows, each key tile serving
+ * twice the rows, were 4% slower at T = 256: fewer, longer blocks), 64 keys backward. Masks cost
+ * only the tiles that cross the diagonal or the ends (tgm_scores, tgm_probs). */
 const char CUDA_ATTENTION_MMA_SOURCE[] =
     /* 16 bytes from global to shared memory by cp.async (zeros when !ok), in flight until
      * tgm_landed */
@@ -315,6 +316,12 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    const unsigned a = (unsigned)__cvta_generic_to_shared(dst);\n"
     "    asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" :: \"r\"(a), \"l\"(src), \"r\"(ok ? 16 : 0));\n}\n"
     "static __device__ void tgm_landed() { asm volatile(\"cp.async.wait_group 0;\\n\" ::: \"memory\"); }\n"
+    /* 2^x in one instruction (exp2f adds a rescaling for results below 2^-126, which are flushed
+     * here: a probability that small adds nothing to a sum of f32 values near 1) */
+    "static __device__ float tgm_ex2(float x) {\n"
+    "    float y;\n"
+    "    asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(y) : \"f\"(x));\n"
+    "    return y;\n}\n"
     /* rows [r0, r0 + 64) of src [n, W] (rows G apart) into dst [64][LD]; zeros past n */
     "template <typename X, int W, int LD, int G>\n"
     "static __device__ void tgm_tile(X *dst, const X *__restrict__ src, int r0, int n) {\n"
@@ -479,26 +486,38 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    for (int ks = 0; ks < 64 / M::KS; ks++)\n"
     "#pragma unroll\n"
     "        for (int h = 0; h < 4; h++) M::split(x + (r0 + g + 8 * (h & 1)) * ld + M::pcol(ks, t, h), a[ks][h], ar[ks][h]);\n}\n"
-    /* forward: 8 warps, 16 query rows each, one block per (128-row tile, batch element); shared:
+    /* a warp's scores of rows rw + g (+ 8) against keys c0 + (C tiles s[8][4]) scaled by k; with MASK,
+     * -inf for keys past S or, causal, after the row (only tiles that hold such keys pay for it) */
+    "template <bool MASK, bool CAUSAL, int S>\n"
+    "static __device__ void tgm_scores(float (*s)[4], int c0, int rw, float k) {\n"
+    "    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;\n"
+    "#pragma unroll\n"
+    "    for (int nt = 0; nt < 8; nt++)\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < 4; h++) {\n"
+    "            const int c = c0 + nt * 8 + 2 * t + (h & 1), r = rw + g + 8 * (h >> 1);\n"
+    "            s[nt][h] = !MASK || (c < S && (!CAUSAL || c <= r)) ? s[nt][h] * k : -INFINITY;\n"
+    "        }\n}\n"
+    /* forward: 4 warps, 16 query rows each, one block per (64-row tile, batch element); shared:
      * two stages of a key tile and a value tile */
     "template <class M, int T, int S, int D, int E, bool CAUSAL, bool OUT, int H>\n"
     "static __device__ void tgk_attention_mma(const typename M::E *__restrict__ q, const typename M::E *__restrict__ k,\n"
     "                                         const typename M::E *__restrict__ v, float *__restrict__ o,\n"
     "                                         float *__restrict__ lse, void *os, float scale_log2) {\n"
     "    typedef typename M::E X;\n"
-    "    constexpr int TILES = (T + 127) / 128, DK = D / M::KS, EN = E / 8, LK = D + M::PAD, LV = E + M::PAD;\n"
+    "    constexpr int TILES = (T + 63) / 64, DK = D / M::KS, EN = E / 8, LK = D + M::PAD, LV = E + M::PAD;\n"
     "    constexpr int STAGE = 64 * (LK + LV);\n"
     "    extern __shared__ float tga_sm[];\n"
     "    X *sm = (X *)tga_sm;\n"
     "    const int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;\n"
-    "    const int r0 = (int)(blockIdx.x % TILES) * 128, rw = r0 + 16 * w;\n"
+    "    const int r0 = (int)(blockIdx.x % TILES) * 64, rw = r0 + 16 * w;\n"
     "    const long long b = blockIdx.x / TILES;\n"
     "    q += tga_row<T, D, H>(b); k += tga_row<S, D, H>(b); v += tga_row<S, E, H>(b);\n"
     "    const long long ob = tga_row<T, E, H>(b);\n"
     "    unsigned qa[DK][4];\n"
     "    tgm_frags<M, D, H * D>(qa, q, rw, T, g, t);\n"
     "    float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f }, acc[EN][4] = {};\n"
-    "    const int c_end = CAUSAL ? (S < r0 + 128 ? S : r0 + 128) : S;\n"
+    "    const int c_end = CAUSAL ? (S < r0 + 64 ? S : r0 + 64) : S;\n"
     "    tgm_tile<X, D, LK, H * D>(sm, k, 0, S);\n"
     "    if (OUT) tgm_tile<X, E, LV, H * E>(sm + 64 * LK, v, 0, S);\n"
     "    for (int c0 = 0, st = 0; c0 < c_end; c0 += 64, st ^= 1) {\n"
@@ -512,27 +531,21 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "        if (CAUSAL && c0 > rw + 15) continue;   /* every key of the tile is after the warp's rows */\n"
     "        float s[8][4] = {};\n"
     "        tgm_gemm<M, D, 64>(s, qa, Ks, LK);\n"
+    "        if (c0 + 64 <= S && (!CAUSAL || c0 + 63 <= rw)) tgm_scores<false, CAUSAL, S>(s, c0, rw, scale_log2);\n"
+    "        else tgm_scores<true, CAUSAL, S>(s, c0, rw, scale_log2);\n"
     "#pragma unroll\n"
     "        for (int h = 0; h < 2; h++) {   /* rows g (h = 0) and g + 8 */\n"
-    "            const int r = rw + g + 8 * h;\n"
     "            float mx = -INFINITY;\n"
     "#pragma unroll\n"
-    "            for (int nt = 0; nt < 8; nt++)\n"
-    "#pragma unroll\n"
-    "                for (int e = 0; e < 2; e++) {\n"
-    "                    const int c = c0 + nt * 8 + 2 * t + e;\n"
-    "                    float *x = &s[nt][2 * h + e];\n"
-    "                    *x = c < S && (!CAUSAL || c <= r) ? *x * scale_log2 : -INFINITY;\n"
-    "                    mx = fmaxf(mx, *x);\n"
-    "                }\n"
+    "            for (int nt = 0; nt < 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));\n"
     "            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));\n"
     "            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));\n"
-    "            const float mnew = fmaxf(m[h], mx), alpha = exp2f(m[h] - mnew);\n"
+    "            const float mnew = fmaxf(m[h], mx), alpha = tgm_ex2(m[h] - mnew);\n"
     "            float rs = 0.0f;\n"
     "#pragma unroll\n"
     "            for (int nt = 0; nt < 8; nt++)\n"
     "#pragma unroll\n"
-    "                for (int e = 0; e < 2; e++) { s[nt][2 * h + e] = exp2f(s[nt][2 * h + e] - mnew); rs += s[nt][2 * h + e]; }\n"
+    "                for (int e = 0; e < 2; e++) { s[nt][2 * h + e] = tgm_ex2(s[nt][2 * h + e] - mnew); rs += s[nt][2 * h + e]; }\n"
     "            rs += __shfl_xor_sync(0xffffffffu, rs, 1);\n"
     "            rs += __shfl_xor_sync(0xffffffffu, rs, 2);\n"
     "            l[h] = l[h] * alpha + rs;\n"
@@ -562,6 +575,24 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "        if (lse && t == 0) lse[b * T + r] = (m[h] + log2f(l[h])) * 0.6931471805599453f;\n"
     "    }\n"
     "}\n"
+    /* a warp's transposed scores st (keys cw + g (+ 8), queries r0 + ...) into probabilities p =
+     * exp(score scale - lse), and dpt into ds = p (dp - delta) scale, also stored [query][key] in Ds
+     * for dq; with MASK, p = 0 for queries past T, keys past S, and causal, keys after the query */
+    "template <bool MASK, bool CAUSAL, int T, int S, int LS>\n"
+    "static __device__ void tgm_probs(float (*st)[4], float (*dpt)[4], const float *Ls, const float *Dl, float *Ds, int cw, int r0, float scale) {\n"
+    "    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3, kl = cw % 64 + g;\n"
+    "    const float sl = scale * 1.4426950408889634f;   /* lse in log2 units */\n"
+    "#pragma unroll\n"
+    "    for (int nt = 0; nt < 8; nt++)\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < 4; h++) {   /* key cw + g + 8 (h >> 1), query r0 + nt * 8 + 2t + (h & 1) */\n"
+    "            const int c = cw + g + 8 * (h >> 1), rl = nt * 8 + 2 * t + (h & 1), r = r0 + rl;\n"
+    "            const bool keep = !MASK || (r < T && c < S && (!CAUSAL || c <= r));\n"
+    "            const float p = keep ? tgm_ex2(st[nt][h] * sl - Ls[rl]) : 0.0f;\n"
+    "            st[nt][h] = p;\n"
+    "            dpt[nt][h] = p * (dpt[nt][h] - Dl[rl]) * scale;\n"
+    "            Ds[rl * LS + kl + 8 * (h >> 1)] = dpt[nt][h];\n"
+    "        }\n}\n"
     /* backward: 4 warps, 16 keys each, one block per (64-key tile, batch element); dq zeroed before.
      * Per query tile: s^T = k q^T, p^T, dp^T = v d_out^T, ds^T = p^T (dp^T - delta) scale; dv += p^T
      * d_out and dk += ds^T q in registers; dq += ds k through shared memory (ds in f32, split as
@@ -620,17 +651,8 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "        float st_[8][4] = {}, dpt[8][4] = {};\n"
     "        tgm_gemm<M, D, 64>(st_, ka, Qs, LK);\n"
     "        tgm_gemm<M, E, 64>(dpt, va, Gs, LV);\n"
-    "#pragma unroll\n"
-    "        for (int nt = 0; nt < 8; nt++)\n"
-    "#pragma unroll\n"
-    "            for (int h = 0; h < 4; h++) {   /* key cw + g + 8 (h >> 1), query r0 + nt * 8 + 2t + (h & 1) */\n"
-    "                const int c = cw + g + 8 * (h >> 1), rl = nt * 8 + 2 * t + (h & 1), r = r0 + rl;\n"
-    "                const bool keep = r < T && c < S && (!CAUSAL || c <= r);\n"
-    "                const float p = keep ? exp2f(st_[nt][h] * scale * LOG2E - Ls[rl]) : 0.0f;\n"
-    "                st_[nt][h] = p;\n"
-    "                dpt[nt][h] = p * (dpt[nt][h] - Dl[rl]) * scale;\n"
-    "                Ds[rl * LS + 16 * w + g + 8 * (h >> 1)] = dpt[nt][h];   /* ds [query][key], for dq */\n"
-    "            }\n"
+    "        if (r0 + 64 <= T && cw + 16 <= S && (!CAUSAL || cw + 15 <= r0)) tgm_probs<false, CAUSAL, T, S, LS>(st_, dpt, Ls, Dl, Ds, cw, r0, scale);\n"
+    "        else tgm_probs<true, CAUSAL, T, S, LS>(st_, dpt, Ls, Dl, Ds, cw, r0, scale);\n"
     "        unsigned pa[64 / M::KS][4], pr[64 / M::KS][4];\n"
     "        tgm_as_a<M>(st_, pa, pr);\n"
     "        M::template gemm_t<64, E>(dva, pa, pr, Gs, LV);\n"

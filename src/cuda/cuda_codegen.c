@@ -1248,9 +1248,10 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     bool compiled = false;
     for (int i = 0; i < p->n; i++) compiled |= p->launch[i].kind == CL_KERNEL && !strcmp(p->launch[i].name, name);
     if (!compiled) {
-        /* bf16's tensor-core forward fits two blocks an SM in 128 registers (137 unbounded, a block
-         * an SM: 56 -> 49 us for char_gpt's layer); tf32's and f32's need more */
-        const char *bounds = mma && !bwd && bf ? "__launch_bounds__(256, 2) " : "";
+        /* bf16's tensor-core forward bounded to 128 registers (137 unbounded), four blocks an SM
+         * (char_gpt's layer, when blocks were 8 warps: 56 -> 49 us, two an SM against one); tf32's
+         * and f32's need more */
+        const char *bounds = mma && !bwd && bf ? "__launch_bounds__(128, 4) " : "";
         sb_printf(c->out, "extern \"C\" __global__ void %s%s(float *A, void *const *B, const double *H, tga_args a) {\n"
                           "    tgk_prior();\n    tgk_attention%s%s<%s%lld, %lld, %lld, %lld, %s%s>(",
                   bounds, name, bwd ? "_bwd" : "", mma ? "_mma" : "", policy, T, S, D, E, a[5] ? "true" : "false", last);
@@ -1259,8 +1260,8 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
                       rounded[k] ? shadow_type(c) : k >= (bwd ? 9 : 5) ? "void" : "float", k);
         sb_printf(c->out, "a.scale);\n}\n\n");
     }
-    int64_t tiles = bwd ? (S + 63) / 64 : mma ? (T + 127) / 128 : (T + 63) / 64;
-    int block = mma && bwd ? 128 : 256;   /* warps of 16 rows: 4 backward, 8 forward (mma) */
+    int64_t tiles = bwd ? (S + 63) / 64 : (T + 63) / 64;
+    int block = mma ? 128 : 256;   /* tensor cores: 4 warps of 16 rows */
     cuda_launch *l = kernel_launch(p, id, tiles * B * block, block);
     snprintf(l->name, sizeof l->name, "%s", name);
     l->takes_args = true;
