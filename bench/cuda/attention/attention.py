@@ -1,0 +1,52 @@
+"""char_gpt's bf16 attention kernels on their own, out of a `bench --kernels` dump.
+
+    build/bench/bench --backend cuda-nvrtc --precision bf16 --kernels /tmp/k char_gpt
+    python3 bench/cuda/attention/attention.py harness /tmp/k/char_gpt.cuda-nvrtc.txt v.cu
+    nvcc -arch=sm_90 -O3 -w -I bench/cuda/attention -DVARIANT='"v"' -DFWD_SMEM=36864 -DFWD_TILES=4 \\
+         -DFWD_THREADS=128 -DBWD_SMEM=64992 -DBWD_TILES=4 -DBWD_THREADS=128 -o v v.cu   # on the GPU machine
+    python3 bench/cuda/attention/attention.py regs /tmp/k/char_gpt.cuda-nvrtc.txt       # any machine with nvcc
+
+`harness` writes the dump's device prelude and attention source with the two kernels of char_gpt
+(causal, 256 x 256, 6 interleaved heads of 64) and harness.cu's main, which times them and checks
+them against a double-precision reference on four heads (edit the kernels in the .cu to time a
+variant: leave a stage out, change a bound). `regs` compiles every attention kernel of a dump
+for sm_90 and prints registers and spills. The launch sizes are cuda_codegen.c's
+(attention_kernel); figures in bench/RESULTS.md (fifteenth CUDA session)."""
+import os, re, subprocess, sys
+
+def split(src):
+    """The dump's source without its kernels (prelude and attention templates), and the kernels."""
+    end = src.index('extern "C"', src.index('#define TGA_T 64'))
+    pre, i = [], 0
+    while True:
+        j = src.find('extern "C"', i, end)
+        if j < 0: pre.append(src[i:end]); break
+        pre.append(src[i:j]); i = src.index('\n}\n', j) + 3
+    text = ''.join(pre)
+    for t in ['typedef long long int64_t;', 'typedef unsigned long long uint64_t;', 'typedef int int32_t;', 'typedef unsigned uint32_t;']:
+        text = text.replace(t, '')   # <stdint.h>'s, under nvcc
+    return '#include <stdint.h>\n' + text
+
+def kernels(src, name):
+    """The generated kernels whose names match the pattern `name`."""
+    heads = re.finditer(r'extern "C" __global__ void (__launch_bounds__\([^)]*\) )?' + name + r'\(', src)
+    return [src[m.start():src.index('\n}\n', m.start()) + 3] for m in heads]
+
+def main():
+    what, dump = sys.argv[1], open(sys.argv[2]).read()
+    if what == 'harness':
+        ks = kernels(dump, 'attn_bf16_256x256x64x64_causal_i6') + kernels(dump, 'attn_bwd_bf16_256x256x64x64_causal_h6_i6')
+        open(sys.argv[3], 'w').write(split(dump) + '\n'.join(ks) + '\n#include "harness.cu"\n')
+    elif what == 'regs':
+        open('/tmp/attention_regs.cu', 'w').write(split(dump) + '\n'.join(kernels(dump, r'attn\w*')))
+        nvcc = os.environ.get('NVCC', 'nvcc')
+        r = subprocess.run([nvcc, '-arch=sm_90', '-cubin', '-w', '-Xptxas', '-v', '-o', '/tmp/attention_regs.cubin',
+                            '/tmp/attention_regs.cu'], capture_output=True, text=True)
+        name = None
+        for line in r.stderr.splitlines():
+            m = re.search(r"Compiling entry function '(\w+)'", line)
+            if m: name = m.group(1)
+            if 'spill' in line or 'Used' in line or 'error' in line: print(name, line.strip())
+
+if __name__ == '__main__':
+    main()
