@@ -7,11 +7,12 @@
     python3 bench/cuda/attention/attention.py regs /tmp/k/char_gpt.cuda-nvrtc.txt       # any machine with nvcc
 
 `harness` writes the dump's device prelude and attention source with the two kernels of char_gpt
-(causal, 256 x 256, 6 interleaved heads of 64) and harness.cu's main, which times them and checks
-them against a double-precision reference on four heads (edit the kernels in the .cu to time a
-variant: leave a stage out, change a bound). `regs` compiles every attention kernel of a dump
-for sm_90 and prints registers and spills. The launch sizes are cuda_codegen.c's
-(attention_kernel); figures in bench/RESULTS.md (fifteenth CUDA session)."""
+(causal, 256 x 256, 6 interleaved heads of 64; ATTN_FWD and ATTN_BWD name them) and harness.cu's
+main, which times them and checks them against a double-precision reference on four heads (edit
+the kernels in the .cu to time a variant: leave a stage out, change a bound). `regs` compiles
+every attention kernel of a dump for sm_90 and prints registers and spills. The launch sizes (the
+-D's) are cuda_codegen.c's (attention_kernel's tiles, block and shared memory); figures in
+bench/RESULTS.md (fifteenth CUDA session)."""
 import os, re, subprocess, sys
 
 def split(src):
@@ -35,8 +36,9 @@ def kernels(src, name):
 def main():
     what, dump = sys.argv[1], open(sys.argv[2]).read()
     if what == 'harness':
-        ks = kernels(dump, 'attn_bf16_256x256x64x64_causal_i6') + kernels(dump, 'attn_bwd_bf16_256x256x64x64_causal_h6_i6')
-        open(sys.argv[3], 'w').write(split(dump) + '\n'.join(ks) + '\n#include "harness.cu"\n')
+        ks = kernels(dump, r'attn_bf16_256x256x64x64_causal_i6\w*') + kernels(dump, r'attn_bwd_bf16_256x256x64x64_causal_h6_i6\w*')
+        names = ['#define ATTN_%s %s\n' % (w, re.search(r'(attn\w*)\(', k).group(1)) for w, k in zip(['FWD', 'BWD'], ks)]
+        open(sys.argv[3], 'w').write(split(dump) + '\n'.join(ks) + ''.join(names) + '#include "harness.cu"\n')
     elif what == 'regs':
         open('/tmp/attention_regs.cu', 'w').write(split(dump) + '\n'.join(kernels(dump, r'attn\w*')))
         nvcc = os.environ.get('NVCC', 'nvcc')

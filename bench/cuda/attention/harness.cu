@@ -36,14 +36,14 @@ int main(int argc, char **argv) {
     ba.at[0] = q; ba.at[1] = k; ba.at[2] = v; ba.at[3] = o; ba.at[4] = g; ba.at[5] = lse; ba.at[6] = dq; ba.at[7] = dk; ba.at[8] = dv;
     ba.at[9] = dks; ba.at[10] = dvs; ba.scale = 0.125f;
     const int fsm = FWD_SMEM, bsm = BWD_SMEM;
-    CK(cudaFuncSetAttribute(attn_bf16_256x256x64x64_causal_i6, cudaFuncAttributeMaxDynamicSharedMemorySize, fsm));
-    CK(cudaFuncSetAttribute(attn_bwd_bf16_256x256x64x64_causal_h6_i6, cudaFuncAttributeMaxDynamicSharedMemorySize, bsm));
-    auto fwd = [&] { attn_bf16_256x256x64x64_causal_i6<<<BH * FWD_TILES, FWD_THREADS, fsm>>>(A, nullptr, nullptr, fa); };
+    CK(cudaFuncSetAttribute(ATTN_FWD, cudaFuncAttributeMaxDynamicSharedMemorySize, fsm));
+    CK(cudaFuncSetAttribute(ATTN_BWD, cudaFuncAttributeMaxDynamicSharedMemorySize, bsm));
+    auto fwd = [&] { ATTN_FWD<<<BH * FWD_TILES, FWD_THREADS, fsm>>>(A, nullptr, nullptr, fa); };
     auto bwd = [&] {
 #ifndef NOMEMSET   /* -DNOMEMSET: the backward alone (dq then wrong) */
         cudaMemsetAsync(A + dq, 0, n * 4);
 #endif
-        attn_bwd_bf16_256x256x64x64_causal_h6_i6<<<BH * BWD_TILES, BWD_THREADS, bsm>>>(A, nullptr, nullptr, ba);
+        ATTN_BWD<<<BH * BWD_TILES, BWD_THREADS, bsm>>>(A, nullptr, nullptr, ba);
     };
     cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
     float best[2] = { 1e9f, 1e9f };
