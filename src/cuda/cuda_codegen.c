@@ -1286,25 +1286,22 @@ static void fill_shadow(cg *c, cuda_plan *p, int id) {
     shadow_pointer(c, &decl, id);
     /* four values a thread where they come in whole fours (16-byte loads: the pass is bandwidth) */
     const long long n = (long long)N(c, id)->numel, w = n % 4 == 0 ? 4 : 1;
-    const bool bf = c->g->precision == TG_PRECISION_BF16;
-    char store[200] = "", round[200] = "";
-    if (rounds && w == 4)
-        snprintf(round, sizeof round, " v = make_float4(tgk_round_bf16_float(v.x), tgk_round_bf16_float(v.y), "
-                 "tgk_round_bf16_float(v.z), tgk_round_bf16_float(v.w)); *(float4 *)(P%d + i) = v;", id);
-    else if (rounds)
-        snprintf(round, sizeof round, " v = tgk_round_bf16_float(v); P%d[i] = v;", id);
-    if (fills && w == 4 && bf)
-        snprintf(store, sizeof store, " *(uint2 *)(S%d + i) = make_uint2(tgk_pack_bf16(v.x, v.y), tgk_pack_bf16(v.z, v.w));", id);
-    else if (fills && w == 4)
-        snprintf(store, sizeof store, " *(float4 *)(S%d + i) = make_float4(tgk_round_tf32(v.x), tgk_round_tf32(v.y), "
-                 "tgk_round_tf32(v.z), tgk_round_tf32(v.w));", id);
+    const char *x[4] = { w == 4 ? "v.x" : "v", "v.y", "v.z", "v.w" }, *rf = round_fn(c);
+    strbuf body = { 0 };
+    for (int e = 0; e < w && rounds; e++) sb_printf(&body, " %s = tgk_round_bf16_float(%s);", x[e], x[e]);
+    if (rounds) sb_printf(&body, w == 4 ? " *(float4 *)(P%d + i) = v;" : " P%d[i] = v;", id);
+    if (fills && w == 1)
+        sb_printf(&body, " S%d[i] = %s(v);", id, rf);
+    else if (fills && c->g->precision == TG_PRECISION_BF16)
+        sb_printf(&body, " *(uint2 *)(S%d + i) = make_uint2(tgk_pack_bf16(v.x, v.y), tgk_pack_bf16(v.z, v.w));", id);
     else if (fills)
-        snprintf(store, sizeof store, " S%d[i] = %s(v);", id, round_fn(c));
+        sb_printf(&body, " *(float4 *)(S%d + i) = make_float4(%s(v.x), %s(v.y), %s(v.z), %s(v.w));", id, rf, rf, rf, rf);
     sb_printf(c->out, "extern \"C\" __global__ void kfill%d(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s"
                       "    const int64_t i = ((int64_t)blockIdx.x * %d + threadIdx.x) * %lld;\n"
-                      "    if (i < %lldll) { %s v = %s(P%d + i);%s%s }\n}\n\n",
-              id, sb_str(&decl), BLOCK, w, n, w == 4 ? "float4" : "float", w == 4 ? "*(const float4 *)" : "*", id, round, store);
+                      "    if (i < %lldll) { %s v = %s(P%d + i);%s }\n}\n\n",
+              id, sb_str(&decl), BLOCK, w, n, w == 4 ? "float4" : "float", w == 4 ? "*(const float4 *)" : "*", id, sb_str(&body));
     free(decl.s);
+    free(body.s);
     kernel_launch(p, id, n / w, BLOCK);
     snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "kfill%d", id);
 }
