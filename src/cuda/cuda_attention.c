@@ -364,13 +364,6 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    static __device__ unsigned ld(const E *p) { return *(const unsigned *)p; }\n"
     "    static __device__ int acol(int ks, int t, int h) { return 16 * ks + 2 * t + 8 * (h >> 1); }\n"
     "    static __device__ int pcol(int ks, int t, int h) { return acol(ks, t, h); }\n"
-    /* B fragments (b0, b1) of n tiles 2 np and 2 np + 1 at step ks, B's columns the rows of bt
-     * (stride apart): ldmatrix gives four 8 x 8 tiles, lane l the address of row l % 8 of tile l / 8 */
-    "    static __device__ void bfrags(unsigned *f, const E *bt, int stride, int ks, int np) {\n"
-    "        const int lane = threadIdx.x & 31;\n"
-    "        const unsigned s = (unsigned)__cvta_generic_to_shared(bt + (16 * np + (lane & 7) + 8 * (lane >> 4)) * stride + 16 * ks + 8 * ((lane >> 3) & 1));\n"
-    "        asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
-    "                     : \"=r\"(f[0]), \"=r\"(f[1]), \"=r\"(f[2]), \"=r\"(f[3]) : \"r\"(s));\n    }\n"
     /* the register of x[0], x[1] (columns pcol and pcol + 1), and of their rests */
     "    static __device__ void split(const float *x, unsigned &hi, unsigned &lo) {\n"
     "        hi = tgk_pack_bf16(x[0], x[1]);\n"
@@ -406,14 +399,6 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    static __device__ unsigned ld(const E *p) { return __float_as_uint(*p); }\n"
     "    static __device__ int acol(int ks, int t, int h) { return 8 * ks + t + 4 * (h >> 1); }\n"
     "    static __device__ int pcol(int ks, int t, int h) { return 8 * ks + 2 * t + (h >> 1); }\n"
-    "    static __device__ void bfrags(unsigned *f, const E *bt, int stride, int ks, int np) {\n"
-    "        const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;\n"
-    "#pragma unroll\n"
-    "        for (int h = 0; h < 2; h++) {\n"
-    "            const E *br = bt + (16 * np + 8 * h + g) * stride;\n"
-    "            f[2 * h] = ld(br + acol(ks, t, 0));\n"
-    "            f[2 * h + 1] = ld(br + acol(ks, t, 2));\n"
-    "        }\n    }\n"
     "    static __device__ void split(const float *x, unsigned &hi, unsigned &lo) {\n"
     "        hi = tgm_round_tf32(x[0]);\n"
     "        lo = tgm_round_tf32(x[0] - __uint_as_float(hi));\n    }\n"
@@ -448,6 +433,17 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "            const int r = r0 + g + 8 * (h & 1);\n"
     "            a[ks][h] = r < n ? M::ld(src + (long long)r * G + M::acol(ks, t, h)) : 0u;\n"
     "        }\n}\n"
+    /* B fragments (b0, b1) of n tiles 2 np and 2 np + 1 at step ks (32 bytes of k: 16 bf16 or 8
+     * tf32), B's columns the rows of bt (ld apart): ldmatrix gives four 8 x 8 tiles of 16-bit
+     * pairs, lane l the address of row l % 8 of tile l / 8, and lane (g, t) row g's pair t, which
+     * is a bf16 fragment's (columns 2t, 2t + 1) and a tf32 one's (column t) alike */
+    "template <class M>\n"
+    "static __device__ void tgm_bfrags(unsigned *f, const typename M::E *bt, int ld, int ks, int np) {\n"
+    "    const int lane = threadIdx.x & 31;\n"
+    "    const char *row = (const char *)(bt + (16 * np + (lane & 7) + 8 * (lane >> 4)) * ld);\n"
+    "    const unsigned s = (unsigned)__cvta_generic_to_shared(row + 32 * ks + 16 * ((lane >> 3) & 1));\n"
+    "    asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
+    "                 : \"=r\"(f[0]), \"=r\"(f[1]), \"=r\"(f[2]), \"=r\"(f[3]) : \"r\"(s));\n}\n"
     /* c[N / 8][4] += the 16 rows of A (fragments a[K / KS]) times B, B[k][n] at bt + n * ld + k (a
      * tile of B's columns) */
     "template <class M, int K, int N>\n"
@@ -464,7 +460,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "#pragma unroll\n"
     "        for (int np = 0; np < N / 16; np++) {\n"
     "            unsigned f[4];\n"
-    "            M::bfrags(f, bt, ld, ks, np);\n"
+    "            tgm_bfrags<M>(f, bt, ld, ks, np);\n"
     "            tgm_madd<M, M::X3>(c[2 * np], hi, lo, f[0], f[1]);\n"
     "            tgm_madd<M, M::X3>(c[2 * np + 1], hi, lo, f[2], f[3]);\n"
     "        }\n"
