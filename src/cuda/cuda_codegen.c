@@ -1005,15 +1005,16 @@ static bool read_elsewhere(const cg *c, int id, const int *members, int nm, bool
  * other node, not rounded for a product): they need no buffer, only an array of `per` registers
  * a thread, as long as the arrays fit ROW_REGS_MAX. A layer norm's backward computes the centred
  * gradient, sums it and reads it once more: a [rows, width] buffer written and read twice, else.
+ * A lead member (row_lead) is stored for the kernels after this one and held in registers too.
  * How many it marked. */
-static int row_registers(const cg *c, const int *members, const int *roles, int nm, int per, bool *regs) {
+static int row_registers(const cg *c, const int *members, const int *roles, int nm, int per, int lead, bool *regs) {
     int kept = 0;
     bool *reach = tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
     memset(regs, 0, sizeof(bool) * (size_t)c->g->n);
     for (int m = 0; reach && m < nm && (kept + 1) * per <= ROW_REGS_MAX; m++) {
         int id = members[m];
-        if (roles[m] != ROW_ELEMS || c->plan->last[id] == c->g->n || has_shadow(c, id) ||
-            read_elsewhere(c, id, members, nm, reach))
+        if (roles[m] != ROW_ELEMS ||
+            (m >= lead && (c->plan->last[id] == c->g->n || has_shadow(c, id) || read_elsewhere(c, id, members, nm, reach))))
             continue;
         regs[id] = true;
         kept++;
@@ -1027,10 +1028,21 @@ static const char *row_loop(const cg *c, const char *plain, const char *unrolled
     return c->regs && strstr(sb_str(&c->body), "[it * ") ? unrolled : plain;
 }
 
-/* The row kernel starting at the sum order[0]; returns how many of order[] it took (0: none). */
+/* Is pointwise node a, right before sum b in kernel order, the [R, L] source that b sums along
+ * its rows? Then the row kernel computes and stores a first (a residual add before a layer
+ * norm), where a kernel of its own would write it and the row kernel read it back. */
+static bool row_lead(const cg *c, int a, int b) {
+    int lo, hi;
+    return fuse_pointwise(N(c, a)->op) && N(c, b)->op == OP_SUM && sum_source(c->g, c->mat, b, &lo, &hi) == a &&
+           !sums_its_source(c->g, c->mat, a, b) && plan_home(c->plan, a) == a && !cg_unplaced(c, a);
+}
+
+/* The row kernel of the sum order[0], or of order[1] led by its source order[0] (row_lead);
+ * returns how many of order[] it took (0: none). */
 static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
     int64_t R, L;
-    if (!cg_row_sum(c, order[0], &R, &L)) return 0;
+    const int lead = n_order >= 2 && row_lead(c, order[0], order[1]) ? 1 : 0;
+    if (!cg_row_sum(c, order[lead], &R, &L)) return 0;
     const bool block = L >= ROW_BLOCK_MIN;
     const int step = block ? BLOCK : 32;
     const char *sync = block ? "__syncthreads()" : "__syncwarp()";
@@ -1061,7 +1073,7 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
         char plain[120], unrolled[200], base[NAME], v[4][NAME];
         const int64_t iters = (L + lanes * step - 1) / (lanes * step);
         const bool iters_ok = !max_iters || iters <= atoi(max_iters);
-        const int kept = try_regs && iters_ok ? row_registers(c, members, roles, nm, (int)iters * lanes, regs) : 0;
+        const int kept = try_regs && iters_ok ? row_registers(c, members, roles, nm, (int)iters * lanes, lead, regs) : 0;
         strbuf text = { 0 };
         /* a loop touching registers is unrolled, so that every index of their arrays is a constant */
         snprintf(plain, sizeof plain, "    for (int64_t j = %d * lane; j < %lldll; j += %d) {\n", lanes, (long long)L, lanes * step);
@@ -1100,7 +1112,7 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order) {
                 c->lanes = 0;
                 row_lane(c, 0, "", "", 0);
                 for (int k = 0; k < lanes && c->regs && c->regs[id]; k++) cg_line(c, "R%d[it * %d + %d] = %s;", id, lanes, k, v[k]);
-                if (!c->regs || !c->regs[id]) lane_stores(c, id, v, lanes, base);
+                if (!c->regs || !c->regs[id] || m < lead) lane_stores(c, id, v, lanes, base);
                 sb_printf(&text, "%s%s    }\n", row_loop(c, plain, unrolled), sb_str(&c->body));
             } else {
                 cg_line(c, "const %s v = %s;", cg_ctype(N(c, id)), cg_root_value(c, "r"));
@@ -1683,8 +1695,8 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
         if (q + 1 < n && sum_producer(&c, i, order[q + 1]) &&
             sum_kernel(&c, launches, order[q + 1], i, order + q + 2, done + q + 2, n_order - q - 2, &taken))
             q += 1 + taken;
+        else if ((op == OP_SUM || fuse_pointwise(op)) && (taken = row_kernel(&c, launches, order + q, n - q)) > 0) q += taken - 1;
         else if (fuse_pointwise(op)) q += pointwise_kernel(&c, launches, order + q, n - q) - 1;
-        else if (op == OP_SUM && (taken = row_kernel(&c, launches, order + q, n - q)) > 0) q += taken - 1;
         else if (op == OP_SUM && sum_kernel(&c, launches, i, -1, order + q + 1, done + q + 1, n_order - q - 1, &taken)) q += taken;
         else if (is_attention(op)) q += attention_kernel(&c, launches, i, order + q + 1, n - q - 1);
         else special_kernel(&c, launches, i);
