@@ -33,6 +33,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     for w in 4 8 16; do   # every small f32/tf32 product through our kernel (cuda_products.c), each block size
         TG_CUDA_OWN_GEMM=$w TG_TEST_CUDA_ONLY=1 run build/tests/test_backend
     done
+    TG_CUDA_X3=1 TG_TEST_CUDA_ONLY=1 run build/tests/test_backend   # every f32 product it takes as three TF32 products
     run build/tests/test_attention   # fused attention on CUDA: causal or not, odd T, head sizes, bf16 tensor cores
     run build/tests/test_models
     TG_SESSION_BACKENDS=cuda run build/tests/test_session

@@ -56,6 +56,12 @@ extern const char *const CUDA_PRODUCT_NAMES[4], *const CUDA_PRODUCT_KERNELS[4];
 /* Small enough for it: at most 2^27 multiply-adds (a batch of them in one launch), none of M, N
  * and the batch empty (a grid of no blocks is no launch). */
 bool cuda_own_product(int64_t M, int64_t N, int64_t K, int64_t batch);
+/* Our kernel for f32 products as three TF32 products (f32 graphs), a template (in the prelude)
+ * and its instances tg_gemm3_nn, _nt, _tn and _tt, appended as the small kernel's are; the shapes
+ * it takes (M, N and K multiples of 4: float4 loads). */
+extern const char CUDA_PRODUCT3_SOURCE[];
+extern const char *const CUDA_PRODUCT3_NAMES[4], *const CUDA_PRODUCT3_KERNELS[4];
+bool cuda_x3_product(int64_t M, int64_t N, int64_t K, int64_t batch);
 /* The tensor-core kernels (bf16 and tf32, cuda_attention_mma), after CUDA_ATTENTION_SOURCE. */
 extern const char CUDA_ATTENTION_MMA_SOURCE[];
 /* The CUDA generator's refinement of fuse_schedule: a sum that only another sum reads, over an

@@ -17,6 +17,7 @@ typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphEx
 #define CU_ATTR_CC_MINOR 76
 #define CU_CAPTURE_THREAD_LOCAL 1
 #define CU_FUNC_MAX_DYNAMIC_SHARED 8
+#define CU_FUNC_SHARED_CARVEOUT 9   /* CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent */
 #define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 #define CUDA_ERROR_NOT_FOUND 500
 #define CUDA_ERROR_NOT_READY 600
@@ -101,13 +102,16 @@ typedef struct {
     size_t workspace;
     lt_shape shape;
     CUfunction own;               /* set: our kernel (tgk_gemm) runs this product instead, */
-    int own_warps;                /* in blocks of this many warps */
+    int own_warps;                /* in blocks of this many warps; OWN_X3: tgk_gemm3 (three TF32 products) */
 } lt_product;
+#define OWN_X3 1
+typedef struct { CUfunction small, x3; } lt_ours;   /* our kernels for a product's transposes (NULL: none) */
 void *lt_handle_new(void);        /* NULL without cuBLASLt */
 /* Descriptors and the algorithm for shape s, the candidates timed on these buffers (whose
- * contents they overwrite: C); `own`, our kernel for s's transposes (CUDA_PRODUCT_KERNELS), one
- * more candidate where not NULL. False (p cleared) when cuBLASLt is missing or has none. */
-bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, CUfunction own, const void *A, const void *B,
+ * contents they overwrite: C); `ours`, our kernels for s's transposes (CUDA_PRODUCT_KERNELS,
+ * CUDA_PRODUCT3_KERNELS), more candidates where not NULL. False (p cleared) when cuBLASLt is
+ * missing or has none. */
+bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, lt_ours ours, const void *A, const void *B,
                      void *C);
 /* cuBLAS status; early: our kernel, where it runs p, may start early (cuda_start) */
 int lt_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C, bool early);

@@ -539,6 +539,7 @@ typedef struct {
     lt_product *lt;
     bool lt_ready;
     CUfunction own[4];       /* our small-product kernel by (ta, tb) (f32 and tf32 graphs), else NULL */
+    CUfunction x3[4];        /* our tensor-core f32 product kernel by (ta, tb) (f32 graphs), else NULL */
 } cuda_exec;
 
 #define HYPER_EXTRA 2     /* device slots past them: the write-back flag and the report */
@@ -667,6 +668,13 @@ static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_kee
 
 #define TRY(call, what) do { CUresult r_ = (call); if (r_) { tg_seterr(err, "%s: %s", what, cu_error(r_)); goto fail; } } while (0)
 
+/* Kernel `name` in whichever compiled part of the source it went to */
+static CUresult module_function(const cuda_exec *e, const char *name, CUfunction *f) {
+    CUresult r = CUDA_ERROR_NOT_FOUND;
+    for (int m = 0; m < e->n_modules && r == CUDA_ERROR_NOT_FOUND; m++) r = cu.ModuleGetFunction(f, e->module[m], name);
+    return r;
+}
+
 static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep, tg_error *err) {
     cuda_device *dev = device_at(d, err);
     if (!dev) return NULL;
@@ -687,20 +695,20 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
     for (int i = 0; i < e->launches.n; i++) {
         const cuda_launch *l = &e->launches.launch[i];
         if (l->kind != CL_KERNEL) continue;
-        r = CUDA_ERROR_NOT_FOUND;   /* in the part it went to */
-        for (int m = 0; m < e->n_modules && r == CUDA_ERROR_NOT_FOUND; m++) r = cu.ModuleGetFunction(&e->fn[i], e->module[m], l->name);
-        TRY(r, l->name);
+        TRY(module_function(e, l->name, &e->fn[i]), l->name);
         if (l->shared > 48 * 1024)   /* past the default limit only on request */
             TRY(cu.FuncSetAttribute(e->fn[i], CU_FUNC_MAX_DYNAMIC_SHARED, l->shared), "the kernel's shared memory (attention: head dimension too large?)");
     }
-    for (int k = 0; k < 4; k++) {   /* our product kernel, by transposes: those the source has */
-        const char *name = CUDA_PRODUCT_NAMES[k];
-        if (!strstr(e->source, name)) continue;
-        r = CUDA_ERROR_NOT_FOUND;
-        for (int m = 0; m < e->n_modules && r == CUDA_ERROR_NOT_FOUND; m++) r = cu.ModuleGetFunction(&e->own[k], e->module[m], name);
-        TRY(r, name);
-        if (cu.FuncSetAttribute(e->own[k], CU_FUNC_MAX_DYNAMIC_SHARED, dev->lt.own_warps * LT_OWN_WARP_BYTES))
-            e->own[k] = NULL;   /* a GPU without that much shared memory a block: cuBLAS only */
+    for (int k = 0; k < 4; k++) {   /* our product kernels, by transposes: those the source has */
+        if (strstr(e->source, CUDA_PRODUCT_NAMES[k])) {
+            TRY(module_function(e, CUDA_PRODUCT_NAMES[k], &e->own[k]), CUDA_PRODUCT_NAMES[k]);
+            if (cu.FuncSetAttribute(e->own[k], CU_FUNC_MAX_DYNAMIC_SHARED, dev->lt.own_warps * LT_OWN_WARP_BYTES))
+                e->own[k] = NULL;   /* a GPU without that much shared memory a block: cuBLAS only */
+        }
+        if (strstr(e->source, CUDA_PRODUCT3_NAMES[k])) {   /* two blocks an SM want most of it as shared memory */
+            TRY(module_function(e, CUDA_PRODUCT3_NAMES[k], &e->x3[k]), CUDA_PRODUCT3_NAMES[k]);
+            cu.FuncSetAttribute(e->x3[k], CU_FUNC_SHARED_CARVEOUT, 100);   /* a preference: fewer blocks where refused */
+        }
     }
     if (g->precision != TG_PRECISION_F32) {   /* operand slots as large as the largest operand without a shadow */
         size_t most = 1;
@@ -876,8 +884,8 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
         if (l->kind != CL_GEMM || e->lt[i].desc) continue;
         if (!product_buffers(e, l, &A, &B, &C, &es, &cs, err)) return false;
         lt_shape s = product_shape(e, l, A, B, C, es, cs);
-        lt_product_init(&e->lt[i], &e->dev->lt, &s, e->own[l->ta * 2 + l->tb], A + l->aoff[0] * es, B + l->boff[0] * es,
-                        C);   /* else cublasGemmEx */
+        const lt_ours ours = { e->own[l->ta * 2 + l->tb], e->x3[l->ta * 2 + l->tb] };
+        lt_product_init(&e->lt[i], &e->dev->lt, &s, ours, A + l->aoff[0] * es, B + l->boff[0] * es, C);   /* else cublasGemmEx */
     }
     e->lt_ready = true;
     return true;

@@ -1677,6 +1677,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
             break;
         }
     if (g->precision != TG_PRECISION_BF16) sb_printf(&out, "%s", CUDA_PRODUCT_SOURCE);
+    if (g->precision == TG_PRECISION_F32) sb_printf(&out, "%s", CUDA_PRODUCT3_SOURCE);
     launches->prelude = out.len;
     c.operand_round = g->precision == TG_PRECISION_BF16 ? "tgk_round_bf16_float" : g->precision == TG_PRECISION_TF32 ? "tgk_round_tf32" : NULL;
     bool *wb_src = writeback_sources(g, plan);
@@ -1704,13 +1705,14 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     }
     free(order);
     free(done);
-    bool used[4] = { false };   /* our product kernel's instances (f32 and tf32 graphs) */
+    bool used[4] = { false }, used3[4] = { false };   /* our product kernels' instances (f32 and tf32 graphs; f32) */
     for (int i = 0; i < launches->n && g->precision != TG_PRECISION_BF16; i++) {
         const cuda_launch *l = &launches->launch[i];
         if (l->kind == CL_GEMM && cuda_own_product(l->M, l->N, l->K, l->batch)) used[l->ta * 2 + l->tb] = true;
+        if (l->kind == CL_GEMM && g->precision == TG_PRECISION_F32 && cuda_x3_product(l->M, l->N, l->K, l->batch))
+            used3[l->ta * 2 + l->tb] = true;
     }
-    for (int k = 0; k < 4; k++)
-        if (used[k]) sb_printf(&out, "%s", CUDA_PRODUCT_KERNELS[k]);
+    for (int k = 0; k < 4; k++) sb_printf(&out, "%s%s", used[k] ? CUDA_PRODUCT_KERNELS[k] : "", used3[k] ? CUDA_PRODUCT3_KERNELS[k] : "");
     *unsupported = c.unsupported;
     cg_release(&c);
     free(wb_src);

@@ -17,10 +17,14 @@
  * latency of their loads over a long reduction on few SMs. Ours splits the reduction over the
  * warps of a block instead, each copying its slice with every load in flight at once.
  *
+ * An f32 graph's products have another (tgk_gemm3 below): three TF32 tensor-core products in
+ * place of one f32 product, with f32's precision.
+ *
  * TG_CUDA_TUNE=0 takes the heuristic's first without timing; TG_CUDA_TUNE=verbose prints every
- * choice with the candidates' times; TG_CUDA_OWN_GEMM=0 leaves ours out, =4, 8 or 16 takes it
- * wherever it may run, in blocks of that many warps (the tests' way to run every product through
- * it). */
+ * choice with the candidates' times; TG_CUDA_OWN_GEMM=0 leaves the small-product kernel out, =4,
+ * 8 or 16 takes it wherever it may run, in blocks of that many warps; TG_CUDA_X3=0 leaves the
+ * tensor-core one out, =1 takes it wherever it may run (the tests' way to run every product
+ * through each). */
 #include "cuda/cuda.h"
 #include "cuda/cuda_api.h"
 #include "io/cache.h"
@@ -129,6 +133,146 @@ const char *const CUDA_PRODUCT_KERNELS[4] = {
 };
 #undef TGG_INSTANCE
 
+/* ----- our kernel for f32 products on tensor cores -----
+ *
+ * An f32 graph's products may run as three TF32 products (x = xh + xl, each part rounded to
+ * TF32: a b ~ ah bh + ah bl + al bh, the small terms first), which carries f32's precision (the
+ * error bench/cuda/gemm3x measures: 0.4-4e-6 of the sum of |a b|, against SGEMM's 1-2e-7 and
+ * TF32's 1e-4) on units eight times faster than f32's: where it beats cuBLAS's f32 kernels by 3%,
+ * timed as any candidate (an H100: 1.1-1.25x on [16384, 384] x [384, 1536] and the like; not
+ * where K is long and M N small, which needs a split reduction). A block of 8 warps (2 x 4)
+ * computes a 128 x 128 tile of C, a warp 64 x 32 (4 x 4 mma.m16n8k8 tiles), 16 of K at a time.
+ * Each tile of op(A) or op(B) is read as float4s along whichever of its axes is contiguous in
+ * memory (so M, N and K are multiples of 4, A and B 16-byte aligned: tgk3_fits), staged in
+ * registers while the tile before is multiplied, and stored split into its TF32 parts, rows along
+ * K as [128][20] words, else as [16][136]: either way the 32 lanes of a fragment read distinct
+ * banks, and every warp reads parts split once. */
+const char CUDA_PRODUCT3_SOURCE[] =
+    "#define TG3_BK 16\n"
+    "static __device__ inline unsigned tg3_tf32(float x) {\n"
+    "    unsigned u;\n"
+    "    asm(\"cvt.rna.tf32.f32 %0, %1;\" : \"=r\"(u) : \"f\"(x));\n"
+    "    return u;\n}\n"
+    "static __device__ inline void tg3_mma(float *c, const unsigned *a, unsigned b0, unsigned b1) {\n"
+    "    asm volatile(\"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\\n\"\n"
+    "                 : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
+    "                 : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n}\n"
+    /* a 128 x 16 tile of op(A) (or of op(B) transposed): KROW when its rows of 128 lie along K */
+    "template <bool KROW>\n"
+    "struct tg3_tile {\n"
+    "    enum { LD = KROW ? TG3_BK + 4 : 128 + 8, WORDS = KROW ? 128 * (TG3_BK + 4) : TG3_BK * (128 + 8) };\n"
+    "    float4 r[2];\n"
+    "    __device__ void load(const float *src, int64_t ld, int r0, int k0, int rmax, int kmax) {\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < 2; h++) {\n"
+    "            const int e = threadIdx.x + 256 * h, a = KROW ? e / 4 : e / 32, b = KROW ? 4 * (e % 4) : 4 * (e % 32);\n"
+    "            const int rr = r0 + (KROW ? a : b), kk = k0 + (KROW ? b : a);\n"
+    "            r[h] = rr < rmax && kk < kmax ? *(const float4 *)(src + (KROW ? (int64_t)rr * ld + kk : (int64_t)kk * ld + rr))\n"
+    "                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n"
+    "        }\n"
+    "    }\n"
+    "    __device__ void store(unsigned *hi, unsigned *lo) const {\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < 2; h++) {\n"
+    "            const int e = threadIdx.x + 256 * h, a = KROW ? e / 4 : e / 32, b = KROW ? 4 * (e % 4) : 4 * (e % 32);\n"
+    "            const float4 x = r[h];\n"
+    "            const uint4 H = make_uint4(tg3_tf32(x.x), tg3_tf32(x.y), tg3_tf32(x.z), tg3_tf32(x.w));\n"
+    "            *(uint4 *)(hi + a * LD + b) = H;\n"
+    "            *(uint4 *)(lo + a * LD + b) = make_uint4(tg3_tf32(x.x - __uint_as_float(H.x)), tg3_tf32(x.y - __uint_as_float(H.y)),\n"
+    "                                                     tg3_tf32(x.z - __uint_as_float(H.z)), tg3_tf32(x.w - __uint_as_float(H.w)));\n"
+    "        }\n"
+    "    }\n"
+    "    static __device__ unsigned at(const unsigned *s, int i, int k) { return KROW ? s[i * LD + k] : s[k * LD + i]; }\n"
+    "};\n"
+    "template <int TA, int TB>\n"
+    "static __device__ void tgk_gemm3(const float *A, const float *B, float *C, int M, int N, int K, int64_t sa, int64_t sb) {\n"
+    "    typedef tg3_tile<!TA> at_t;\n"
+    "    typedef tg3_tile<(bool)TB> bt_t;\n"
+    "    extern __shared__ __align__(16) unsigned tg3_sm[];\n"
+    "    unsigned *Ah = tg3_sm, *Al = Ah + at_t::WORDS, *Bh = Al + at_t::WORDS, *Bl = Bh + bt_t::WORDS;\n"
+    "    const int warp = threadIdx.x / 32, g = (threadIdx.x & 31) / 4, t = threadIdx.x & 3, wm = warp / 4, wn = warp % 4;\n"
+    "    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;\n"
+    "    const int64_t lda = TA ? M : K, ldb = TB ? K : N;\n"
+    "    A += blockIdx.z * sa;\n"
+    "    B += blockIdx.z * sb;\n"
+    "    C += (int64_t)blockIdx.z * M * N;\n"
+    "    at_t a_t;\n"
+    "    bt_t b_t;\n"
+    "    a_t.load(A, lda, m0, 0, M, K);\n"
+    "    b_t.load(B, ldb, n0, 0, N, K);\n"
+    "    a_t.store(Ah, Al);\n"
+    "    b_t.store(Bh, Bl);\n"
+    "    __syncthreads();\n"
+    "    float acc[4][4][4] = {};\n"
+    "    for (int k0 = 0; k0 < K; k0 += TG3_BK) {\n"
+    "        if (k0 + TG3_BK < K) {\n"
+    "            a_t.load(A, lda, m0, k0 + TG3_BK, M, K);\n"
+    "            b_t.load(B, ldb, n0, k0 + TG3_BK, N, K);\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int ks = 0; ks < TG3_BK; ks += 8) {\n"
+    "            unsigned ah[4][4], al[4][4], bh[4][2], bl[4][2];\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < 4; i++)\n"
+    "#pragma unroll\n"
+    "                for (int q = 0; q < 4; q++) {\n"
+    "                    const int r = 64 * wm + 16 * i + g + 8 * (q & 1), k = ks + t + 4 * (q >> 1);\n"
+    "                    ah[i][q] = at_t::at(Ah, r, k);\n"
+    "                    al[i][q] = at_t::at(Al, r, k);\n"
+    "                }\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < 4; j++)\n"
+    "#pragma unroll\n"
+    "                for (int q = 0; q < 2; q++) {\n"
+    "                    bh[j][q] = bt_t::at(Bh, 32 * wn + 8 * j + g, ks + t + 4 * q);\n"
+    "                    bl[j][q] = bt_t::at(Bl, 32 * wn + 8 * j + g, ks + t + 4 * q);\n"
+    "                }\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < 4; i++)\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < 4; j++) {\n"
+    "                    tg3_mma(acc[i][j], al[i], bh[j][0], bh[j][1]);\n"
+    "                    tg3_mma(acc[i][j], ah[i], bl[j][0], bl[j][1]);\n"
+    "                    tg3_mma(acc[i][j], ah[i], bh[j][0], bh[j][1]);\n"
+    "                }\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "        if (k0 + TG3_BK < K) {\n"
+    "            a_t.store(Ah, Al);\n"
+    "            b_t.store(Bh, Bl);\n"
+    "            __syncthreads();\n"
+    "        }\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < 4; i++)\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < 4; j++) {\n"
+    "            const int r = m0 + 64 * wm + 16 * i + g, c = n0 + 32 * wn + 8 * j + 2 * t;\n"
+    "            if (c >= N) continue;\n"
+    "            if (r < M) *(float2 *)(C + (int64_t)r * N + c) = make_float2(acc[i][j][0], acc[i][j][1]);\n"
+    "            if (r + 8 < M) *(float2 *)(C + (int64_t)(r + 8) * N + c) = make_float2(acc[i][j][2], acc[i][j][3]);\n"
+    "        }\n}\n";
+
+const char *const CUDA_PRODUCT3_NAMES[4] = { "tg_gemm3_nn", "tg_gemm3_nt", "tg_gemm3_tn", "tg_gemm3_tt" };
+const char *const CUDA_PRODUCT3_KERNELS[4] = {
+#define TG3_INSTANCE(name, ta, tb)                                                                                      \
+    "extern \"C\" __global__ void __launch_bounds__(256, 2) " name                                                     \
+    "(const float *A, const float *B, float *C, int M, int N, int K, int64_t sa, int64_t sb) {\n"                       \
+    "    tgk_prior();\n"                                                                                                 \
+    "    tgk_gemm3<" #ta ", " #tb ">(A, B, C, M, N, K, sa, sb);\n}\n"
+    TG3_INSTANCE("tg_gemm3_nn", 0, 0), TG3_INSTANCE("tg_gemm3_nt", 0, 1), TG3_INSTANCE("tg_gemm3_tn", 1, 0),
+    TG3_INSTANCE("tg_gemm3_tt", 1, 1),
+};
+#undef TG3_INSTANCE
+
+/* Shared memory of a block: both parts of a tile of A and of B, at most [128][20] words each */
+#define X3_SHARED (2 * 2 * 128 * 20 * 4)
+
+bool cuda_x3_product(int64_t M, int64_t N, int64_t K, int64_t batch) {
+    return M >= 1 && N >= 1 && K >= 1 && M % 4 == 0 && N % 4 == 0 && K % 4 == 0 && batch >= 1 && batch <= 65535 &&
+           (M + 127) / 128 <= 65535 && M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX;
+}
+
 enum { OWN_BM = 16, OWN_BN = 32 };
 static const int OWN_WARPS[] = { 4, 8, 16 };   /* the block sizes timed: more warps, shorter slices of K */
 
@@ -137,9 +281,25 @@ bool cuda_own_product(int64_t M, int64_t N, int64_t K, int64_t batch) {
            (double)M * (double)N * (double)K * (double)batch <= (double)(1 << 27);
 }
 
-/* Can our kernel take shape s (f32 operands and result: cuda_own_product) in blocks of `warps`,
- * and how is it launched. */
+/* Can our tensor-core kernel (OWN_X3) take shape s: f32 operands and result in an f32 graph,
+ * float4 loads and float2 stores aligned */
+static bool x3_fits(const lt_shape *s) {
+    return !s->bf16 && !s->c_bf16 && !s->tf32 && cuda_x3_product(s->M, s->N, s->K, s->batch) && s->align[0] % 16 == 0 &&
+           s->align[1] % 16 == 0 && s->align[2] % 8 == 0 && s->a_stride % 4 == 0 && s->b_stride % 4 == 0;
+}
+
+/* Can our kernel take shape s (f32 operands and result: cuda_own_product) in blocks of `warps`
+ * (OWN_X3: the tensor-core kernel), and how is it launched. */
 static bool own_launch(const lt_shape *s, const lt_device *d, int warps, unsigned grid[3], unsigned *block, unsigned *shared) {
+    if (warps == OWN_X3) {
+        if (!x3_fits(s)) return false;
+        grid[0] = (unsigned)((s->N + 127) / 128);
+        grid[1] = (unsigned)((s->M + 127) / 128);
+        grid[2] = (unsigned)s->batch;
+        *block = 256;
+        *shared = X3_SHARED;
+        return true;
+    }
     if (warps < 1 || warps > d->own_warps || s->bf16 || s->c_bf16 || !cuda_own_product(s->M, s->N, s->K, s->batch)) return false;
     grid[0] = (unsigned)((s->N + OWN_BN - 1) / OWN_BN);
     grid[1] = (unsigned)((s->M + OWN_BM - 1) / OWN_BM);
@@ -322,7 +482,12 @@ static unsigned config(const lt_algo *a, int attr) {
     return v;
 }
 
-/* own: the warps of our kernel's fastest block size (ours won: starred), own_ms its time */
+/* The function of ours that own_warps names (OWN_X3: the tensor-core kernel), NULL where absent */
+static CUfunction own_fn(const lt_ours *ours, int own_warps) {
+    return own_warps == OWN_X3 ? ours->x3 : own_warps ? ours->small : NULL;
+}
+
+/* own: the warps of our fastest kernel (OWN_X3: tensor cores; ours won: starred), own_ms its time */
 static void report(const lt_shape *s, const lt_heuristic *h, const double *ms, int n, int best, double own_ms, int own, bool won) {
     fprintf(stderr, "tensorgrad: product [%lld x %lld] x [%lld x %lld]%s%s x%lld %s%s:", (long long)s->M, (long long)s->K,
             (long long)s->K, (long long)s->N, s->ta ? " (A^T)" : "", s->tb ? " (B^T)" : "", (long long)s->batch,
@@ -330,7 +495,8 @@ static void report(const lt_shape *s, const lt_heuristic *h, const double *ms, i
     for (int i = 0; i < n; i++)
         fprintf(stderr, " %s%.4f (algo %u tile %u split %u)", i == best && !won ? "*" : "", ms ? ms[i] : NAN,
                 config(&h[i].algo, LT_CONFIG_ID), config(&h[i].algo, LT_CONFIG_TILE), config(&h[i].algo, LT_CONFIG_SPLITK));
-    if (!isnan(own_ms)) fprintf(stderr, " %s%.4f (ours, %d warps)", won ? "*" : "", own_ms, own);
+    if (!isnan(own_ms) && own == OWN_X3) fprintf(stderr, " %s%.4f (ours, 3 x tf32)", won ? "*" : "", own_ms);
+    else if (!isnan(own_ms)) fprintf(stderr, " %s%.4f (ours, %d warps)", won ? "*" : "", own_ms, own);
     fprintf(stderr, " ms\n");
 }
 
@@ -344,16 +510,16 @@ static int choose(const double *ms, int n) {
 
 /* ----- remembered choices: this process's, and the kernel cache's ----- */
 
-/* A choice remembered: its algorithm, and our kernel's warps where it won (`own`: its function). */
-static bool memo_find(int device, const lt_shape *s, lt_product *p, CUfunction own) {
+/* A choice remembered: its algorithm, and which kernel of ours where one won (`ours`: their functions). */
+static bool memo_find(int device, const lt_shape *s, lt_product *p, const lt_ours *ours) {
     bool found = false;
     pthread_mutex_lock(&g_lt.mu);
     for (int i = 0; i < g_lt.n_memo && !found; i++)
         if (g_lt.memo[i].device == device && memcmp(&g_lt.memo[i].shape, s, sizeof *s) == 0) {
             p->algo = g_lt.memo[i].algo;
             p->workspace = g_lt.memo[i].workspace;
-            p->own_warps = own ? g_lt.memo[i].own_warps : 0;
-            p->own = p->own_warps ? own : NULL;
+            p->own = own_fn(ours, g_lt.memo[i].own_warps);
+            p->own_warps = p->own ? g_lt.memo[i].own_warps : 0;
             found = true;
         }
     pthread_mutex_unlock(&g_lt.mu);
@@ -376,12 +542,13 @@ static void memo_add(int device, const lt_shape *s, const lt_product *p) {
 }
 
 /* The kernel cache's file for this shape on this device and cuBLASLt version, chosen with or
- * without our kernel among the candidates; false if none. */
-static bool cache_path(const lt_device *d, const lt_shape *s, bool own, char *path, size_t len) {
+ * without our kernels among the candidates; false if none. */
+static bool cache_path(const lt_device *d, const lt_shape *s, const lt_ours *ours, char *path, size_t len) {
     char dir[900], key[300];
     tg_error ignore;
     if (!cache_dir(dir, sizeof dir, &ignore)) return false;
-    snprintf(key, sizeof key, "cublasLt %zu %s%s", lt.GetVersion(), d->name, own ? " and ours" : "");
+    snprintf(key, sizeof key, "cublasLt %zu %s%s%s", lt.GetVersion(), d->name, ours->small ? " and ours" : "",
+             ours->x3 ? " and 3 x tf32" : "");
     uint64_t h = cache_hash(cache_hash(1469598103934665603ull, key, strlen(key)), s, sizeof *s);
     snprintf(path, len, "%s/%016llx.lt", dir, (unsigned long long)h);
     return true;
@@ -389,18 +556,18 @@ static bool cache_path(const lt_device *d, const lt_shape *s, bool own, char *pa
 
 typedef struct { lt_algo algo; uint32_t own_warps; } lt_choice;   /* a choice as the kernel cache keeps it (0: cuBLASLt) */
 
-static bool cached(lt_product *p, const lt_device *d, const char *path, CUfunction own) {
+static bool cached(lt_product *p, const lt_device *d, const char *path, const lt_ours *ours) {
     size_t len = 0;
     lt_choice *c = cache_read(path, &len);
     lt_heuristic check;
-    bool ok = c && len == sizeof *c && (!c->own_warps || own) &&
+    bool ok = c && len == sizeof *c && (!c->own_warps || own_fn(ours, (int)c->own_warps)) &&
               lt.AlgoCheck(d->handle, p->desc, p->layout[0], p->layout[1], p->layout[2], p->layout[2], &c->algo, &check) == 0 &&
               check.workspace <= d->workspace_bytes;
     if (ok) {
         p->algo = c->algo;
         p->workspace = check.workspace;
         p->own_warps = (int)c->own_warps;
-        p->own = p->own_warps ? own : NULL;
+        p->own = own_fn(ours, p->own_warps);
     }
     free(c);
     return ok;
@@ -408,58 +575,67 @@ static bool cached(lt_product *p, const lt_device *d, const char *path, CUfuncti
 
 /* ----- choosing ----- */
 
-/* TG_CUDA_OWN_GEMM: 0 never ours; 4, 8 or 16 ours in blocks of that many warps wherever it may
- * run; else (-1) timed against cuBLASLt. */
+/* TG_CUDA_OWN_GEMM: 0 never our small-product kernel; 4, 8 or 16 it in blocks of that many warps
+ * wherever it may run; else (-1) timed against cuBLASLt. */
 static int own_mode(void) {
     const char *v = getenv("TG_CUDA_OWN_GEMM");
     int w = v ? atoi(v) : -1;
     return w == 0 || w == 4 || w == 8 || w == 16 ? w : -1;
 }
 
-/* Our kernel, where it beats the best of cuBLASLt's (ms) by 3%, in its fastest block size (which
- * it returns, with its time in own_ms, whether it won or not). */
-static int own_try(lt_product *p, const lt_device *d, CUfunction own, double ms, double *own_ms, const void *A, const void *B,
-                   void *C) {
+/* TG_CUDA_X3: 0 never our tensor-core kernel; 1 it wherever it may run (before the small one);
+ * else (-1) timed against cuBLASLt. */
+static int x3_mode(void) {
+    const char *v = getenv("TG_CUDA_X3");
+    return v && (v[0] == '0' || v[0] == '1') ? v[0] - '0' : -1;
+}
+
+/* Our kernels, where the fastest beats the best of cuBLASLt's (ms) by 3%: the small one in each
+ * block size, the tensor-core one. Returns the fastest (its own_warps), with its time in own_ms,
+ * whether it won or not. */
+static int own_try(lt_product *p, const lt_device *d, const lt_ours *ours, double ms, double *own_ms, const void *A,
+                   const void *B, void *C) {
     int best = 0;
     *own_ms = INFINITY;
-    p->own = own;
-    for (size_t i = 0; i < sizeof OWN_WARPS / sizeof *OWN_WARPS; i++) {
+    for (size_t i = 0; i <= sizeof OWN_WARPS / sizeof *OWN_WARPS; i++) {
+        int w = i < sizeof OWN_WARPS / sizeof *OWN_WARPS ? OWN_WARPS[i] : OWN_X3;
         unsigned grid[3], block, shared;
-        if (!own_launch(&p->shape, d, OWN_WARPS[i], grid, &block, &shared)) continue;
-        p->own_warps = OWN_WARPS[i];
+        if (!own_fn(ours, w) || !own_launch(&p->shape, d, w, grid, &block, &shared)) continue;
+        p->own = own_fn(ours, w);
+        p->own_warps = w;
         double t = time_one(p, d, A, B, C);
         if (t < *own_ms) {
             *own_ms = t;
-            best = OWN_WARPS[i];
+            best = w;
         }
     }
-    p->own_warps = best;
-    if (!(best && *own_ms < 0.97 * ms)) {
-        p->own = NULL;
-        p->own_warps = 0;
-    }
+    bool won = best && *own_ms < 0.97 * ms;
+    p->own_warps = won ? best : 0;
+    p->own = won ? own_fn(ours, best) : NULL;
     return best;
 }
 
-bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, CUfunction own, const void *A, const void *B,
+bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, lt_ours ours, const void *A, const void *B,
                      void *C) {
     memset(p, 0, sizeof *p);
     p->shape = *s;
     unsigned grid[3], block, shared;
-    int mode = own_mode();
-    if (mode == 0 || !own_launch(s, d, mode > 0 ? mode : OWN_WARPS[0], grid, &block, &shared)) own = NULL;
+    int mode = own_mode(), x3 = x3_mode();
+    if (mode == 0 || !own_launch(s, d, mode > 0 ? mode : OWN_WARPS[0], grid, &block, &shared)) ours.small = NULL;
+    if (x3 == 0 || !own_launch(s, d, OWN_X3, grid, &block, &shared)) ours.x3 = NULL;
     if (!lt_available() || !d->handle || !describe(p, s)) goto fail;
-    if (own && mode > 0) {   /* forced: not remembered, so that a timed choice is not displaced */
-        p->own = own;
-        p->own_warps = mode;
+    const int forced = ours.x3 && x3 == 1 ? OWN_X3 : ours.small && mode > 0 ? mode : 0;
+    if (forced) {   /* not remembered, so that a timed choice is not displaced */
+        p->own = own_fn(&ours, forced);
+        p->own_warps = forced;
         return true;
     }
-    if (memo_find(d->ordinal, s, p, own)) return true;
+    if (memo_find(d->ordinal, s, p, &ours)) return true;
     char path[1000];
     const char *tune = getenv("TG_CUDA_TUNE");
     bool timed = !(tune && tune[0] == '0'), verbose = tune && strcmp(tune, "verbose") == 0;
-    bool on_disk = timed && cache_path(d, s, own != NULL, path, sizeof path);
-    if (on_disk && cached(p, d, path, own)) {
+    bool on_disk = timed && cache_path(d, s, &ours, path, sizeof path);
+    if (on_disk && cached(p, d, path, &ours)) {
         memo_add(d->ordinal, s, p);
         return true;
     }
@@ -468,14 +644,14 @@ bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, CUfun
     if (n == 0) goto fail;
     double ms[LT_CANDIDATES] = { 0 }, own_ms = NAN;
     int own_best = 0;
-    bool compare = timed && (n > 1 || own);
+    const bool any_ours = ours.small || ours.x3, compare = timed && (n > 1 || any_ours);
     for (int i = 0; i < n && compare; i++) {
         p->algo = h[i].algo;
         ms[i] = time_one(p, d, A, B, C);
     }
     if (compare) best = choose(ms, n);
     if (compare && isinf(ms[best])) goto fail;   /* none ran */
-    if (own && compare) own_best = own_try(p, d, own, ms[best], &own_ms, A, B, C);
+    if (any_ours && compare) own_best = own_try(p, d, &ours, ms[best], &own_ms, A, B, C);
     if (verbose) report(s, h, compare ? ms : NULL, n, best, own_ms, own_best, p->own != NULL);
     p->algo = h[best].algo;
     p->workspace = h[best].workspace;
