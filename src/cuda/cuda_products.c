@@ -120,18 +120,19 @@ const char CUDA_PRODUCT_SOURCE[] =
     "        C[(int64_t)m * N + n] = s;\n"
     "    }\n}\n";
 
-/* Its four instances, by transposes ta * 2 + tb. */
-const char *const CUDA_PRODUCT_NAMES[4] = { "tg_gemm_nn", "tg_gemm_nt", "tg_gemm_tn", "tg_gemm_tt" };
-const char *const CUDA_PRODUCT_KERNELS[4] = {
-#define TGG_INSTANCE(name, ta, tb)                                                                                      \
-    "extern \"C\" __global__ void __launch_bounds__(512) " name                                                        \
+/* A product template's four instances, by transposes ta * 2 + tb: kernels `prefix`_nn, _nt, _tn
+ * and _tt calling fn<ta, tb> */
+#define GEMM_NAMES(prefix) { prefix "_nn", prefix "_nt", prefix "_tn", prefix "_tt" }
+#define GEMM_INSTANCE(bounds, fn, name, ta, tb)                                                                        \
+    "extern \"C\" __global__ void __launch_bounds__(" bounds ") " name                                                 \
     "(const float *A, const float *B, float *C, int M, int N, int K, int64_t sa, int64_t sb) {\n"                       \
-    "    tgk_prior();\n"                                                                                                 \
-    "    tgk_gemm<" #ta ", " #tb ">(A, B, C, M, N, K, sa, sb);\n}\n"
-    TGG_INSTANCE("tg_gemm_nn", 0, 0), TGG_INSTANCE("tg_gemm_nt", 0, 1), TGG_INSTANCE("tg_gemm_tn", 1, 0),
-    TGG_INSTANCE("tg_gemm_tt", 1, 1),
-};
-#undef TGG_INSTANCE
+    "    tgk_prior();\n    " fn "<" #ta ", " #tb ">(A, B, C, M, N, K, sa, sb);\n}\n"
+#define GEMM_INSTANCES(bounds, fn, prefix)                                                                             \
+    { GEMM_INSTANCE(bounds, fn, prefix "_nn", 0, 0), GEMM_INSTANCE(bounds, fn, prefix "_nt", 0, 1),                      \
+      GEMM_INSTANCE(bounds, fn, prefix "_tn", 1, 0), GEMM_INSTANCE(bounds, fn, prefix "_tt", 1, 1) }
+
+const char *const CUDA_PRODUCT_NAMES[4] = GEMM_NAMES("tg_gemm");
+const char *const CUDA_PRODUCT_KERNELS[4] = GEMM_INSTANCES("512", "tgk_gemm", "tg_gemm");
 
 /* ----- our kernel for f32 products on tensor cores -----
  *
@@ -253,17 +254,8 @@ const char CUDA_PRODUCT3_SOURCE[] =
     "            if (r + 8 < M) *(float2 *)(C + (int64_t)(r + 8) * N + c) = make_float2(acc[i][j][2], acc[i][j][3]);\n"
     "        }\n}\n";
 
-const char *const CUDA_PRODUCT3_NAMES[4] = { "tg_gemm3_nn", "tg_gemm3_nt", "tg_gemm3_tn", "tg_gemm3_tt" };
-const char *const CUDA_PRODUCT3_KERNELS[4] = {
-#define TG3_INSTANCE(name, ta, tb)                                                                                      \
-    "extern \"C\" __global__ void __launch_bounds__(256, 2) " name                                                     \
-    "(const float *A, const float *B, float *C, int M, int N, int K, int64_t sa, int64_t sb) {\n"                       \
-    "    tgk_prior();\n"                                                                                                 \
-    "    tgk_gemm3<" #ta ", " #tb ">(A, B, C, M, N, K, sa, sb);\n}\n"
-    TG3_INSTANCE("tg_gemm3_nn", 0, 0), TG3_INSTANCE("tg_gemm3_nt", 0, 1), TG3_INSTANCE("tg_gemm3_tn", 1, 0),
-    TG3_INSTANCE("tg_gemm3_tt", 1, 1),
-};
-#undef TG3_INSTANCE
+const char *const CUDA_PRODUCT3_NAMES[4] = GEMM_NAMES("tg_gemm3");
+const char *const CUDA_PRODUCT3_KERNELS[4] = GEMM_INSTANCES("256, 2", "tgk_gemm3", "tg_gemm3");
 
 /* Shared memory of a block: both parts of a tile of A and of B, at most [128][20] words each */
 #define X3_SHARED (2 * 2 * 128 * 20 * 4)
