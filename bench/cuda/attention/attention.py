@@ -15,23 +15,12 @@ every attention kernel of a dump for sm_90 and prints registers and spills. The 
 bench/RESULTS.md (fifteenth CUDA session)."""
 import os, re, subprocess, sys
 
-def split(src):
-    """The dump's source without its kernels (prelude and attention templates), and the kernels."""
-    end = src.index('extern "C"', src.index('#define TGA_T 64'))
-    pre, i = [], 0
-    while True:
-        j = src.find('extern "C"', i, end)
-        if j < 0: pre.append(src[i:end]); break
-        pre.append(src[i:j]); i = src.index('\n}\n', j) + 3
-    text = ''.join(pre)
-    for t in ['typedef long long int64_t;', 'typedef unsigned long long uint64_t;', 'typedef int int32_t;', 'typedef unsigned uint32_t;']:
-        text = text.replace(t, '')   # <stdint.h>'s, under nvcc
-    return '#include <stdint.h>\n' + text
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+from dump import kernels, prelude
 
-def kernels(src, name):
-    """The generated kernels whose names match the pattern `name`."""
-    heads = re.finditer(r'extern "C" __global__ void (__launch_bounds__\([^)]*\) )?' + name + r'\(', src)
-    return [src[m.start():src.index('\n}\n', m.start()) + 3] for m in heads]
+def split(src):
+    """The dump's source without its kernels (prelude and attention templates)."""
+    return prelude(src, '#define TGA_T 64')
 
 def main():
     what, dump = sys.argv[1], open(sys.argv[2]).read()
