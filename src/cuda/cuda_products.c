@@ -266,7 +266,9 @@ bool cuda_x3_product(int64_t M, int64_t N, int64_t K, int64_t batch) {
 }
 
 enum { OWN_BM = 16, OWN_BN = 32 };
-static const int OWN_WARPS[] = { 4, 8, 16 };   /* the block sizes timed: more warps, shorter slices of K */
+/* Our kernels as timed: the small one in blocks of 4, 8 and 16 warps (more warps, shorter slices
+ * of K), then the tensor-core one */
+static const int OWN_CHOICES[] = { 4, 8, 16, OWN_X3 };
 
 bool cuda_own_product(int64_t M, int64_t N, int64_t K, int64_t batch) {
     return M >= 1 && N >= 1 && batch >= 1 && M <= 65535 * (int64_t)OWN_BM && N <= INT32_MAX && K <= INT32_MAX && batch <= 65535 &&
@@ -589,8 +591,8 @@ static int own_try(lt_product *p, const lt_device *d, const lt_ours *ours, doubl
                    const void *B, void *C) {
     int best = 0;
     *own_ms = INFINITY;
-    for (size_t i = 0; i <= sizeof OWN_WARPS / sizeof *OWN_WARPS; i++) {
-        int w = i < sizeof OWN_WARPS / sizeof *OWN_WARPS ? OWN_WARPS[i] : OWN_X3;
+    for (size_t i = 0; i < sizeof OWN_CHOICES / sizeof *OWN_CHOICES; i++) {
+        const int w = OWN_CHOICES[i];
         unsigned grid[3], block, shared;
         if (!own_fn(ours, w) || !own_launch(&p->shape, d, w, grid, &block, &shared)) continue;
         p->own = own_fn(ours, w);
@@ -613,7 +615,7 @@ bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, lt_ou
     p->shape = *s;
     unsigned grid[3], block, shared;
     int mode = own_mode(), x3 = x3_mode();
-    if (mode == 0 || !own_launch(s, d, mode > 0 ? mode : OWN_WARPS[0], grid, &block, &shared)) ours.small = NULL;
+    if (mode == 0 || !own_launch(s, d, mode > 0 ? mode : OWN_CHOICES[0], grid, &block, &shared)) ours.small = NULL;
     if (x3 == 0 || !own_launch(s, d, OWN_X3, grid, &block, &shared)) ours.x3 = NULL;
     if (!lt_available() || !d->handle || !describe(p, s)) goto fail;
     const int forced = ours.x3 && x3 == 1 ? OWN_X3 : ours.small && mode > 0 ? mode : 0;
