@@ -140,11 +140,13 @@ const char *const CUDA_PRODUCT_KERNELS[4] = GEMM_INSTANCES("512", "tgk_gemm", "t
  * TF32: a b ~ ah bh + ah bl + al bh, the small terms first), which carries f32's precision (the
  * error bench/cuda/gemm3x measures: 0.4-4e-6 of the sum of |a b|, against SGEMM's 1-2e-7 and
  * TF32's 1e-4) on units eight times faster than f32's: where it beats cuBLAS's f32 kernels by 3%,
- * timed as any candidate (an H100: 1.1-1.25x on [16384, 384] x [384, 1536] and the like; not
- * where K is long and M N small, which needs a split reduction). A block of 8 warps (2 x 4)
+ * timed as any candidate (an H100, alone: 1.06-1.19x cublasSgemm on char_gpt's [16384, 384] x
+ * [384, 1536] and the like, about even with B transposed, far slower where K is long and M N
+ * small, which needs a split reduction; in char_gpt's step it wins one shape of nine against
+ * cuBLASLt's best, bench/RESULTS.md's sixteenth session). A block of 8 warps (2 x 4)
  * computes a 128 x 128 tile of C, a warp 64 x 32 (4 x 4 mma.m16n8k8 tiles), 16 of K at a time.
  * Each tile of op(A) or op(B) is read as float4s along whichever of its axes is contiguous in
- * memory (so M, N and K are multiples of 4, A and B 16-byte aligned: tgk3_fits), staged in
+ * memory (so M, N and K are multiples of 4, A and B 16-byte aligned: x3_fits), staged in
  * registers while the tile before is multiplied, and stored split into its TF32 parts, rows along
  * K as [128][20] words, else as [16][136]: either way the 32 lanes of a fragment read distinct
  * banks, and every warp reads parts split once. */
