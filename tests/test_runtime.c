@@ -8,8 +8,10 @@
 #include "tensorgrad.h"
 #include "check.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int near(double a, double b, double scale, double tol) {
     double m = fabs(a) > fabs(b) ? fabs(a) : fabs(b);
@@ -610,6 +612,55 @@ static void test_mlp(void) {
     tg_model_free(m);
 }
 
+/* The mlp's losses over a few steps on the cpu backend (false: it failed to compile). */
+static bool mlp_losses(const float *xs, const int32_t *ys, float *loss, int steps) {
+    tg_model *m = tg_model_new(7);
+    mlp net = { tg_linear_new(m, "l1", 2, 32, NULL), tg_linear_new(m, "l2", 32, 2, NULL) };
+    const tg_input_decl in[] = { TG_F32("x", NPTS, 2), TG_I32("y", NPTS) };
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = mlp_loss, .ctx = &net, .inputs = in, .n_inputs = 2,
+                                              .optimizer = tg_adam(0.03), .backend = "cpu" }, &err);
+    CHECK(t != NULL, "compile mlp: %s", err.msg);
+    tg_data data[2] = { tg_f32("x", xs, NPTS * 2), tg_i32("y", ys, NPTS) };
+    for (int s = 0; t && s < steps; s++) loss[s] = tg_step(t, data, 2).loss;
+    tg_destroy(t);
+    tg_model_free(m);
+    return t != NULL;
+}
+
+/* TG_CPU_PROFILE=1: the same values, and where the time went printed (to stderr) when the graph
+ * is released. */
+static void test_cpu_profile(void) {
+    static float xs[NPTS * 2];
+    static int32_t ys[NPTS];
+    for (int i = 0; i < NPTS; i++) {
+        xs[2 * i] = (float)check_uniform(-1, 1);
+        xs[2 * i + 1] = (float)check_uniform(-1, 1);
+        ys[i] = xs[2 * i] > xs[2 * i + 1];
+    }
+    float plain[5], profiled[5];
+    char path[] = "/tmp/tg_profile_XXXXXX";
+    int fd = mkstemp(path), saved = dup(2);
+    bool ok = mlp_losses(xs, ys, plain, 5);
+    fflush(stderr);
+    if (fd >= 0 && saved >= 0) dup2(fd, 2);
+    setenv("TG_CPU_PROFILE", "1", 1);
+    ok = mlp_losses(xs, ys, profiled, 5) && ok;
+    unsetenv("TG_CPU_PROFILE");
+    fflush(stderr);
+    if (saved >= 0) dup2(saved, 2);
+    CHECK(ok && memcmp(plain, profiled, sizeof plain) == 0, "profiled losses differ: %.6f vs %.6f", plain[4], profiled[4]);
+    char text[4096] = "";
+    FILE *f = fd >= 0 ? fopen(path, "r") : NULL;
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f) fclose(f);
+    CHECK(strstr(text, "tensorgrad cpu profile (") && strstr(text, ", 5 runs,") && strstr(text, "matmul"),
+          "no profile printed: %.200s", text);
+    if (fd >= 0) close(fd);
+    if (saved >= 0) close(saved);
+    unlink(path);
+}
+
 int main(void) {
     test_init();
     test_upload_download();
@@ -618,5 +669,6 @@ int main(void) {
     test_names();
     test_inspect();
     test_mlp();
+    test_cpu_profile();
     return check_report("test_runtime");
 }

@@ -10,10 +10,11 @@
 char *codegen_c(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min, int *unsupported);
 /* The CPU backend's refinements of fuse.c's schedule (products absorb their bias add and sums,
  * optimizer updates write parameters in place: inplace[i] is the leaf node i's kernel writes,
- * or -1), and the C source of the refined schedule. */
+ * or -1), and the C source of the refined schedule; with `profile`, each call in the entry
+ * followed by a mark (TGK_MARK: cpu_profile). */
 void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *materialized, int *alias, int *inplace);
 char *codegen_c_inplace(const tg_graph *g, const bool *materialized, const tg_plan *plan, int parallel_min,
-                        const int *inplace, int *unsupported);
+                        const int *inplace, bool profile, int *unsupported);
 /* The same kernels as one self-contained C file for tg_export_c (src/export/): library kernels
  * called by name (tgk_matmul, ...) instead of through the R table, the entry point tg_entry
  * static. For forward graphs (no in-place write-backs). */
@@ -25,6 +26,15 @@ char *codegen_c_standalone(const tg_graph *g, const bool *materialized, const tg
 
 /* cpu_kernels.c: the library kernels generated C calls, indexed by its TGK_* ids; threads. */
 extern void *const cpu_kernels[];
+/* A profile of a graph's steps (TG_CPU_PROFILE=1): seconds[node] sums the time of the entry's
+ * calls of each node, between the marks a profiled entry makes (TGK_MARK) while it is the
+ * calling thread's (cpu_profile_begin; NULL ends it). */
+typedef struct {
+    double *seconds;
+    double last;   /* the last mark's time */
+    int runs;
+} cpu_profile;
+void cpu_profile_begin(cpu_profile *p);
 /* Whether a kernel failed to get scratch memory since the last call (then clears it). */
 bool cpu_kernels_failed(void);
 void cpu_set_threads(int n);

@@ -35,6 +35,7 @@ typedef struct {
     bool *mat;            /* per node: has memory of its own (else inlined or absorbed by its consumer) */
     int *inplace;         /* per node: the PARAM/STATE leaf its kernel writes in place, or -1 */
     cpu_isa isa;          /* the generated code's instruction set, and the library kernels' at run */
+    cpu_profile prof;     /* TG_CPU_PROFILE=1 (prof.seconds set): each node's calls timed, printed at release */
 } cpu_exec;
 
 /* ----- buffers: 64-byte aligned, float or int32 by dtype (both 4 bytes) ----- */
@@ -217,9 +218,27 @@ static void *load_kernels(const char *source, cpu_isa isa, tg_error *err) {
 
 /* ----- the backend ----- */
 
+/* Where the time went (profile_print), each call as the node whose mark ends it. */
+static void print_profile(const cpu_exec *e) {
+    profile_call *calls = tg_alloc(sizeof(profile_call) * (size_t)(e->g->n + 1));
+    int n = 0;
+    for (int i = 0; i < e->g->n && calls; i++) {
+        if (e->prof.seconds[i] <= 0) continue;
+        profile_call *c = &calls[n++];
+        c->node = i;
+        c->kind = "call";
+        c->seconds = e->prof.seconds[i];
+        snprintf(c->what, sizeof c->what, "k%d [%lld elements]", i, (long long)e->g->nodes[i].numel);
+    }
+    if (calls) profile_print("cpu", "calls", "", e->g, calls, n, e->prof.runs, false);
+    free(calls);
+}
+
 static void cpu_release(void *h) {
     cpu_exec *e = h;
     if (!e) return;
+    if (e->prof.seconds && e->prof.runs) print_profile(e);
+    free(e->prof.seconds);
     if (e->dl) dlclose(e->dl);
     free(e->arena);
     free(e->bound);
@@ -253,7 +272,9 @@ static void *cpu_prepare(const tg_graph *g, const int *keep, int n_keep, tg_erro
     }
     free(alias);
     int unsupported = -1;
-    if (ok) e->source = codegen_c_inplace(g, e->mat, &e->plan, CPU_PARALLEL_MIN, e->inplace, &unsupported);
+    const char *profile = getenv("TG_CPU_PROFILE");
+    if (ok && profile && profile[0] == '1') ok = (e->prof.seconds = tg_alloc(sizeof(double) * n)) != NULL;
+    if (ok) e->source = codegen_c_inplace(g, e->mat, &e->plan, CPU_PARALLEL_MIN, e->inplace, e->prof.seconds != NULL, &unsupported);
     if (unsupported >= 0) {
         tg_seterr(err, "the CPU backend has no kernel or buffer for op '%s' (node %d)", op_name(g->nodes[unsupported].op), unsupported);
         cpu_release(e);
@@ -295,7 +316,10 @@ static bool cpu_run(void *h, const double *hyper, tg_error *err) {
     cpu_kernels_select(e->isa);
     void *const *table = kernel_table;
     const unsigned fp = fp_flush_denormals();   /* this thread's share of the step (cpu.h) */
+    cpu_profile_begin(e->prof.seconds ? &e->prof : NULL);
     e->entry(e->arena, e->bound, hyper, table ? table : cpu_kernels);
+    cpu_profile_begin(NULL);
+    e->prof.runs++;
     fp_restore(fp);
     /* A kernel without scratch memory left its output wrong; the entry then skipped the in-place
      * updates (see codegen_c_inplace), and the runtime, seeing false, copies nothing back. */

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Per-thread scratch memory, kept for the thread's life (freed when it exits): a product's
  * packing buffers, a convolution's per-image cols, a zero-padded copy of one image. */
@@ -572,10 +573,24 @@ static void k_maxpool_bwd(const int64_t *a, void *const *p) { maxpool(a, p, true
 static int k_failed(void) { return scratch_failed; }
 bool cpu_kernels_failed(void) { return atomic_exchange(&scratch_failed, 0) != 0; }
 
+/* TGK_MARK (a profiled entry's, between its calls): the time since the last mark is node's; -1
+ * starts a step. */
+static _Thread_local cpu_profile *profiling;
+void cpu_profile_begin(cpu_profile *p) { profiling = p; }
+static void k_mark(int node) {
+    cpu_profile *p = profiling;
+    if (!p) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    if (node >= 0) p->seconds[node] += t - p->last;
+    p->last = t;
+}
+
 void *const cpu_kernels[] = {
     (void *)k_matmul, (void *)k_softmax, (void *)k_softmax_causal, (void *)k_argmax, (void *)k_scatter_rows,
     (void *)k_scatter_along, (void *)k_col2im, (void *)k_maxpool, (void *)k_maxpool_bwd, (void *)k_failed,
-    (void *)cpu_attention, (void *)cpu_attention_bwd,
+    (void *)cpu_attention, (void *)cpu_attention_bwd, (void *)k_mark,
 };
 
 void cpu_set_threads(int n) { omp_set_num_threads(n); }

@@ -544,50 +544,27 @@ typedef struct {
 
 #define HYPER_EXTRA 2     /* device slots past them: the write-back flag and the report */
 
-static void print_launch(const cuda_exec *e, int i, int runs) {
-    const cuda_launch *l = &e->launches.launch[i];
-    const tg_node *n = &e->g->nodes[l->node];
-    char what[64];
-    if (l->kind == CL_GEMM)
-        snprintf(what, sizeof what, "[%lld x %lld x %lld%s%s, batch %lld]", (long long)l->M, (long long)l->N, (long long)l->K,
-                 l->ta ? " ta" : "", l->tb ? " tb" : "", (long long)l->batch);
-    else
-        snprintf(what, sizeof what, "[%lld elements]", (long long)n->numel);
-    fprintf(stderr, "  #%-4d %-8s %-16s %s %8.3f ms\n", i, l->kind == CL_GEMM ? "gemm" : l->kind == CL_MEMSET ? "memset" : l->name,
-            op_name(n->op), what, 1e3 * e->profile[i] / runs);
-}
-
-/* Where the time went: per op (the op of the node each launch writes; a product's operand
- * roundings count as matmul), then the launches that took most, per run. */
+/* Where the time went (profile_print): each launch as the op of the node it writes (a product's
+ * operand roundings count as matmul; a memset as none). */
 static void print_profile(const cuda_exec *e) {
-    double by_op[OP_COUNT + 1] = { 0 }, total = 0;
-    for (int i = 0; i < e->launches.n; i++) {
+    profile_call *calls = tg_alloc(sizeof(profile_call) * (size_t)(e->launches.n + 1));
+    for (int i = 0; i < e->launches.n && calls; i++) {
         const cuda_launch *l = &e->launches.launch[i];
-        by_op[l->kind == CL_MEMSET ? OP_COUNT : (int)e->g->nodes[l->node].op] += e->profile[i];
-        total += e->profile[i];
+        profile_call *c = &calls[i];
+        c->node = l->kind == CL_MEMSET ? -1 : l->node;
+        c->kind = l->kind == CL_GEMM ? "gemm" : l->kind == CL_MEMSET ? "memset" : l->name;
+        c->seconds = e->profile[i];
+        if (l->kind == CL_GEMM)
+            snprintf(c->what, sizeof c->what, "[%lld x %lld x %lld%s%s, batch %lld]", (long long)l->M, (long long)l->N,
+                     (long long)l->K, l->ta ? " ta" : "", l->tb ? " tb" : "", (long long)l->batch);
+        else
+            snprintf(c->what, sizeof c->what, "[%lld elements]", (long long)e->g->nodes[l->node].numel);
     }
-    int runs = e->profiled_runs ? e->profiled_runs : 1;
-    fprintf(stderr, "tensorgrad cuda profile (%d nodes, %d launches, %d runs, %.3f ms per run in launches%s):\n", e->g->n,
-            e->launches.n, runs, 1e3 * total / runs,
-            e->profile_graph ? ", each timed alone in a graph of copies of it; the values computed are wrong" : "");
-    for (int op = 0; op <= OP_COUNT; op++)
-        if (by_op[op] > 0.005 * total)
-            fprintf(stderr, "  %-20s %8.3f ms  %5.1f%%\n", op == OP_COUNT ? "memset" : op_name((tg_op)op), 1e3 * by_op[op] / runs,
-                    100 * by_op[op] / total);
-    bool *shown = tg_alloc(sizeof(bool) * (size_t)(e->launches.n + 1));
-    for (int k = 0; k < 40 && shown; k++) {
-        int best = -1;
-        for (int i = 0; i < e->launches.n; i++)
-            if (!shown[i] && (best < 0 || e->profile[i] > e->profile[best])) best = i;
-        if (best < 0) break;
-        shown[best] = true;
-        print_launch(e, best, runs);
-    }
-    if (e->profile_all) {
-        fprintf(stderr, "every launch, in order:\n");
-        for (int i = 0; i < e->launches.n; i++) print_launch(e, i, runs);
-    }
-    free(shown);
+    if (calls)
+        profile_print("cuda", "launches",
+                      e->profile_graph ? ", each timed alone in a graph of copies of it; the values computed are wrong" : "", e->g,
+                      calls, e->launches.n, e->profiled_runs, e->profile_all);
+    free(calls);
 }
 
 static void cuda_release(void *h) {

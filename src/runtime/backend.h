@@ -28,6 +28,19 @@ typedef struct {
     double loss_out, guard_out;
 } dp_replica;
 
+/* A backend's profile, one entry a call (a launch, a kernel call): the node it computes (-1:
+ * none, as a memset), its kind (a kernel's name, "gemm"), what it works on, its seconds summed
+ * over `runs` steps. profile_print (profile.c) prints the time per op, then the 40 calls that took
+ * most (all: then every call in order), per run. */
+typedef struct {
+    int node;
+    const char *kind;
+    char what[64];
+    double seconds;
+} profile_call;
+void profile_print(const char *backend, const char *unit, const char *note, const tg_graph *g, const profile_call *calls, int n,
+                   int runs, bool all);
+
 /* A backend: where buffers live and how a planned graph runs. The runtime talks only to this
  * table, so the reference interpreter, the compiled CPU backend and CUDA plug in alike.
  * Buffers hold `numel` elements of the backend's own type (doubles in the reference; float or
