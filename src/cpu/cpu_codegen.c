@@ -41,6 +41,7 @@ typedef struct {
     int n_texts, cap_texts;
     bool standalone;      /* codegen_c_standalone: see the top of this file */
     const char *prefix;   /* of the kernel's name, before its first root: "k", or "kround" (round_kernel) */
+    const char *pre;      /* a kernel's declarations before its OpenMP region (shared by its threads), or NULL */
 } gen;
 
 static int inplace_of(const gen *G, int id) { return G->inplace ? G->inplace[id] : -1; }
@@ -388,6 +389,7 @@ static void end_kernel(gen *G, bool parallel, const char *head, const char *tail
             pointer(G, &decl, i, false);
         }
     }
+    if (G->pre) sb_printf(&text, "%s", G->pre);
     if (parallel)   /* each thread in the kernels' floating-point mode (tg_fp_flush: see the prelude) */
         sb_printf(&text, "  #pragma omp parallel\n  {\n    const unsigned fp = tg_fp_flush();\n%s    #pragma omp for schedule(static) nowait\n",
                   decl.s ? decl.s : "");
@@ -431,6 +433,7 @@ static void begin(gen *G, int root) {
     if (G->slots.s) G->slots.s[0] = 0;
     G->n_slots = 0;
     G->prefix = "k";
+    G->pre = NULL;
 }
 
 /* Shapes are constants, so whether a loop is worth threads is decided here: small kernels get
@@ -623,6 +626,9 @@ static void batch_sum_kernel(gen *G, int id, int x, const int64_t *gsize, const 
  * reduced groups; the loops follow memory order. When the innermost group is reduced, each
  * output is one accumulator over a vectorized inner loop; when it is kept, a row of
  * accumulators is updated by a vectorized loop along it. Accumulation in double. */
+#define SUM_CHUNKS 16   /* sum_kernel's parts of a sum of everything (a literal: SUM_CHUNKS_TEXT) */
+#define SUM_CHUNKS_TEXT "16"
+
 static void sum_kernel(gen *G, int id) {
     cg *c = &G->c;
     const tg_node *n = N(c, id);
@@ -666,16 +672,27 @@ static void sum_kernel(gen *G, int id) {
      * none, and when the innermost group is reduced, through a 32-bit index GCC no longer sees
      * that the vectorized loop reads consecutive floats (it loads them one lane at a time: a
      * bias gradient's sum over a convolution's output took twice as long). */
-    const char *it = s->numel < ((int64_t)1 << 31) && !cg_has_pad(c, x, -1) && (inner_kept || !c->mat[x]) ? "uint32_t" : "int64_t";
     int64_t out = n->numel, J = inner_kept ? gsize[ng - 1] : 1, JB = J > 512 ? 512 : J;
     int64_t nb = (J + JB - 1) / JB, rows = out / J;
     int nkept = inner_kept ? ng - 1 : ng;   /* groups handled by the outer loop (kept ones) */
     strbuf head = { 0 }, tail = { 0 };
     int64_t total = s->numel;
-    bool parallel = rows * nb > 1 && omp(c, total);
-    sb_printf(&head, "    for (int64_t ob = 0; ob < %lld; ob++) {\n", (long long)(rows * nb));
-    sb_printf(&head, "      const int64_t o = ob / %lld, jb = (ob %% %lld) * %lld;\n", (long long)nb, (long long)nb,
-              (long long)JB);
+    /* A sum of everything (a loss, the step's finiteness guard over a gradient) in SUM_CHUNKS parts
+     * of its outermost group, each thread's parts summed in parallel, then the parts in order: the
+     * same result for any number of threads. Its parts start anywhere: through a 32-bit index
+     * GCC would not see that they read consecutive floats. */
+    const bool chunked = out == 1 && ng >= 1 && gsize[0] >= SUM_CHUNKS && omp(c, s->numel);
+    const char *it = !chunked && s->numel < ((int64_t)1 << 31) && !cg_has_pad(c, x, -1) && (inner_kept || !c->mat[x]) ? "uint32_t"
+                                                                                                            : "int64_t";
+    bool parallel = (rows * nb > 1 || chunked) && omp(c, total);
+    if (chunked) G->pre = "  double part[" SUM_CHUNKS_TEXT "];\n";
+    sb_printf(&head, "    for (int64_t ob = 0; ob < %lld; ob++) {\n", (long long)(chunked ? SUM_CHUNKS : rows * nb));
+    if (chunked)
+        sb_printf(&head, "      const int64_t o = 0, lo = %lld * ob / %d, hi = %lld * (ob + 1) / %d;\n", (long long)gsize[0],
+                  SUM_CHUNKS, (long long)gsize[0], SUM_CHUNKS);
+    else
+        sb_printf(&head, "      const int64_t o = ob / %lld, jb = (ob %% %lld) * %lld;\n", (long long)nb, (long long)nb,
+                  (long long)JB);
     /* Kept coordinates of the outer loop: o is their row-major index. */
     sb_printf(&head, "      int64_t base = 0;\n");
     {
@@ -706,7 +723,8 @@ static void sum_kernel(gen *G, int id) {
         if (!gred[k]) continue;
         bool vec = !inner_kept && k == last_red;
         if (vec) sb_printf(&head, "      #pragma omp simd reduction(+:acc)\n");
-        sb_printf(&head, "      for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", k, k, (long long)gsize[k], k);
+        if (chunked && k == 0) sb_printf(&head, "      for (int64_t r0 = lo; r0 < hi; r0++) {\n");
+        else sb_printf(&head, "      for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", k, k, (long long)gsize[k], k);
         size_t len = strlen(off);
         snprintf(off + len, sizeof off - len, " + r%d * %lld", k, (long long)gstride[k]);
         depth++;
@@ -724,9 +742,15 @@ static void sum_kernel(gen *G, int id) {
     for (int k = 0; k < depth; k++) sb_printf(&tail, "      }\n");
     if (inner_kept)
         sb_printf(&tail, "      for (int64_t j = 0; j < jn; j++) P%d[o * %lld + jb + j] = (%s)acc[j];\n", id, (long long)J, ct);
+    else if (chunked)
+        sb_printf(&tail, "      part[ob] = acc;\n");
     else
         sb_printf(&tail, "      P%d[o] = (%s)acc;\n", id, ct);
     sb_printf(&tail, "    }\n");
+    if (chunked)
+        sb_printf(&tail, "    #pragma omp barrier\n    #pragma omp single nowait\n"
+                         "    {\n      double acc = 0;\n      for (int k = 0; k < %d; k++) acc += part[k];\n      P%d[0] = (%s)acc;\n    }\n",
+                  SUM_CHUNKS, id, ct);
     end_kernel(G, parallel, head.s, tail.s);
     free(head.s);
     free(tail.s);
