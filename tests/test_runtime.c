@@ -8,6 +8,8 @@
 #include "tensorgrad.h"
 #include "check.h"
 
+#include <math.h>
+#include <omp.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -661,6 +663,44 @@ static void test_cpu_profile(void) {
     unlink(path);
 }
 
+/* A sum of everything large enough for threads (the CPU's sum_kernel cuts it into fixed parts)
+ * gives the same value on one thread as on two. Its terms make the order visible: +-1e30 every
+ * 4096 elements and ones between, so which ones survive depends on where partial sums start
+ * (one part in order: 4095; two halves: 8190). */
+#define NBIG (1 << 18)
+static tg_tensor big_sum_loss(const void *ctx, const tg_tensor *in) {
+    return tg_add(mlp_loss(ctx, in), tg_mul(tg_sum(in[2], TG_ALL, 0), tg_scalar(1e-3)));
+}
+
+static void test_sum_threads(void) {
+    static float xs[NPTS * 2], z[NBIG];
+    static int32_t ys[NPTS];
+    for (int i = 0; i < NPTS; i++) {
+        xs[2 * i] = (float)check_uniform(-1, 1);
+        xs[2 * i + 1] = (float)check_uniform(-1, 1);
+        ys[i] = xs[2 * i] > xs[2 * i + 1];
+    }
+    for (int i = 0; i < NBIG; i++) z[i] = i % 4096 ? 1.0f : (i / 4096) % 2 ? -1e30f : 1e30f;
+    tg_model *m = tg_model_new(7);
+    mlp net = { tg_linear_new(m, "l1", 2, 32, NULL), tg_linear_new(m, "l2", 32, 2, NULL) };
+    const tg_input_decl in[] = { TG_F32("x", NPTS, 2), TG_I32("y", NPTS), TG_F32("z", NBIG) };
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = big_sum_loss, .ctx = &net, .inputs = in, .n_inputs = 3,
+                                              .optimizer = tg_adam(0.03), .backend = "cpu" }, &err);
+    CHECK(t != NULL, "compile: %s", err.msg);
+    tg_data data[3] = { tg_f32("x", xs, NPTS * 2), tg_i32("y", ys, NPTS), tg_f32("z", z, NBIG) };
+    tg_result one = { 0 }, two = { 0 };
+    if (t) {
+        omp_set_num_threads(1);
+        one = tg_eval_loss(t, data, 3);
+        omp_set_num_threads(2);
+        two = tg_eval_loss(t, data, 3);
+    }
+    CHECK(one.status == TG_OK && two.status == TG_OK && isfinite(one.loss) && one.loss == two.loss,
+          "one thread %.9g, two %.9g", one.loss, two.loss);
+    tg_destroy(t);
+    tg_model_free(m);
+}
+
 int main(void) {
     test_init();
     test_upload_download();
@@ -670,5 +710,6 @@ int main(void) {
     test_inspect();
     test_mlp();
     test_cpu_profile();
+    test_sum_threads();
     return check_report("test_runtime");
 }

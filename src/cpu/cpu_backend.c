@@ -319,7 +319,7 @@ static bool cpu_run(void *h, const double *hyper, tg_error *err) {
     cpu_profile_begin(e->prof.seconds ? &e->prof : NULL);
     e->entry(e->arena, e->bound, hyper, table ? table : cpu_kernels);
     cpu_profile_begin(NULL);
-    e->prof.runs++;
+    e->prof.runs += e->prof.seconds != NULL;
     fp_restore(fp);
     /* A kernel without scratch memory left its output wrong; the entry then skipped the in-place
      * updates (see codegen_c_inplace), and the runtime, seeing false, copies nothing back. */

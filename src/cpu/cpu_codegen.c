@@ -626,8 +626,9 @@ static void batch_sum_kernel(gen *G, int id, int x, const int64_t *gsize, const 
  * reduced groups; the loops follow memory order. When the innermost group is reduced, each
  * output is one accumulator over a vectorized inner loop; when it is kept, a row of
  * accumulators is updated by a vectorized loop along it. Accumulation in double. */
-#define SUM_CHUNKS 16   /* sum_kernel's parts of a sum of everything (a literal: SUM_CHUNKS_TEXT) */
-#define SUM_CHUNKS_TEXT "16"
+#define SUM_CHUNKS 16   /* sum_kernel's parts of a sum of everything */
+#define TEXT_OF(x) TEXT_OF_(x)
+#define TEXT_OF_(x) #x
 
 static void sum_kernel(gen *G, int id) {
     cg *c = &G->c;
@@ -685,7 +686,7 @@ static void sum_kernel(gen *G, int id) {
     const char *it = !chunked && s->numel < ((int64_t)1 << 31) && !cg_has_pad(c, x, -1) && (inner_kept || !c->mat[x]) ? "uint32_t"
                                                                                                             : "int64_t";
     bool parallel = (rows * nb > 1 || chunked) && omp(c, total);
-    if (chunked) G->pre = "  double part[" SUM_CHUNKS_TEXT "];\n";
+    if (chunked) G->pre = "  double part[" TEXT_OF(SUM_CHUNKS) "];\n";
     sb_printf(&head, "    for (int64_t ob = 0; ob < %lld; ob++) {\n", (long long)(chunked ? SUM_CHUNKS : rows * nb));
     if (chunked)
         sb_printf(&head, "      const int64_t o = 0, lo = %lld * ob / %d, hi = %lld * (ob + 1) / %d;\n", (long long)gsize[0],

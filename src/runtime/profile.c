@@ -11,8 +11,8 @@ static void print_call(const tg_graph *g, const profile_call *c, int i, int runs
 
 void profile_print(const char *backend, const char *unit, const char *note, const tg_graph *g, const profile_call *calls, int n,
                    int runs, bool all) {
-    double *by_op = calloc(OP_COUNT + 1, sizeof(double)), total = 0;
-    bool *shown = calloc((size_t)n + 1, sizeof(bool));
+    double *by_op = tg_alloc(sizeof(double) * (OP_COUNT + 1)), total = 0;
+    bool *shown = tg_alloc(sizeof(bool) * ((size_t)n + 1));
     const char *none = "none";   /* what calls of no node are (a memset) */
     if (runs < 1) runs = 1;
     for (int i = 0; i < n && by_op; i++) {
