@@ -213,6 +213,11 @@ static const bcase CASES[] = {
       0, false, true },
     { "matmul batched, long", MATMUL_BATCHED, 2, { F("x", 3, 70, 260), F("y", 260, 41) }, 0, false, true },
     { "matmul broadcast, skinny", MATMUL_BCAST, 2, { F("x", 2, 1, 1, 40), F("y", 3, 17, 40) }, 0, false, true },
+    /* Few output tiles over a long reduction, one product and a batch of them: CUDA's f32
+     * tensor-core kernel splits the reduction in parts (x3_parts), and so do cuBLASLt's
+     * algorithms, whose parts must be added in f32 where C is a bf16 activation */
+    { "matmul, long reduction in parts", MATMUL, 2, { F("x", 36, 2052), F("y", 2052, 92) }, 0, false, true },
+    { "matmul batched, long reduction in parts", MATMUL_BCAST, 2, { F("x", 2, 1, 20, 1024), F("y", 3, 44, 1024) }, 0, false, true },
     { "one_hot", ONE_HOT, 3, { F("x", 4, 7), F("unused", 1), I("z", 4) }, -7, false, false },
     { "embedding", EMBEDDING, 3, { F("x", 6, 4), F("unused", 1), I("z", 2, 3) }, -6, false, false },
     { "softmax", SOFTMAX, 1, { F("x", 3, 6) }, 0, false, false },

@@ -15,6 +15,7 @@ typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphEx
 
 #define CU_ATTR_CC_MAJOR 75
 #define CU_ATTR_CC_MINOR 76
+#define CU_ATTR_SMS 16   /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
 #define CU_CAPTURE_THREAD_LOCAL 1
 #define CU_FUNC_MAX_DYNAMIC_SHARED 8
 #define CU_FUNC_SHARED_CARVEOUT 9   /* CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent */
@@ -83,9 +84,11 @@ typedef struct {
     CUdeviceptr workspace;
     size_t workspace_bytes;
     int own_warps;                /* most warps a block of our small-product kernel may have (its shared memory) */
+    int sms;                      /* multiprocessors */
     bool early;                   /* kernels may be launched early (sm_90 on, cuLaunchKernelEx, TG_CUDA_EARLY not 0) */
 } lt_device;
 #define LT_OWN_WARP_BYTES (3200 * 4)   /* the shared memory a warp of that kernel uses (its TGG_WARP floats) */
+#define LT_X3_BYTES (3 * 2 * 4608 * 4)  /* a block of our tensor-core kernel's: three stages of two TG3_TILEs */
 /* Row-major C[M, N] = op(A) op(B) summed in f32, batch times (operands a_stride, b_stride
  * elements apart; C M * N), C stored in f32 or rounded to bf16. No padding: shapes are compared
  * and hashed as bytes. */
@@ -102,10 +105,11 @@ typedef struct {
     size_t workspace;
     lt_shape shape;
     CUfunction own;               /* set: our kernel (tgk_gemm) runs this product instead, */
-    int own_warps;                /* in blocks of this many warps; OWN_X3: tgk_gemm3 (three TF32 products) */
+    int own_warps;                /* in blocks of this many warps; OWN_X3: tgk_gemm3 (three TF32 products), */
+    CUfunction own_sum;           /* its split reduction's parts added by tg_gemm3_sum */
 } lt_product;
 #define OWN_X3 1
-typedef struct { CUfunction small, x3; } lt_ours;   /* our kernels for a product's transposes (NULL: none) */
+typedef struct { CUfunction small, x3, x3_sum; } lt_ours;   /* our kernels for a product's transposes (NULL: none) */
 void *lt_handle_new(void);        /* NULL without cuBLASLt */
 /* Descriptors and the algorithm for shape s, the candidates timed on these buffers (whose
  * contents they overwrite: C); `ours`, our kernels for s's transposes (CUDA_PRODUCT_KERNELS,

@@ -181,12 +181,13 @@ static void load_driver(void) {
 /* Context, stream and cuBLAS (with its own workspace, so nothing allocates during graph
  * capture) of device d; false with v->why. */
 static bool setup_device(int d, cuda_device *v) {
-    int major = 0, minor = 0;
+    int major = 0, minor = 0, sms = 0;
     CUdevice dev;
     CUresult r;
     v->ordinal = d;
     if ((r = cu.DeviceGet(&dev, d)) || (r = cu.DeviceGetAttribute(&major, CU_ATTR_CC_MAJOR, dev)) ||
-        (r = cu.DeviceGetAttribute(&minor, CU_ATTR_CC_MINOR, dev)) || (r = cu.DeviceGetName(v->name, 127, dev)) ||
+        (r = cu.DeviceGetAttribute(&minor, CU_ATTR_CC_MINOR, dev)) || (r = cu.DeviceGetAttribute(&sms, CU_ATTR_SMS, dev)) ||
+        (r = cu.DeviceGetName(v->name, 127, dev)) ||
         (r = cu.DevicePrimaryCtxRetain(&v->ctx, dev)) || (r = cu.CtxSetCurrent(v->ctx)) || (r = cu.StreamCreate(&v->stream, 0))) {
         snprintf(v->why, sizeof v->why, "CUDA device %d setup failed: %s", d, cu_error(r));
         return false;
@@ -200,7 +201,7 @@ static bool setup_device(int d, cuda_device *v) {
     }
     /* our product kernel's shared memory, 12.5 KB a warp: up to 16 warps in an sm_90 block's 227 KB */
     const char *early = getenv("TG_CUDA_EARLY");
-    v->lt = (lt_device){ d, v->name, lt_handle_new(), v->stream, ws, 32u << 20, major >= 9 ? 16 : 4,
+    v->lt = (lt_device){ d, v->name, lt_handle_new(), v->stream, ws, 32u << 20, major >= 9 ? 16 : 4, sms,
                          major >= 9 && cu.LaunchKernelEx && !(early && early[0] == '0') };
     return true;
 }
@@ -540,6 +541,7 @@ typedef struct {
     bool lt_ready;
     CUfunction own[4];       /* our small-product kernel by (ta, tb) (f32 and tf32 graphs), else NULL */
     CUfunction x3[4];        /* our tensor-core f32 product kernel by (ta, tb) (f32 graphs), else NULL */
+    CUfunction x3_sum;       /* and its split reductions' sum */
 } cuda_exec;
 
 #define HYPER_EXTRA 2     /* device slots past them: the write-back flag and the report */
@@ -685,8 +687,10 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
         if (strstr(e->source, CUDA_PRODUCT3_NAMES[k])) {   /* two blocks an SM want most of it as shared memory */
             TRY(module_function(e, CUDA_PRODUCT3_NAMES[k], &e->x3[k]), CUDA_PRODUCT3_NAMES[k]);
             cu.FuncSetAttribute(e->x3[k], CU_FUNC_SHARED_CARVEOUT, 100);   /* a preference: fewer blocks where refused */
+            if (cu.FuncSetAttribute(e->x3[k], CU_FUNC_MAX_DYNAMIC_SHARED, LT_X3_BYTES)) e->x3[k] = NULL;   /* cuBLAS only */
         }
     }
+    if (strstr(e->source, "tg_gemm3_sum")) TRY(module_function(e, "tg_gemm3_sum", &e->x3_sum), "tg_gemm3_sum");
     if (g->precision != TG_PRECISION_F32) {   /* operand slots as large as the largest operand without a shadow */
         size_t most = 1;
         for (int i = 0; i < e->launches.n; i++) {
@@ -861,7 +865,7 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
         if (l->kind != CL_GEMM || e->lt[i].desc) continue;
         if (!product_buffers(e, l, &A, &B, &C, &es, &cs, err)) return false;
         lt_shape s = product_shape(e, l, A, B, C, es, cs);
-        const lt_ours ours = { e->own[l->ta * 2 + l->tb], e->x3[l->ta * 2 + l->tb] };
+        const lt_ours ours = { e->own[l->ta * 2 + l->tb], e->x3[l->ta * 2 + l->tb], e->x3_sum };
         lt_product_init(&e->lt[i], &e->dev->lt, &s, ours, A + l->aoff[0] * es, B + l->boff[0] * es, C);   /* else cublasGemmEx */
     }
     e->lt_ready = true;

@@ -121,146 +121,169 @@ const char CUDA_PRODUCT_SOURCE[] =
     "    }\n}\n";
 
 /* A product template's four instances, by transposes ta * 2 + tb: kernels `prefix`_nn, _nt, _tn
- * and _tt calling fn<ta, tb> */
+ * and _tt calling fn<ta, tb>, with `more` parameters after the shape's (passed on as `pass`) */
 #define GEMM_NAMES(prefix) { prefix "_nn", prefix "_nt", prefix "_tn", prefix "_tt" }
-#define GEMM_INSTANCE(bounds, fn, name, ta, tb)                                                                        \
+#define GEMM_INSTANCE(bounds, fn, name, ta, tb, more, pass)                                                            \
     "extern \"C\" __global__ void __launch_bounds__(" bounds ") " name                                                 \
-    "(const float *A, const float *B, float *C, int M, int N, int K, int64_t sa, int64_t sb) {\n"                       \
-    "    tgk_prior();\n    " fn "<" #ta ", " #tb ">(A, B, C, M, N, K, sa, sb);\n}\n"
-#define GEMM_INSTANCES(bounds, fn, prefix)                                                                             \
-    { GEMM_INSTANCE(bounds, fn, prefix "_nn", 0, 0), GEMM_INSTANCE(bounds, fn, prefix "_nt", 0, 1),                      \
-      GEMM_INSTANCE(bounds, fn, prefix "_tn", 1, 0), GEMM_INSTANCE(bounds, fn, prefix "_tt", 1, 1) }
+    "(const float *A, const float *B, float *C, int M, int N, int K, int64_t sa, int64_t sb" more ") {\n"              \
+    "    tgk_prior();\n    " fn "<" #ta ", " #tb ">(A, B, C, M, N, K, sa, sb" pass ");\n}\n"
+#define GEMM_INSTANCES(bounds, fn, prefix, more, pass)                                                                 \
+    { GEMM_INSTANCE(bounds, fn, prefix "_nn", 0, 0, more, pass), GEMM_INSTANCE(bounds, fn, prefix "_nt", 0, 1, more, pass), \
+      GEMM_INSTANCE(bounds, fn, prefix "_tn", 1, 0, more, pass), GEMM_INSTANCE(bounds, fn, prefix "_tt", 1, 1, more, pass) }
 
 const char *const CUDA_PRODUCT_NAMES[4] = GEMM_NAMES("tg_gemm");
-const char *const CUDA_PRODUCT_KERNELS[4] = GEMM_INSTANCES("512", "tgk_gemm", "tg_gemm");
+const char *const CUDA_PRODUCT_KERNELS[4] = GEMM_INSTANCES("512", "tgk_gemm", "tg_gemm", "", "");
 
 /* ----- our kernel for f32 products on tensor cores -----
  *
- * An f32 graph's products may run as three TF32 products (x = xh + xl, each part rounded to
- * TF32: a b ~ ah bh + ah bl + al bh, the small terms first), which carries f32's precision (the
- * error bench/cuda/gemm3x measures: 0.4-4e-6 of the sum of |a b|, against SGEMM's 1-2e-7 and
- * TF32's 1e-4) on units eight times faster than f32's: where it beats cuBLAS's f32 kernels by 3%,
- * timed as any candidate (an H100, alone: 1.06-1.19x cublasSgemm on char_gpt's [16384, 384] x
- * [384, 1536] and the like, about even with B transposed, far slower where K is long and M N
- * small, which needs a split reduction; in char_gpt's step it wins one shape of nine against
- * cuBLASLt's best, bench/RESULTS.md's sixteenth session). A block of 8 warps (2 x 4)
- * computes a 128 x 128 tile of C, a warp 64 x 32 (4 x 4 mma.m16n8k8 tiles), 16 of K at a time.
- * Each tile of op(A) or op(B) is read as float4s along whichever of its axes is contiguous in
- * memory (so M, N and K are multiples of 4, A and B 16-byte aligned: x3_fits), staged in
- * registers while the tile before is multiplied, and stored split into its TF32 parts, rows along
- * K as [128][20] words, else as [16][136]: either way the 32 lanes of a fragment read distinct
- * banks, and every warp reads parts split once. */
+ * An f32 graph's products may run as three TF32 products (x = xh + xl, xh rounded to TF32 and xl
+ * the rest: a b ~ ah bh + ah bl + al bh, the small terms first), which carries f32's precision
+ * (the error bench/cuda/gemm3x measures: 1e-7 to 2e-6 of the sum of |a b|, against SGEMM's 2e-8
+ * to 2e-7 and TF32's 1e-4) on units eight times faster than f32's, where it beats cuBLAS's f32
+ * kernels by 3%, timed as any candidate (an H100: 1.35-1.58x cublasSgemm at char_gpt's shapes,
+ * bench/RESULTS.md's seventeenth session). A block of 4 warps (2 x 2) computes a 128 x 128 tile
+ * of C, a warp 64 x 64 (4 x 8 mma.m16n8k8 tiles): each fragment loaded from shared memory serves
+ * 8 or 4 tiles, three times, so the loads stay far below the tensor cores' rate. Tiles of op(A)
+ * and op(B), 32 of K deep, are copied by cp.async three stages ahead of their use, as they lie in memory
+ * (float4s along whichever axis is contiguous: M, N and K multiples of 4, A and B 16-byte
+ * aligned, x3_fits), rows along K as [128][36] words (read by ldmatrix), else as [32][136]
+ * (single words): either way a fragment's 32 lanes read distinct banks. A fragment is split into
+ * its TF32 parts in registers as it is read. Where C has fewer tiles than the GPU has room for
+ * blocks, the reduction is split too (S parts, blockIdx.z = batch * S + part, each part's sums
+ * to a slice of the workspace), and tg_gemm3_sum adds the parts in order: the same sum whatever
+ * ran first. */
 const char CUDA_PRODUCT3_SOURCE[] =
-    "#define TG3_BK 16\n"
-    "static __device__ inline unsigned tg3_tf32(float x) {\n"
-    "    unsigned u;\n"
-    "    asm(\"cvt.rna.tf32.f32 %0, %1;\" : \"=r\"(u) : \"f\"(x));\n"
-    "    return u;\n}\n"
-    "static __device__ inline void tg3_mma(float *c, const unsigned *a, unsigned b0, unsigned b1) {\n"
+    "#define TG3_BK 32\n#define TG3_STAGES 3\n#define TG3_KC 36\n#define TG3_KS 136\n#define TG3_TILE 4608\n"
+    "static __device__ inline void tg3_mma(float *c, const unsigned *a, const unsigned *b) {\n"
     "    asm volatile(\"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\\n\"\n"
     "                 : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
-    "                 : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n}\n"
-    /* a 128 x 16 tile of op(A) (or of op(B) transposed): KROW when its rows of 128 lie along K */
-    "template <bool KROW>\n"
-    "struct tg3_tile {\n"
-    "    enum { LD = KROW ? TG3_BK + 4 : 128 + 8, WORDS = KROW ? 128 * (TG3_BK + 4) : TG3_BK * (128 + 8) };\n"
-    "    float4 r[2];\n"
-    "    __device__ void load(const float *src, int64_t ld, int r0, int k0, int rmax, int kmax) {\n"
+    "                 : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]));\n}\n"
+    "static __device__ inline void tg3_ldsm(unsigned *r, const float *p) {\n"
+    "    const unsigned a = (unsigned)__cvta_generic_to_shared(p);\n"
+    "    asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
+    "                 : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(a));\n}\n"
+    /* x's TF32 parts: hi = x rounded (half up in magnitude: two integer operations, where
+     * cvt.rna's checks for infinities and NaN take four more; an infinite x makes a NaN, non-
+     * finite either way), lo = what is left, exact in f32, which the tensor cores read as TF32 by
+     * dropping its low 13 bits (an error of at most 2^-21 x, against f32's 2^-24) */
+    "static __device__ inline void tg3_split(unsigned x, unsigned &hi, unsigned &lo) {\n"
+    "    hi = (x + 0x1000u) & 0xffffe000u;\n"
+    "    lo = __float_as_uint(__uint_as_float(x) - __uint_as_float(hi));\n}\n"
+    /* A 128 x 32 tile of op(A), or of op(B) transposed, rows r0.. and K k0.. of src into dst: KC
+     * when K is contiguous in memory (dst [128][TG3_KC]), else [32][TG3_KS]; zeros past rmax, kmax */
+    "template <bool KC>\n"
+    "static __device__ inline void tg3_copy(float *dst, const float *src, int64_t ld, int r0, int k0, int rmax, int kmax) {\n"
     "#pragma unroll\n"
-    "        for (int h = 0; h < 2; h++) {\n"
-    "            const int e = threadIdx.x + 256 * h, a = KROW ? e / 4 : e / 32, b = KROW ? 4 * (e % 4) : 4 * (e % 32);\n"
-    "            const int rr = r0 + (KROW ? a : b), kk = k0 + (KROW ? b : a);\n"
-    "            r[h] = rr < rmax && kk < kmax ? *(const float4 *)(src + (KROW ? (int64_t)rr * ld + kk : (int64_t)kk * ld + rr))\n"
-    "                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n"
-    "        }\n"
-    "    }\n"
-    "    __device__ void store(unsigned *hi, unsigned *lo) const {\n"
+    "    for (int h = 0; h < 8; h++) {\n"
+    "        const int e = threadIdx.x + 128 * h, a = KC ? e / 8 : e / 32, b = KC ? 4 * (e % 8) : 4 * (e % 32);\n"
+    "        const int rr = r0 + (KC ? a : b), kk = k0 + (KC ? b : a);\n"
+    "        const bool ok = rr < rmax && kk < kmax;\n"
+    "        const float *from = ok ? src + (KC ? (int64_t)rr * ld + kk : (int64_t)kk * ld + rr) : src;\n"
+    "        const unsigned to = (unsigned)__cvta_generic_to_shared(dst + a * (KC ? TG3_KC : TG3_KS) + b);\n"
+    "        asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" :: \"r\"(to), \"l\"(from), \"r\"(ok ? 16 : 0));\n"
+    "    }\n}\n"
+    /* The 16 x 8 A fragment of rows r.. and K k.. of a tile (mma's a0..a3: (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)) */
+    "template <bool KC>\n"
+    "static __device__ inline void tg3_afrag(unsigned *a, const float *s, int r, int k) {\n"
+    "    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+    "    if (KC) tg3_ldsm(a, s + (r + (lane & 15)) * TG3_KC + k + 4 * (lane >> 4));\n"
+    "    else\n"
     "#pragma unroll\n"
-    "        for (int h = 0; h < 2; h++) {\n"
-    "            const int e = threadIdx.x + 256 * h, a = KROW ? e / 4 : e / 32, b = KROW ? 4 * (e % 4) : 4 * (e % 32);\n"
-    "            const float4 x = r[h];\n"
-    "            const uint4 H = make_uint4(tg3_tf32(x.x), tg3_tf32(x.y), tg3_tf32(x.z), tg3_tf32(x.w));\n"
-    "            *(uint4 *)(hi + a * LD + b) = H;\n"
-    "            *(uint4 *)(lo + a * LD + b) = make_uint4(tg3_tf32(x.x - __uint_as_float(H.x)), tg3_tf32(x.y - __uint_as_float(H.y)),\n"
-    "                                                     tg3_tf32(x.z - __uint_as_float(H.z)), tg3_tf32(x.w - __uint_as_float(H.w)));\n"
-    "        }\n"
-    "    }\n"
-    "    static __device__ unsigned at(const unsigned *s, int i, int k) { return KROW ? s[i * LD + k] : s[k * LD + i]; }\n"
-    "};\n"
+    "        for (int q = 0; q < 4; q++) a[q] = __float_as_uint(s[(k + t + 4 * (q >> 1)) * TG3_KS + r + g + 8 * (q & 1)]);\n}\n"
+    /* The B fragments of two 8 x 8 tiles, columns n.. and n + 8.., K k..: b[0], b[1] the first's (t, g), (t + 4, g) */
+    "template <bool KC>\n"
+    "static __device__ inline void tg3_bfrag(unsigned *b, const float *s, int n, int k) {\n"
+    "    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+    "    if (KC) tg3_ldsm(b, s + (n + (lane & 7) + 8 * (lane >> 4)) * TG3_KC + k + 4 * ((lane >> 3) & 1));\n"
+    "    else\n"
+    "#pragma unroll\n"
+    "        for (int q = 0; q < 4; q++) b[q] = __float_as_uint(s[(k + t + 4 * (q & 1)) * TG3_KS + n + 8 * (q >> 1) + g]);\n}\n"
     "template <int TA, int TB>\n"
-    "static __device__ void tgk_gemm3(const float *A, const float *B, float *C, int M, int N, int K, int64_t sa, int64_t sb) {\n"
-    "    typedef tg3_tile<!TA> at_t;\n"
-    "    typedef tg3_tile<(bool)TB> bt_t;\n"
-    "    extern __shared__ __align__(16) unsigned tg3_sm[];\n"
-    "    unsigned *Ah = tg3_sm, *Al = Ah + at_t::WORDS, *Bh = Al + at_t::WORDS, *Bl = Bh + bt_t::WORDS;\n"
-    "    const int warp = threadIdx.x / 32, g = (threadIdx.x & 31) / 4, t = threadIdx.x & 3, wm = warp / 4, wn = warp % 4;\n"
-    "    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;\n"
+    "static __device__ void tgk_gemm3(const float *A, const float *B, float *C, int M, int N, int K, int64_t sa, int64_t sb, int S) {\n"
+    "    extern __shared__ __align__(16) float tg3_sm[];\n"
+    "    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, wm = 64 * (warp >> 1), wn = 64 * (warp & 1);\n"
+    "    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128, part = blockIdx.z % S;\n"
     "    const int64_t lda = TA ? M : K, ldb = TB ? K : N;\n"
-    "    A += blockIdx.z * sa;\n"
-    "    B += blockIdx.z * sb;\n"
+    "    A += blockIdx.z / S * sa;\n"
+    "    B += blockIdx.z / S * sb;\n"
     "    C += (int64_t)blockIdx.z * M * N;\n"
-    "    at_t a_t;\n"
-    "    bt_t b_t;\n"
-    "    a_t.load(A, lda, m0, 0, M, K);\n"
-    "    b_t.load(B, ldb, n0, 0, N, K);\n"
-    "    a_t.store(Ah, Al);\n"
-    "    b_t.store(Bh, Bl);\n"
-    "    __syncthreads();\n"
-    "    float acc[4][4][4] = {};\n"
-    "    for (int k0 = 0; k0 < K; k0 += TG3_BK) {\n"
-    "        if (k0 + TG3_BK < K) {\n"
-    "            a_t.load(A, lda, m0, k0 + TG3_BK, M, K);\n"
-    "            b_t.load(B, ldb, n0, k0 + TG3_BK, N, K);\n"
+    "    const int tiles = (K + TG3_BK - 1) / TG3_BK, kt0 = (int)((int64_t)part * tiles / S), kt1 = (int)((int64_t)(part + 1) * tiles / S);\n"
+    "#pragma unroll\n"
+    "    for (int s = 0; s < TG3_STAGES - 1; s++) {\n"
+    "        if (kt0 + s < kt1) {\n"
+    "            tg3_copy<!TA>(tg3_sm + 2 * s * TG3_TILE, A, lda, m0, (kt0 + s) * TG3_BK, M, K);\n"
+    "            tg3_copy<(bool)TB>(tg3_sm + (2 * s + 1) * TG3_TILE, B, ldb, n0, (kt0 + s) * TG3_BK, N, K);\n"
     "        }\n"
+    "        asm volatile(\"cp.async.commit_group;\\n\" ::);\n"
+    "    }\n"
+    "    float acc[4][8][4] = {};\n"
+    "    for (int kt = kt0; kt < kt1; kt++) {\n"
+    "        asm volatile(\"cp.async.wait_group %0;\\n\" :: \"n\"(TG3_STAGES - 2));\n"
+    "        __syncthreads();\n"   /* this stage is in; every warp is done with the one the next copy overwrites */
+    "        const int next = kt + TG3_STAGES - 1, ns = (next - kt0) % TG3_STAGES;\n"
+    "        if (next < kt1) {\n"
+    "            tg3_copy<!TA>(tg3_sm + 2 * ns * TG3_TILE, A, lda, m0, next * TG3_BK, M, K);\n"
+    "            tg3_copy<(bool)TB>(tg3_sm + (2 * ns + 1) * TG3_TILE, B, ldb, n0, next * TG3_BK, N, K);\n"
+    "        }\n"
+    "        asm volatile(\"cp.async.commit_group;\\n\" ::);\n"
+    "        const float *As = tg3_sm + 2 * ((kt - kt0) % TG3_STAGES) * TG3_TILE, *Bs = As + TG3_TILE;\n"
     "#pragma unroll\n"
     "        for (int ks = 0; ks < TG3_BK; ks += 8) {\n"
-    "            unsigned ah[4][4], al[4][4], bh[4][2], bl[4][2];\n"
+    "            unsigned ah[4][4], al[4][4], bh[8][2], bl[8][2];\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < 4; i++) {\n"
+    "                unsigned a[4];\n"
+    "                tg3_afrag<!TA>(a, As, wm + 16 * i, ks);\n"
+    "#pragma unroll\n"
+    "                for (int q = 0; q < 4; q++) tg3_split(a[q], ah[i][q], al[i][q]);\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < 8; j += 2) {\n"
+    "                unsigned b[4];\n"
+    "                tg3_bfrag<(bool)TB>(b, Bs, wn + 8 * j, ks);\n"
+    "#pragma unroll\n"
+    "                for (int q = 0; q < 4; q++) tg3_split(b[q], bh[j + (q >> 1)][q & 1], bl[j + (q >> 1)][q & 1]);\n"
+    "            }\n"
     "#pragma unroll\n"
     "            for (int i = 0; i < 4; i++)\n"
     "#pragma unroll\n"
-    "                for (int q = 0; q < 4; q++) {\n"
-    "                    const int r = 64 * wm + 16 * i + g + 8 * (q & 1), k = ks + t + 4 * (q >> 1);\n"
-    "                    ah[i][q] = at_t::at(Ah, r, k);\n"
-    "                    al[i][q] = at_t::at(Al, r, k);\n"
-    "                }\n"
-    "#pragma unroll\n"
-    "            for (int j = 0; j < 4; j++)\n"
-    "#pragma unroll\n"
-    "                for (int q = 0; q < 2; q++) {\n"
-    "                    bh[j][q] = bt_t::at(Bh, 32 * wn + 8 * j + g, ks + t + 4 * q);\n"
-    "                    bl[j][q] = bt_t::at(Bl, 32 * wn + 8 * j + g, ks + t + 4 * q);\n"
-    "                }\n"
+    "                for (int j = 0; j < 8; j++) tg3_mma(acc[i][j], al[i], bh[j]);\n"
     "#pragma unroll\n"
     "            for (int i = 0; i < 4; i++)\n"
     "#pragma unroll\n"
-    "                for (int j = 0; j < 4; j++) {\n"
-    "                    tg3_mma(acc[i][j], al[i], bh[j][0], bh[j][1]);\n"
-    "                    tg3_mma(acc[i][j], ah[i], bl[j][0], bl[j][1]);\n"
-    "                    tg3_mma(acc[i][j], ah[i], bh[j][0], bh[j][1]);\n"
-    "                }\n"
-    "        }\n"
-    "        __syncthreads();\n"
-    "        if (k0 + TG3_BK < K) {\n"
-    "            a_t.store(Ah, Al);\n"
-    "            b_t.store(Bh, Bl);\n"
-    "            __syncthreads();\n"
+    "                for (int j = 0; j < 8; j++) tg3_mma(acc[i][j], ah[i], bl[j]);\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < 4; i++)\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < 8; j++) tg3_mma(acc[i][j], ah[i], bh[j]);\n"
     "        }\n"
     "    }\n"
+    "    asm volatile(\"cp.async.wait_group 0;\\n\" ::);\n"
     "#pragma unroll\n"
     "    for (int i = 0; i < 4; i++)\n"
     "#pragma unroll\n"
-    "        for (int j = 0; j < 4; j++) {\n"
-    "            const int r = m0 + 64 * wm + 16 * i + g, c = n0 + 32 * wn + 8 * j + 2 * t;\n"
+    "        for (int j = 0; j < 8; j++) {\n"
+    "            const int r = m0 + wm + 16 * i + g, c = n0 + wn + 8 * j + 2 * t;\n"
     "            if (c >= N) continue;\n"
     "            if (r < M) *(float2 *)(C + (int64_t)r * N + c) = make_float2(acc[i][j][0], acc[i][j][1]);\n"
     "            if (r + 8 < M) *(float2 *)(C + (int64_t)(r + 8) * N + c) = make_float2(acc[i][j][2], acc[i][j][3]);\n"
-    "        }\n}\n";
+    "        }\n}\n"
+    /* C = the sum of the S parts P[z][0..S) of each of the batch's products, in order, four values
+     * a thread (n4 = M N / 4 a product) */
+    "extern \"C\" __global__ void __launch_bounds__(256) tg_gemm3_sum(const float4 *P, float4 *C, int64_t n4, int S, int64_t total4) {\n"
+    "    tgk_prior();\n"
+    "    for (int64_t e = (int64_t)blockIdx.x * 256 + threadIdx.x; e < total4; e += (int64_t)gridDim.x * 256) {\n"
+    "        const float4 *p = P + e / n4 * S * n4 + e % n4;\n"
+    "        float4 s = p[0];\n"
+    "        for (int q = 1; q < S; q++) {\n"
+    "            const float4 x = p[q * n4];\n"
+    "            s.x += x.x, s.y += x.y, s.z += x.z, s.w += x.w;\n"
+    "        }\n"
+    "        C[e] = s;\n"
+    "    }\n}\n";
 
 const char *const CUDA_PRODUCT3_NAMES[4] = GEMM_NAMES("tg_gemm3");
-const char *const CUDA_PRODUCT3_KERNELS[4] = GEMM_INSTANCES("256, 2", "tgk_gemm3", "tg_gemm3");
-
-/* Shared memory of a block: both parts of a tile of A and of B, at most [128][20] words each */
-#define X3_SHARED (2 * 2 * 128 * 20 * 4)
+const char *const CUDA_PRODUCT3_KERNELS[4] = GEMM_INSTANCES("128, 2", "tgk_gemm3", "tg_gemm3", ", int S", ", S");
 
 bool cuda_x3_product(int64_t M, int64_t N, int64_t K, int64_t batch) {
     return M >= 1 && N >= 1 && K >= 1 && M % 4 == 0 && N % 4 == 0 && K % 4 == 0 && batch >= 1 && batch <= 65535 &&
@@ -284,16 +307,32 @@ static bool x3_fits(const lt_shape *s) {
            s->align[1] % 16 == 0 && s->align[2] % 8 == 0 && s->a_stride % 4 == 0 && s->b_stride % 4 == 0;
 }
 
+static int64_t least(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* How many parts the tensor-core kernel splits shape s's reduction into: enough for C's tiles
+ * to fill the GPU's room for blocks (two an SM), each part at least 4 of its 32-deep tiles of
+ * K, all parts' sums in the workspace. */
+static int x3_parts(const lt_shape *s, const lt_device *d) {
+    const int64_t tiles = (s->M + 127) / 128 * ((s->N + 127) / 128) * s->batch, room = 2 * (int64_t)d->sms;
+    int64_t parts = least(tiles >= room ? 1 : room / tiles, (s->K + 31) / 32 / 4);
+    parts = least(parts, (int64_t)(d->workspace_bytes / sizeof(float)) / (s->M * s->N * s->batch));
+    parts = least(parts, 65535 / s->batch);
+    return parts > 1 ? (int)parts : 1;
+}
+
 /* Can our kernel take shape s (f32 operands and result: cuda_own_product) in blocks of `warps`
- * (OWN_X3: the tensor-core kernel), and how is it launched. */
-static bool own_launch(const lt_shape *s, const lt_device *d, int warps, unsigned grid[3], unsigned *block, unsigned *shared) {
+ * (OWN_X3: the tensor-core kernel, its reduction in `parts`), and how is it launched. */
+static bool own_launch(const lt_shape *s, const lt_device *d, int warps, unsigned grid[3], unsigned *block, unsigned *shared,
+                       int *parts) {
+    *parts = 1;
     if (warps == OWN_X3) {
         if (!x3_fits(s)) return false;
+        *parts = x3_parts(s, d);
         grid[0] = (unsigned)((s->N + 127) / 128);
         grid[1] = (unsigned)((s->M + 127) / 128);
-        grid[2] = (unsigned)s->batch;
-        *block = 256;
-        *shared = X3_SHARED;
+        grid[2] = (unsigned)(s->batch * *parts);
+        *block = 128;
+        *shared = LT_X3_BYTES;
         return true;
     }
     if (warps < 1 || warps > d->own_warps || s->bf16 || s->c_bf16 || !cuda_own_product(s->M, s->N, s->K, s->batch)) return false;
@@ -305,14 +344,23 @@ static bool own_launch(const lt_shape *s, const lt_device *d, int warps, unsigne
     return true;
 }
 
+/* Our kernel's run of p; a split reduction's parts go to the workspace, and tg_gemm3_sum adds
+ * them into C. */
 static int own_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C, bool early) {
     const lt_shape *s = &p->shape;
     unsigned grid[3], block, shared;
-    if (!own_launch(s, d, p->own_warps, grid, &block, &shared)) return -1;
+    int parts;
+    if (!own_launch(s, d, p->own_warps, grid, &block, &shared, &parts)) return -1;
     int M = (int)s->M, N = (int)s->N, K = (int)s->K;
     int64_t sa = s->a_stride, sb = s->b_stride;
-    void *args[] = { &A, &B, &C, &M, &N, &K, &sa, &sb };
-    return cuda_start(p->own, grid, block, shared, d->stream, args, early);
+    void *to = parts > 1 ? (void *)d->workspace : C;
+    void *args[] = { &A, &B, &to, &M, &N, &K, &sa, &sb, &parts };
+    CUresult r = cuda_start(p->own, grid, block, shared, d->stream, args, early);
+    if (r || parts == 1) return r;
+    int64_t n4 = s->M * s->N / 4, total4 = n4 * s->batch;
+    const unsigned sum_grid[3] = { (unsigned)least((total4 + 255) / 256, 4 * (int64_t)d->sms), 1, 1 };
+    void *sum_args[] = { &to, &C, &n4, &parts, &total4 };
+    return cuda_start(p->own_sum, sum_grid, 256, 0, d->stream, sum_args, early);
 }
 
 typedef struct {                                /* cublasLtMatmulHeuristicResult_t */
@@ -356,8 +404,9 @@ enum {
     LT_R_32F = 0, LT_R_16BF = 14, LT_COMPUTE_32F = 68, LT_COMPUTE_32F_FAST_TF32 = 77,
     LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4,
     LT_LAYOUT_BATCH_COUNT = 5, LT_LAYOUT_BATCH_STRIDE = 6,
-    LT_PREF_MAX_WORKSPACE = 1, LT_PREF_ALIGN_A = 5,   /* _B, _C, _D: 6, 7, 8 */
-    LT_CONFIG_ID = 0, LT_CONFIG_TILE = 1, LT_CONFIG_SPLITK = 2,
+    LT_PREF_MAX_WORKSPACE = 1, LT_PREF_REDUCTION_MASK = 3, LT_PREF_ALIGN_A = 5,   /* _B, _C, _D: 6, 7, 8 */
+    LT_REDUCTION_COMPUTE_TYPE = 2,
+    LT_CONFIG_ID = 0, LT_CONFIG_TILE = 1, LT_CONFIG_SPLITK = 2, LT_CONFIG_REDUCTION = 3,
 };
 
 #define LT_CANDIDATES 8
@@ -435,7 +484,11 @@ static int candidates(const lt_product *p, const lt_device *d, const lt_shape *s
     void *pref = NULL;
     uint64_t ws = d->workspace_bytes;
     int n = 0;
-    bool ok = lt.PrefCreate(&pref) == 0 && lt.PrefSetAttribute(pref, LT_PREF_MAX_WORKSPACE, &ws, sizeof ws) == 0;
+    /* A split reduction adds its parts in f32 (or not at all): the other schemes add them in C's
+     * type, which for a bf16 C rounds every partial sum to bf16 */
+    uint32_t reduction = LT_REDUCTION_COMPUTE_TYPE;
+    bool ok = lt.PrefCreate(&pref) == 0 && lt.PrefSetAttribute(pref, LT_PREF_MAX_WORKSPACE, &ws, sizeof ws) == 0 &&
+              (!s->c_bf16 || lt.PrefSetAttribute(pref, LT_PREF_REDUCTION_MASK, &reduction, sizeof reduction) == 0);
     for (int k = 0; k < 4 && ok; k++) {   /* A, B, C, D: what our addresses are aligned to */
         uint32_t a = s->align[k == 0 ? 1 : k == 1 ? 0 : 2];
         ok = lt.PrefSetAttribute(pref, LT_PREF_ALIGN_A + k, &a, sizeof a) == 0;
@@ -483,14 +536,23 @@ static CUfunction own_fn(const lt_ours *ours, int own_warps) {
     return own_warps == OWN_X3 ? ours->x3 : own_warps ? ours->small : NULL;
 }
 
+/* p to run on our kernel that own_warps names (0 or absent: cuBLASLt); whether it does */
+static bool own_set(lt_product *p, const lt_ours *ours, int own_warps) {
+    p->own = own_fn(ours, own_warps);
+    p->own_warps = p->own ? own_warps : 0;
+    p->own_sum = own_warps == OWN_X3 ? ours->x3_sum : NULL;
+    return p->own != NULL;
+}
+
 /* own: the warps of our fastest kernel (OWN_X3: tensor cores; ours won: starred), own_ms its time */
 static void report(const lt_shape *s, const lt_heuristic *h, const double *ms, int n, int best, double own_ms, int own, bool won) {
     fprintf(stderr, "tensorgrad: product [%lld x %lld] x [%lld x %lld]%s%s x%lld %s%s:", (long long)s->M, (long long)s->K,
             (long long)s->K, (long long)s->N, s->ta ? " (A^T)" : "", s->tb ? " (B^T)" : "", (long long)s->batch,
             s->bf16 ? "bf16" : s->tf32 ? "tf32" : "f32", s->c_bf16 ? " to bf16" : "");
     for (int i = 0; i < n; i++)
-        fprintf(stderr, " %s%.4f (algo %u tile %u split %u)", i == best && !won ? "*" : "", ms ? ms[i] : NAN,
-                config(&h[i].algo, LT_CONFIG_ID), config(&h[i].algo, LT_CONFIG_TILE), config(&h[i].algo, LT_CONFIG_SPLITK));
+        fprintf(stderr, " %s%.4f (algo %u tile %u split %u reduction %u)", i == best && !won ? "*" : "", ms ? ms[i] : NAN,
+                config(&h[i].algo, LT_CONFIG_ID), config(&h[i].algo, LT_CONFIG_TILE), config(&h[i].algo, LT_CONFIG_SPLITK),
+                config(&h[i].algo, LT_CONFIG_REDUCTION));
     if (!isnan(own_ms) && own == OWN_X3) fprintf(stderr, " %s%.4f (ours, 3 x tf32)", won ? "*" : "", own_ms);
     else if (!isnan(own_ms)) fprintf(stderr, " %s%.4f (ours, %d warps)", won ? "*" : "", own_ms, own);
     fprintf(stderr, " ms\n");
@@ -514,8 +576,7 @@ static bool memo_find(int device, const lt_shape *s, lt_product *p, const lt_our
         if (g_lt.memo[i].device == device && memcmp(&g_lt.memo[i].shape, s, sizeof *s) == 0) {
             p->algo = g_lt.memo[i].algo;
             p->workspace = g_lt.memo[i].workspace;
-            p->own = own_fn(ours, g_lt.memo[i].own_warps);
-            p->own_warps = p->own ? g_lt.memo[i].own_warps : 0;
+            own_set(p, ours, g_lt.memo[i].own_warps);
             found = true;
         }
     pthread_mutex_unlock(&g_lt.mu);
@@ -543,8 +604,8 @@ static bool cache_path(const lt_device *d, const lt_shape *s, const lt_ours *our
     char dir[900], key[300];
     tg_error ignore;
     if (!cache_dir(dir, sizeof dir, &ignore)) return false;
-    snprintf(key, sizeof key, "cublasLt %zu %s%s%s", lt.GetVersion(), d->name, ours->small ? " and ours" : "",
-             ours->x3 ? " and 3 x tf32" : "");
+    snprintf(key, sizeof key, "cublasLt %zu, parts added in f32, %s%s%s", lt.GetVersion(), d->name, ours->small ? " and ours" : "",
+             ours->x3 ? " and 3 x tf32 in parts" : "");
     uint64_t h = cache_hash(cache_hash(1469598103934665603ull, key, strlen(key)), s, sizeof *s);
     snprintf(path, len, "%s/%016llx.lt", dir, (unsigned long long)h);
     return true;
@@ -562,8 +623,7 @@ static bool cached(lt_product *p, const lt_device *d, const char *path, const lt
     if (ok) {
         p->algo = c->algo;
         p->workspace = check.workspace;
-        p->own_warps = (int)c->own_warps;
-        p->own = own_fn(ours, p->own_warps);
+        own_set(p, ours, (int)c->own_warps);
     }
     free(c);
     return ok;
@@ -596,9 +656,8 @@ static int own_try(lt_product *p, const lt_device *d, const lt_ours *ours, doubl
     for (size_t i = 0; i < sizeof OWN_CHOICES / sizeof *OWN_CHOICES; i++) {
         const int w = OWN_CHOICES[i];
         unsigned grid[3], block, shared;
-        if (!own_fn(ours, w) || !own_launch(&p->shape, d, w, grid, &block, &shared)) continue;
-        p->own = own_fn(ours, w);
-        p->own_warps = w;
+        int parts;
+        if (!own_launch(&p->shape, d, w, grid, &block, &shared, &parts) || !own_set(p, ours, w)) continue;
         double t = time_one(p, d, A, B, C);
         if (t < *own_ms) {
             *own_ms = t;
@@ -606,8 +665,7 @@ static int own_try(lt_product *p, const lt_device *d, const lt_ours *ours, doubl
         }
     }
     bool won = best && *own_ms < 0.97 * ms;
-    p->own_warps = won ? best : 0;
-    p->own = won ? own_fn(ours, best) : NULL;
+    own_set(p, ours, won ? best : 0);
     return best;
 }
 
@@ -616,14 +674,13 @@ bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, lt_ou
     memset(p, 0, sizeof *p);
     p->shape = *s;
     unsigned grid[3], block, shared;
-    int mode = own_mode(), x3 = x3_mode();
-    if (mode == 0 || !own_launch(s, d, mode > 0 ? mode : OWN_CHOICES[0], grid, &block, &shared)) ours.small = NULL;
-    if (x3 == 0 || !own_launch(s, d, OWN_X3, grid, &block, &shared)) ours.x3 = NULL;
+    int mode = own_mode(), x3 = x3_mode(), parts;
+    if (mode == 0 || !own_launch(s, d, mode > 0 ? mode : OWN_CHOICES[0], grid, &block, &shared, &parts)) ours.small = NULL;
+    if (x3 == 0 || !ours.x3_sum || !own_launch(s, d, OWN_X3, grid, &block, &shared, &parts)) ours.x3 = NULL;
     if (!lt_available() || !d->handle || !describe(p, s)) goto fail;
     const int forced = ours.x3 && x3 == 1 ? OWN_X3 : ours.small && mode > 0 ? mode : 0;
     if (forced) {   /* not remembered, so that a timed choice is not displaced */
-        p->own = own_fn(&ours, forced);
-        p->own_warps = forced;
+        own_set(p, &ours, forced);
         return true;
     }
     if (memo_find(d->ordinal, s, p, &ours)) return true;

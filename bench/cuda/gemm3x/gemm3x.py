@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'
 from dump import kernels, prelude
 
 dump = open(sys.argv[1]).read()
-ks = kernels(dump, r'tg_gemm3_\w\w')
+ks = kernels(dump, r'tg_gemm3_\w\w') + kernels(dump, 'tg_gemm3_sum')
 missing = {'nn', 'nt', 'tn'} - set(k.split('tg_gemm3_')[1][:2] for k in ks)
 if missing: sys.exit('the dump has no tg_gemm3_%s: take one of an f32 graph with such products' % ', '.join(sorted(missing)))
-open(sys.argv[2], 'w').write(prelude(dump, '#define TG3_BK 16') + '\n'.join(ks) + '#include "harness.cu"\n')
+open(sys.argv[2], 'w').write(prelude(dump, '#define TG3_BK ') + '\n'.join(ks) + '#include "harness.cu"\n')

@@ -2,7 +2,8 @@
  * making one f32 product) beside cublasSgemm in f32 and in TF32, each timed as the best of 5
  * rounds, on char_gpt's product shapes and an odd one (edges in M, N and K); every result's
  * worst error on 2000 sampled entries against a product in double, scaled by the sum of |a b|
- * (f32 accumulation's bound is about K * 6e-8 of it). Launched as cuda_products.c's own_launch. */
+ * (f32 accumulation's bound is about K * 6e-8 of it). Launched as cuda_products.c's own_launch
+ * and own_run: a split reduction's parts in a workspace, then tg_gemm3_sum. */
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -12,7 +13,18 @@
 #include <cuda_runtime.h>
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 
-static const int SHARED = 2 * 2 * 128 * 20 * 4;   /* X3_SHARED */
+static const int SHARED = 3 * 2 * 4608 * 4;   /* LT_X3_BYTES */
+static const size_t WORKSPACE = 32u << 20;
+static int sms;
+static float *workspace;
+
+/* cuda_products.c's x3_parts */
+static int parts_of(int M, int N, int K) {
+    const long tiles = (long)((M + 127) / 128) * ((N + 127) / 128), room = 2L * sms;
+    long parts = std::min(tiles >= room ? 1 : room / tiles, (long)(K + 31) / 32 / 4);
+    parts = std::min(parts, (long)(WORKSPACE / 4) / ((long)M * N));
+    return parts > 1 ? (int)parts : 1;
+}
 
 struct job {
     cublasHandle_t h;
@@ -29,14 +41,23 @@ static void run(const job &j) {
     }
     static bool set = false;
     if (!set) {
-        for (auto f : { tg_gemm3_nn, tg_gemm3_nt, tg_gemm3_tn }) CK(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        for (auto f : { tg_gemm3_nn, tg_gemm3_nt, tg_gemm3_tn }) {
+            CK(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+            CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, SHARED));
+        }
         set = true;
     }
-    const dim3 grid((j.N + 127) / 128, (j.M + 127) / 128, 1);
+    const int S = parts_of(j.M, j.N, j.K);
+    const dim3 grid((j.N + 127) / 128, (j.M + 127) / 128, S);
     const int64_t s = 0;
-    if (j.variant == 1) tg_gemm3_nn<<<grid, 256, SHARED>>>(j.A, j.B, j.C, j.M, j.N, j.K, s, s);
-    if (j.variant == 2) tg_gemm3_nt<<<grid, 256, SHARED>>>(j.A, j.Bt, j.C, j.M, j.N, j.K, s, s);
-    if (j.variant == 3) tg_gemm3_tn<<<grid, 256, SHARED>>>(j.At, j.B, j.C, j.M, j.N, j.K, s, s);
+    float *to = S > 1 ? workspace : j.C;
+    if (j.variant == 1) tg_gemm3_nn<<<grid, 128, SHARED>>>(j.A, j.B, to, j.M, j.N, j.K, s, s, S);
+    if (j.variant == 2) tg_gemm3_nt<<<grid, 128, SHARED>>>(j.A, j.Bt, to, j.M, j.N, j.K, s, s, S);
+    if (j.variant == 3) tg_gemm3_tn<<<grid, 128, SHARED>>>(j.At, j.B, to, j.M, j.N, j.K, s, s, S);
+    if (S > 1) {
+        const int64_t n4 = (int64_t)j.M * j.N / 4;
+        tg_gemm3_sum<<<(unsigned)std::min<int64_t>((n4 + 255) / 256, 4 * sms), 256>>>((const float4 *)workspace, (float4 *)j.C, n4, S, n4);
+    }
 }
 
 static float best_ms(const job &j, int reps) {
@@ -58,6 +79,8 @@ static float best_ms(const job &j, int reps) {
 }
 
 static double worst_error(const std::vector<float> &a, const std::vector<float> &b, const std::vector<float> &c, int M, int N, int K) {
+    for (float x : c)
+        if (std::isnan(x)) return HUGE_VAL;   /* unwritten: the output was poisoned with NaN */
     double worst = 0;
     for (int s = 0; s < 2000; s++) {
         const int i = (int)((size_t)s * 7919 % M), j = (int)((size_t)s * 104729 % N);
@@ -73,10 +96,13 @@ static double worst_error(const std::vector<float> &a, const std::vector<float> 
 }
 
 int main() {
-    const int shapes[][3] = { { 16384, 384, 384 }, { 16384, 1536, 384 }, { 16384, 384, 1536 }, { 384, 384, 16384 }, { 1000, 260, 132 } };
+    const int shapes[][3] = { { 16384, 384, 384 }, { 16384, 1536, 384 }, { 16384, 384, 1536 }, { 384, 384, 16384 }, { 384, 1536, 16384 },
+                              { 1536, 384, 16384 }, { 1000, 260, 132 }, { 44, 92, 2052 } };
     const char *names[] = { "cublasSgemm f32", "tg_gemm3_nn", "tg_gemm3_nt", "tg_gemm3_tn" };
     cublasHandle_t h;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CK(cudaMalloc(&workspace, WORKSPACE));
     for (auto &sh : shapes) {
         const int M = sh[0], N = sh[1], K = sh[2];
         std::vector<float> a((size_t)M * K), b((size_t)K * N), at(a.size()), bt(b.size()), c((size_t)M * N);
@@ -107,11 +133,11 @@ int main() {
                    worst_error(a, b, c, M, N, K));
         }
         for (j.variant = 1; j.variant <= 3; j.variant++) {
-            CK(cudaMemset(d[4], 0, c.size() * 4));
+            CK(cudaMemset(d[4], 0xff, c.size() * 4));   /* NaN: an unwritten entry shows */
             const float ms = best_ms(j, reps);
             CK(cudaMemcpy(c.data(), d[4], c.size() * 4, cudaMemcpyDeviceToHost));
-            printf("[%5d x %5d x %5d]  %-16s %.4f ms %6.1f TFLOP/s  err %.1e  speed vs sgemm %.2f\n", M, N, K, names[j.variant], ms,
-                   gf / ms, worst_error(a, b, c, M, N, K), sgemm / ms);
+            printf("[%5d x %5d x %5d]  %-16s %.4f ms %6.1f TFLOP/s  err %.1e  speed vs sgemm %.2f  parts %d\n", M, N, K, names[j.variant],
+                   ms, gf / ms, worst_error(a, b, c, M, N, K), sgemm / ms, parts_of(M, N, K));
         }
         for (float *p : d) CK(cudaFree(p));
     }
