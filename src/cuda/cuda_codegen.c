@@ -1584,6 +1584,14 @@ static const char DEVICE_KERNELS[] =
     "static __device__ inline float tgk_round_tf32(float x) {\n"
     "    const unsigned u = __float_as_uint(x);\n"
     "    return (u & 0x7f800000u) == 0x7f800000u ? x : __uint_as_float((u + 0x1000u) & 0xffffe000u);\n}\n"
+    /* x as two TF32 parts for a product that carries f32's precision in three tf32 products:
+     * hi = x rounded (as tgk_round_tf32, in two integer operations: an infinite or NaN x leaves
+     * lo NaN, so the product is NaN, non-finite either way), lo = what is left, exact in f32,
+     * which the tensor cores read as TF32 by dropping its low 13 bits (an error of at most 2^-21
+     * x, against f32's 2^-24) */
+    "static __device__ inline void tgk_split_tf32(float x, unsigned &hi, unsigned &lo) {\n"
+    "    hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;\n"
+    "    lo = __float_as_uint(x - __uint_as_float(hi));\n}\n"
     "static __device__ inline unsigned short tgk_round_bf16(float x) {\n"   /* one instruction from sm_80 on */
     "#if __CUDA_ARCH__ >= 800\n"
     "    unsigned short h;\n"

@@ -148,7 +148,8 @@ const char *const CUDA_PRODUCT_KERNELS[4] = GEMM_INSTANCES("512", "tgk_gemm", "t
  * (float4s along whichever axis is contiguous: M, N and K multiples of 4, A and B 16-byte
  * aligned, x3_fits), rows along K as [128][36] words (read by ldmatrix), else as [32][136]
  * (single words): either way a fragment's 32 lanes read distinct banks. A fragment is split into
- * its TF32 parts in registers as it is read. Where C has fewer tiles than the GPU has room for
+ * its TF32 parts in registers as it is read (tgk_split_tf32: two integer operations and a
+ * subtraction; cvt.rna.tf32 alone compiles to four, which cost 10-15% here). Where C has fewer tiles than the GPU has room for
  * blocks, the reduction is split too (S parts, blockIdx.z = batch * S + part, each part's sums
  * to a slice of the workspace), and tg_gemm3_sum adds the parts in order: the same sum whatever
  * ran first. */
@@ -162,13 +163,6 @@ const char CUDA_PRODUCT3_SOURCE[] =
     "    const unsigned a = (unsigned)__cvta_generic_to_shared(p);\n"
     "    asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
     "                 : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(a));\n}\n"
-    /* x's TF32 parts: hi = x rounded (half up in magnitude: two integer operations, where
-     * cvt.rna's checks for infinities and NaN take four more; an infinite x makes a NaN, non-
-     * finite either way), lo = what is left, exact in f32, which the tensor cores read as TF32 by
-     * dropping its low 13 bits (an error of at most 2^-21 x, against f32's 2^-24) */
-    "static __device__ inline void tg3_split(unsigned x, unsigned &hi, unsigned &lo) {\n"
-    "    hi = (x + 0x1000u) & 0xffffe000u;\n"
-    "    lo = __float_as_uint(__uint_as_float(x) - __uint_as_float(hi));\n}\n"
     /* A 128 x 32 tile of op(A), or of op(B) transposed, rows r0.. and K k0.. of src into dst: KC
      * when K is contiguous in memory (dst [128][TG3_KC]), else [32][TG3_KS]; zeros past rmax, kmax */
     "template <bool KC>\n"
@@ -235,14 +229,14 @@ const char CUDA_PRODUCT3_SOURCE[] =
     "                unsigned a[4];\n"
     "                tg3_afrag<!TA>(a, As, wm + 16 * i, ks);\n"
     "#pragma unroll\n"
-    "                for (int q = 0; q < 4; q++) tg3_split(a[q], ah[i][q], al[i][q]);\n"
+    "                for (int q = 0; q < 4; q++) tgk_split_tf32(__uint_as_float(a[q]), ah[i][q], al[i][q]);\n"
     "            }\n"
     "#pragma unroll\n"
     "            for (int j = 0; j < 8; j += 2) {\n"
     "                unsigned b[4];\n"
     "                tg3_bfrag<(bool)TB>(b, Bs, wn + 8 * j, ks);\n"
     "#pragma unroll\n"
-    "                for (int q = 0; q < 4; q++) tg3_split(b[q], bh[j + (q >> 1)][q & 1], bl[j + (q >> 1)][q & 1]);\n"
+    "                for (int q = 0; q < 4; q++) tgk_split_tf32(__uint_as_float(b[q]), bh[j + (q >> 1)][q & 1], bl[j + (q >> 1)][q & 1]);\n"
     "            }\n"
     "#pragma unroll\n"
     "            for (int i = 0; i < 4; i++)\n"
