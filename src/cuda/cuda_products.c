@@ -137,22 +137,22 @@ const char *const CUDA_PRODUCT_KERNELS[4] = GEMM_INSTANCES("512", "tgk_gemm", "t
 /* ----- our kernel for f32 products on tensor cores -----
  *
  * An f32 graph's products may run as three TF32 products (x = xh + xl, xh rounded to TF32 and xl
- * the rest: a b ~ ah bh + ah bl + al bh, the small terms first), which carries f32's precision
- * (the error bench/cuda/gemm3x measures: 1e-7 to 2e-6 of the sum of |a b|, against SGEMM's 2e-8
- * to 2e-7 and TF32's 1e-4) on units eight times faster than f32's, where it beats cuBLAS's f32
- * kernels by 3%, timed as any candidate (an H100: 1.35-1.58x cublasSgemm at char_gpt's shapes,
- * bench/RESULTS.md's seventeenth session). A block of 4 warps (2 x 2) computes a 128 x 128 tile
- * of C, a warp 64 x 64 (4 x 8 mma.m16n8k8 tiles): each fragment loaded from shared memory serves
- * 8 or 4 tiles, three times, so the loads stay far below the tensor cores' rate. Tiles of op(A)
- * and op(B), 32 of K deep, are copied by cp.async three stages ahead of their use, as they lie in memory
- * (float4s along whichever axis is contiguous: M, N and K multiples of 4, A and B 16-byte
- * aligned, x3_fits), rows along K as [128][36] words (read by ldmatrix), else as [32][136]
- * (single words): either way a fragment's 32 lanes read distinct banks. A fragment is split into
- * its TF32 parts in registers as it is read (tgk_split_tf32: two integer operations and a
- * subtraction; cvt.rna.tf32 alone compiles to four, which cost 10-15% here). Where C has fewer tiles than the GPU has room for
- * blocks, the reduction is split too (S parts, blockIdx.z = batch * S + part, each part's sums
- * to a slice of the workspace), and tg_gemm3_sum adds the parts in order: the same sum whatever
- * ran first. */
+ * the rest: a b ~ ah bh + ah bl + al bh, the small terms first), which carries f32's precision (the
+ * error bench/cuda/gemm3x measures: 1e-7 to 2e-6 of the sum of |a b|, against SGEMM's 2e-8 to 2e-7
+ * and TF32's 1e-4) on units eight times faster than f32's, where it beats cuBLAS's f32 kernels by
+ * 3%, timed as any candidate (an H100: 1.35-1.58x cublasSgemm at char_gpt's shapes,
+ * bench/RESULTS.md's seventeenth session). A block of 4 warps (2 x 2) computes a 128 x 128 tile of
+ * C, a warp 64 x 64 (4 x 8 mma.m16n8k8 tiles): each fragment loaded from shared memory serves 8 or
+ * 4 tiles, three times, so the loads stay far below the tensor cores' rate. Tiles of op(A) and
+ * op(B), 32 of K deep, are copied by cp.async three stages ahead of their use, as they lie in
+ * memory (float4s along whichever axis is contiguous: M, N and K multiples of 4, A and B 16-byte
+ * aligned, x3_fits), rows along K as [128][36] words (read by ldmatrix), else as [32][136] (single
+ * words): either way a fragment's 32 lanes read distinct banks. A fragment is split into its TF32
+ * parts in registers as it is read (tgk_split_tf32: two integer operations and a subtraction;
+ * cvt.rna.tf32 alone compiles to four, which cost 10-15% here). Where C has fewer tiles than the
+ * GPU has room for blocks, the reduction is split too (S parts, blockIdx.z = batch * S + part, each
+ * part's sums to a slice of the workspace), and tg_gemm3_sum adds the parts in order: the same sum
+ * whatever ran first. */
 const char CUDA_PRODUCT3_SOURCE[] =
     "#define TG3_BK 32\n#define TG3_STAGES 3\n#define TG3_KC 36\n#define TG3_KS 136\n#define TG3_TILE 4608\n"
     "static __device__ inline void tg3_mma(float *c, const unsigned *a, const unsigned *b) {\n"
