@@ -61,6 +61,7 @@ bool cuda_own_product(int64_t M, int64_t N, int64_t K, int64_t batch);
  * it takes (M, N and K multiples of 4: float4 loads). */
 extern const char CUDA_PRODUCT3_SOURCE[];
 extern const char *const CUDA_PRODUCT3_NAMES[4], *const CUDA_PRODUCT3_KERNELS[4];
+#define CUDA_PRODUCT3_SUM "tg_gemm3_sum"   /* in CUDA_PRODUCT3_SOURCE: adds a split reduction's parts */
 bool cuda_x3_product(int64_t M, int64_t N, int64_t K, int64_t batch);
 /* The tensor-core kernels (bf16 and tf32, cuda_attention_mma), after CUDA_ATTENTION_SOURCE. */
 extern const char CUDA_ATTENTION_MMA_SOURCE[];

@@ -690,7 +690,7 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
             if (cu.FuncSetAttribute(e->x3[k], CU_FUNC_MAX_DYNAMIC_SHARED, LT_X3_BYTES)) e->x3[k] = NULL;   /* cuBLAS only */
         }
     }
-    if (strstr(e->source, "tg_gemm3_sum")) TRY(module_function(e, "tg_gemm3_sum", &e->x3_sum), "tg_gemm3_sum");
+    if (strstr(e->source, CUDA_PRODUCT3_SUM)) TRY(module_function(e, CUDA_PRODUCT3_SUM, &e->x3_sum), CUDA_PRODUCT3_SUM);
     if (g->precision != TG_PRECISION_F32) {   /* operand slots as large as the largest operand without a shadow */
         size_t most = 1;
         for (int i = 0; i < e->launches.n; i++) {

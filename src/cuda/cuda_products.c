@@ -264,7 +264,7 @@ const char CUDA_PRODUCT3_SOURCE[] =
     "        }\n}\n"
     /* C = the sum of the S parts P[z][0..S) of each of the batch's products, in order, four values
      * a thread (n4 = M N / 4 a product) */
-    "extern \"C\" __global__ void __launch_bounds__(256) tg_gemm3_sum(const float4 *P, float4 *C, int64_t n4, int S, int64_t total4) {\n"
+    "extern \"C\" __global__ void __launch_bounds__(256) " CUDA_PRODUCT3_SUM "(const float4 *P, float4 *C, int64_t n4, int S, int64_t total4) {\n"
     "    tgk_prior();\n"
     "    for (int64_t e = (int64_t)blockIdx.x * 256 + threadIdx.x; e < total4; e += (int64_t)gridDim.x * 256) {\n"
     "        const float4 *p = P + e / n4 * S * n4 + e % n4;\n"
