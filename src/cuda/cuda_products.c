@@ -40,15 +40,17 @@
 /* ----- our kernel for small products ----- */
 
 /* Row-major C[M, N] = op(A) op(B), f32, batch z at A + z sa, B + z sb, C + z M N. A block computes
- * a 16 x 32 tile of C with W warps (blockDim.x = 32 W), warp w summing the w-th slice of K, 64
- * of it at a time, over shared tiles of its own: cp.async copies them with every load in flight
- * and no registers held, so a warp waits about one memory latency per 64 of K, and warps need no
- * barrier in the loop. A lane sums a 4 x 4 block of the tile; the warps' sums are added in warp
- * order (a fixed order: the result does not depend on timing). Rows padded by one float keep
- * every shared read free of bank conflicts. */
+ * a 16 x 32 tile of C with W warps (blockDim.x = 32 W), warp w summing the w-th slice of K (a
+ * multiple of 4), up to 52 of it at a time, over shared tiles of its own: cp.async copies them
+ * with every load in flight and no registers held, so a warp waits about one memory latency per
+ * chunk, and warps need no barrier in the loop. Such a kernel is bound by each warp's chain of
+ * instructions (one block of few warps an SM), so the tiles are copied 16 bytes at a time where
+ * their rows start aligned, and only the elements of the warp's slice; a lane sums a 4 x 4 block
+ * of the tile, reading 4 of K at once as float4 (B^T's tile, whose rows a float4 read would
+ * take with 4-way bank conflicts, by single floats from rows of odd length). The warps' sums
+ * are added in warp order (a fixed order: the result does not depend on timing). */
 const char CUDA_PRODUCT_SOURCE[] =
-    "#define TGG_BM 16\n#define TGG_BN 32\n#define TGG_BK 64\n"
-    "#define TGG_A 1088\n#define TGG_WARP 3200\n"   /* floats: A 64 x 17 or 16 x 65, then B 64 x 33 or 32 x 65 */
+    "#define TGG_KC 52\n#define TGG_WARP 3200\n"   /* floats a warp: A 16 x (KC + 4) or KC x 20, then B KC x 36 or 32 x (KC + 1) */
     "static __device__ inline void tgg_copy(float *dst, const float *src, bool ok) {\n"
     "#if __CUDA_ARCH__ >= 800\n"
     "    const unsigned a = (unsigned)__cvta_generic_to_shared(dst);\n"
@@ -56,61 +58,92 @@ const char CUDA_PRODUCT_SOURCE[] =
     "#else\n"
     "    *dst = ok ? *src : 0.0f;\n"
     "#endif\n}\n"
-    /* A tile of row-major src (leading dimension ld) into dst's rows of COLS + 1 floats, zeros past
-     * row rmax and column cmax, only its first kn of K copied: ROWS x kn from (r0, k0), K along a
-     * row (COLS = TGG_BK), or kn x COLS from (k0, c0), K down the columns (ROWS = TGG_BK). The
-     * copies do not wait for each other, so all are in flight at once. */
-    "template <int ROWS, int COLS, bool K_ALONG>\n"
-    "static __device__ inline void tgg_tile(float *dst, const float *src, int64_t ld, int r0, int c0, int rmax, int cmax, int kn,\n"
-    "                                       int lane) {\n"
-    "#pragma unroll 4\n"
-    "    for (int e = lane; e < ROWS * COLS; e += 32) {\n"
-    "        const int r = e / COLS, c = e % COLS;\n"
-    "        if ((K_ALONG ? c : r) >= kn) continue;\n"
-    "        const bool ok = r0 + r < rmax && c0 + c < cmax;\n"
-    "        tgg_copy(dst + r * (COLS + 1) + c, ok ? src + (r0 + r) * ld + c0 + c : src, ok);\n"
+    "static __device__ inline void tgg_copy16(float *dst, const float *src, bool ok) {\n"
+    "#if __CUDA_ARCH__ >= 800\n"
+    "    const unsigned a = (unsigned)__cvta_generic_to_shared(dst);\n"
+    "    asm volatile(\"cp.async.ca.shared.global [%0], [%1], 16, %2;\\n\" :: \"r\"(a), \"l\"(src), \"r\"(ok ? 16 : 0));\n"
+    "#else\n"
+    "    *(float4 *)dst = ok ? *(const float4 *)src : make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n"
+    "#endif\n}\n"
+    /* rows x cols floats from src (row stride ld) to dst (row stride ldd), V floats a copy, zeros
+     * past row rvalid and column cvalid (a multiple of V); the copies do not wait for each other */
+    "template <int V>\n"
+    "static __device__ inline void tgg_tile(float *dst, int ldd, const float *src, int64_t ld, int rows, int rvalid, int cols,\n"
+    "                                       int cvalid, int lane) {\n"
+    "    const int G = cols / V;\n"
+    "    for (int e = lane; e < rows * G; e += 32) {\n"
+    "        const int r = e / G, c = (e - r * G) * V;\n"
+    "        const bool ok = r < rvalid && c < cvalid;\n"
+    "        const float *from = ok ? src + r * ld + c : src;\n"
+    "        if (V == 4) tgg_copy16(dst + r * ldd + c, from, ok);\n"
+    "        else tgg_copy(dst + r * ldd + c, from, ok);\n"
     "    }\n}\n"
     "template <int TA, int TB>\n"
     "static __device__ void tgk_gemm(const float *A, const float *B, float *C, int M, int N, int K, int64_t sa, int64_t sb) {\n"
     "    extern __shared__ float tgg_sm[];\n"
     "    const int W = blockDim.x / 32, w = threadIdx.x / 32, lane = threadIdx.x & 31;\n"
-    "    const int m0 = blockIdx.y * TGG_BM, n0 = blockIdx.x * TGG_BN, rm = (lane >> 3) * 4, cn = (lane & 7) * 4;\n"
+    "    const int m0 = blockIdx.y * 16, n0 = blockIdx.x * 32, rm = (lane >> 3) * 4, cn = (lane & 7) * 4;\n"
     "    A += blockIdx.z * sa;\n"
     "    B += blockIdx.z * sb;\n"
     "    C += (int64_t)blockIdx.z * M * N;\n"
-    "    const int slice = (K + W - 1) / W, k_begin = min(K, w * slice), k_end = min(K, k_begin + slice);\n"
-    "    float *As = tgg_sm + w * TGG_WARP, *Bs = As + TGG_A;\n"
+    "    const bool va = ((unsigned long long)A & 15) == 0 && sa % 4 == 0 && (TA ? M : K) % 4 == 0;\n"   /* rows start aligned */
+    "    const bool vb = !TB && ((unsigned long long)B & 15) == 0 && sb % 4 == 0 && N % 4 == 0;\n"
+    "    const int slice = ((K + W - 1) / W + 3) & ~3, kc = min(slice, TGG_KC);\n"
+    "    const int k_begin = min(K, w * slice), k_end = min(K, k_begin + slice);\n"
+    "    const int la = TA ? 20 : kc + 4, lb = TB ? kc + 1 : 36;\n"   /* the tiles' row strides */
+    "    float *As = tgg_sm + w * TGG_WARP, *Bs = As + 20 * kc + 64;\n"
     "    float acc[4][4] = {};\n"
-    "    for (int k0 = k_begin; k0 < k_end; k0 += TGG_BK) {\n"
-    "        const int kn = min(TGG_BK, k_end - k0);\n"
-    "        if (TA) tgg_tile<TGG_BK, TGG_BM, false>(As, A, M, k0, m0, K, M, kn, lane);\n"
-    "        else tgg_tile<TGG_BM, TGG_BK, true>(As, A, K, m0, k0, M, K, kn, lane);\n"
-    "        if (TB) tgg_tile<TGG_BN, TGG_BK, true>(Bs, B, K, n0, k0, N, K, kn, lane);\n"
-    "        else tgg_tile<TGG_BK, TGG_BN, false>(Bs, B, N, k0, n0, K, N, kn, lane);\n"
+    "    for (int k0 = k_begin; k0 < k_end; k0 += kc) {\n"
+    "        const int kn = min(kc, k_end - k0), k4 = (kn + 3) & ~3;\n"   /* past kn: zeros */
+    "        float part[4][4] = {};\n"   /* the chunk's sums, added to acc after it: rounding grows with the chunks, not K */
+    "        const float *a = TA ? A + (int64_t)k0 * M + m0 : A + (int64_t)m0 * K + k0;\n"
+    "        const float *b = TB ? B + (int64_t)n0 * K + k0 : B + (int64_t)k0 * N + n0;\n"
+    "        if (TA && va) tgg_tile<4>(As, la, a, M, k4, kn, 16, M - m0, lane);\n"
+    "        else if (TA) tgg_tile<1>(As, la, a, M, k4, kn, 16, M - m0, lane);\n"
+    "        else if (va) tgg_tile<4>(As, la, a, K, 16, M - m0, k4, kn, lane);\n"
+    "        else tgg_tile<1>(As, la, a, K, 16, M - m0, k4, kn, lane);\n"
+    "        if (TB) tgg_tile<1>(Bs, lb, b, K, 32, N - n0, k4, kn, lane);\n"
+    "        else if (vb) tgg_tile<4>(Bs, lb, b, N, k4, kn, 32, N - n0, lane);\n"
+    "        else tgg_tile<1>(Bs, lb, b, N, k4, kn, 32, N - n0, lane);\n"
     "#if __CUDA_ARCH__ >= 800\n"
     "        asm volatile(\"cp.async.wait_all;\\n\" ::: \"memory\");\n"
     "#endif\n"
     "        __syncwarp();\n"
-    "#pragma unroll 4\n"
-    "        for (int k = 0; k < kn; k++) {\n"
-    "            float a[4], b[4];\n"
+    "        for (int k = 0; k < k4; k += 4) {\n"
+    "            float x[4][4], y[4][4];\n"   /* x[i][kk] = A(rm + i, k + kk), y[kk][j] = B(k + kk, cn + j) */
     "#pragma unroll\n"
     "            for (int i = 0; i < 4; i++) {\n"
-    "                a[i] = TA ? As[k * (TGG_BM + 1) + rm + i] : As[(rm + i) * (TGG_BK + 1) + k];\n"
-    "                b[i] = TB ? Bs[(cn + i) * (TGG_BK + 1) + k] : Bs[k * (TGG_BN + 1) + cn + i];\n"
+    "                const float4 v = *(const float4 *)(TA ? As + (k + i) * la + rm : As + (rm + i) * la + k);\n"
+    "                if (TA) x[0][i] = v.x, x[1][i] = v.y, x[2][i] = v.z, x[3][i] = v.w;\n"
+    "                else x[i][0] = v.x, x[i][1] = v.y, x[i][2] = v.z, x[i][3] = v.w;\n"
     "            }\n"
     "#pragma unroll\n"
-    "            for (int i = 0; i < 4; i++)\n"
+    "            for (int i = 0; i < 4; i++) {\n"
+    "                if (TB) {\n"
     "#pragma unroll\n"
-    "                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);\n"
+    "                    for (int j = 0; j < 4; j++) y[j][i] = Bs[(cn + i) * lb + k + j];\n"
+    "                } else {\n"
+    "                    const float4 v = *(const float4 *)(Bs + (k + i) * lb + cn);\n"
+    "                    y[i][0] = v.x, y[i][1] = v.y, y[i][2] = v.z, y[i][3] = v.w;\n"
+    "                }\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int kk = 0; kk < 4; kk++)\n"
+    "#pragma unroll\n"
+    "                for (int i = 0; i < 4; i++)\n"
+    "#pragma unroll\n"
+    "                    for (int j = 0; j < 4; j++) part[i][j] = fmaf(x[i][kk], y[kk][j], part[i][j]);\n"
     "        }\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < 4; i++)\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < 4; j++) acc[i][j] += part[i][j];\n"
     "        __syncwarp();\n"
     "    }\n"
     "    __syncthreads();\n"   /* the tiles' memory now holds each warp's 16 x 32 sums */
     "#pragma unroll\n"
     "    for (int i = 0; i < 4; i++)\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < 4; j++) tgg_sm[w * 512 + (rm + i) * 32 + cn + j] = acc[i][j];\n"
+    "        *(float4 *)(tgg_sm + w * 512 + (rm + i) * 32 + cn) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);\n"
     "    __syncthreads();\n"
     "    for (int e = threadIdx.x; e < 512; e += blockDim.x) {\n"
     "        const int m = m0 + e / 32, n = n0 + e % 32;\n"
@@ -593,7 +626,8 @@ static void memo_add(int device, const lt_shape *s, const lt_product *p) {
 }
 
 /* The kernel cache's file for this shape on this device and cuBLASLt version, chosen with or
- * without our kernels among the candidates; false if none. */
+ * without our kernels among the candidates (their source in the key: a changed kernel of ours is
+ * timed again); false if none. */
 static bool cache_path(const lt_device *d, const lt_shape *s, const lt_ours *ours, char *path, size_t len) {
     char dir[900], key[300];
     tg_error ignore;
@@ -601,6 +635,8 @@ static bool cache_path(const lt_device *d, const lt_shape *s, const lt_ours *our
     snprintf(key, sizeof key, "cublasLt %zu, parts added in f32, %s%s%s", lt.GetVersion(), d->name, ours->small ? " and ours" : "",
              ours->x3 ? " and 3 x tf32 in parts" : "");
     uint64_t h = cache_hash(cache_hash(1469598103934665603ull, key, strlen(key)), s, sizeof *s);
+    if (ours->small) h = cache_hash(h, CUDA_PRODUCT_SOURCE, strlen(CUDA_PRODUCT_SOURCE));
+    if (ours->x3) h = cache_hash(h, CUDA_PRODUCT3_SOURCE, strlen(CUDA_PRODUCT3_SOURCE));
     snprintf(path, len, "%s/%016llx.lt", dir, (unsigned long long)h);
     return true;
 }
