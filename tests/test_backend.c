@@ -387,9 +387,9 @@ static bool matches(const tg_graph *g, double worst, int64_t past, int64_t n) {
     graph_bf16_values(g, &bf16);
     for (int i = 0; bf16 && i < g->n; i++) rounds |= graph_rounds(g, bf16, i);
     free(bf16);
-    double step2 = rounds ? 0x1p-6 : g->precision == TG_PRECISION_TF32 ? 0x1p-9 : 0;
-    if (step2 == 0) return worst <= TOLERANCE;
-    return worst <= TOLERANCE || (worst <= step2 && past <= (n / 100 > 2 ? n / 100 : 2));
+    double two_steps = rounds ? 0x1p-6 : g->precision == TG_PRECISION_TF32 ? 0x1p-9 : 0;
+    if (two_steps == 0) return worst <= TOLERANCE;
+    return worst <= two_steps && past <= (n / 100 > 2 ? n / 100 : 2);
 }
 
 /* The worst error seen per precision, for the summary line. */
