@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 #define LK(x) do { cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) { printf("%s:%d status %d\n", __FILE__, __LINE__, (int)s_); exit(1); } } while (0)
+#include "../graph_ms.h"
 
 static cudaStream_t stream;
 static cublasLtHandle_t lt;
@@ -64,37 +65,10 @@ __global__ void add_bias(__nv_bfloat16 *C, const float *bias, long long n, int N
         C[i] = __float2bfloat16(__bfloat162float(C[i]) + bias[i % N]);
 }
 
-template <class F> static float graph_ms(F f) {
-    cudaGraph_t g;
-    cudaGraphExec_t x;
-    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < 20; i++) f();
-    CK(cudaStreamEndCapture(stream, &g));
-    CK(cudaGraphInstantiate(&x, g, 0));
-    CK(cudaGraphLaunch(x, stream));
-    CK(cudaStreamSynchronize(stream));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    float best = 1e30f;
-    for (int r = 0; r < 5; r++) {
-        CK(cudaEventRecord(a, stream));
-        for (int i = 0; i < 5; i++) CK(cudaGraphLaunch(x, stream));
-        CK(cudaEventRecord(b, stream));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        best = std::min(best, ms / 100);
-    }
-    CK(cudaGraphExecDestroy(x));
-    CK(cudaGraphDestroy(g));
-    return best;
-}
-
 static float best_of(const product &p, const void *A, const void *B, void *C, int *which) {
     float best = 1e30f;
     for (int k = 0; k < p.n_algos; k++) {
-        float t = graph_ms([&] { run(p, k, A, B, C); });
+        float t = graph_ms(stream, [&] { run(p, k, A, B, C); }, 5);
         if (t < best) best = t, *which = k;
     }
     return best;
@@ -130,7 +104,7 @@ int main() {
         int w0 = 0, w1 = 0, w2 = 0;
         float t0 = best_of(plain, A, B, C, &w0);
         const long long n = (long long)M * N;
-        float tadd = graph_ms([&] { add_bias<<<(unsigned)std::min<long long>((n + 255) / 256, 4096), 256, 0, stream>>>((__nv_bfloat16 *)C, (const float *)bias32, n, N); });
+        float tadd = graph_ms(stream, [&] { add_bias<<<(unsigned)std::min<long long>((n + 255) / 256, 4096), 256, 0, stream>>>((__nv_bfloat16 *)C, (const float *)bias32, n, N); }, 5);
         float t1 = f32b.n_algos ? best_of(f32b, A, B, C2, &w1) : -1;
         float t2 = bf16b.n_algos ? best_of(bf16b, A, B, C2, &w2) : -1;
         /* the reference: plain product, then the add kernel once */

@@ -9,6 +9,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+#include "../graph_ms.h"
 
 extern "C" __global__ void empty_kernel(float *p) { extern __shared__ float s[]; if (p) s[threadIdx.x] = *p; }
 
@@ -25,33 +26,6 @@ static const shape SHAPES[] = {
 static cudaStream_t stream;
 
 /* 20 launches of f in a graph, replayed 20 times, best of 5: ms a launch */
-template <class F> static float graph_ms(F f) {
-    cudaGraph_t g;
-    cudaGraphExec_t x;
-    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < 20; i++) f();
-    CK(cudaStreamEndCapture(stream, &g));
-    CK(cudaGraphInstantiate(&x, g, 0));
-    CK(cudaGraphLaunch(x, stream));
-    CK(cudaStreamSynchronize(stream));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    float best = 1e30f;
-    for (int r = 0; r < 5; r++) {
-        CK(cudaEventRecord(a, stream));
-        for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(x, stream));
-        CK(cudaEventRecord(b, stream));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        best = std::min(best, ms / 400);
-    }
-    CK(cudaGraphExecDestroy(x));
-    CK(cudaGraphDestroy(g));
-    return best;
-}
-
 /* worst |c - exact| / sum |a b| over C */
 static double check(const shape &s, const std::vector<float> &a, const std::vector<float> &b, const float *dC) {
     std::vector<float> c((size_t)s.M * s.N);
@@ -81,7 +55,7 @@ int main() {
     CK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 16 * 12800));
     for (int W : { 0, 4, 8, 16 })
         printf("empty kernel, 32 blocks of 128 threads, %6d bytes shared: %.4f ms\n", W * 12800,
-               graph_ms([&] { empty_kernel<<<32, 128, W * 12800, stream>>>(nullptr); }));
+               graph_ms(stream, [&] { empty_kernel<<<32, 128, W * 12800, stream>>>(nullptr); }));
     float *dA, *dB, *dC;
     CK(cudaMalloc(&dA, 4 << 20));
     CK(cudaMalloc(&dB, 4 << 20));
@@ -95,7 +69,7 @@ int main() {
         CK(cudaMemcpy(dA, a.data(), a.size() * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dB, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
         const float one = 1, zero = 0;   /* row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T */
-        float cub = graph_ms([&] {
+        float cub = graph_ms(stream, [&] {
             cublasSgemm(h, s.tb ? CUBLAS_OP_T : CUBLAS_OP_N, s.ta ? CUBLAS_OP_T : CUBLAS_OP_N, s.N, s.M, s.K, &one, dB, s.tb ? s.K : s.N,
                         dA, s.ta ? s.M : s.K, &zero, dC, s.N);
         });
@@ -105,7 +79,7 @@ int main() {
             const int W = 4 << i, shared = W * 12800;   /* LT_OWN_WARP_BYTES a warp */
             const kern f = lib[s.ta][s.tb];
             const dim3 grid((s.N + 31) / 32, (s.M + 15) / 16, 1);
-            t[i] = graph_ms([&] { f<<<grid, 32 * W, shared, stream>>>(dA, dB, dC, s.M, s.N, s.K, 0, 0); });
+            t[i] = graph_ms(stream, [&] { f<<<grid, 32 * W, shared, stream>>>(dA, dB, dC, s.M, s.N, s.K, 0, 0); });
             CK(cudaMemset(dC, 0, 4 << 20));
             f<<<grid, 32 * W, shared, stream>>>(dA, dB, dC, s.M, s.N, s.K, 0, 0);
             CK(cudaStreamSynchronize(stream));
