@@ -838,7 +838,8 @@ static int kernels_without_prior(const char *src, int *n) {
     for (const char *k = strstr(src, K); k; k = strstr(k + 1, K)) {
         const char *name = k + strlen(K), *body = strstr(k, "{\n");
         if (strncmp(name, "__launch_bounds__", 17) == 0) name = strchr(name, ' ') + 1;
-        if (strncmp(name, "tg_wb_check", 11) == 0 || strncmp(name, "tg_to_", 6) == 0 || strncmp(name, "tg_writeback", 12) == 0)
+        if (strncmp(name, "tg_wb_check", 11) == 0 || strncmp(name, "tg_to_", 6) == 0 || strncmp(name, "tg_writeback", 12) == 0 ||
+            strncmp(name, "tg_bias_add", 11) == 0)
             continue;
         (*n)++;
         bad += !body || strncmp(body + 2, "    tgk_prior();", 16) != 0;
@@ -1041,6 +1042,22 @@ static void cuda_precisions(void) {
         for (int i = 0; i < N_CASES; i++) compare_case("cuda", p, &CASES[i], label[p]);
     printf("test_backend: cuda against the reference, worst rel err: f32 %.3g, tf32 %.3g, bf16 %.3g\n",
            worst_seen[TG_PRECISION_F32], worst_seen[TG_PRECISION_TF32], worst_seen[TG_PRECISION_BF16]);
+    /* The cases' products are small: the CUDA schedule computes them inside the kernels that read
+     * them. Through cuBLAS too, as larger ones go: in f32 through cublasGemmEx (where cuBLASLt has
+     * no algorithm for a product), in bf16 through cuBLASLt as the others (a product's bias by its
+     * epilogue: cuda_fold_biases), and the bias cases at bf16 through cublasGemmEx (its f32 sums,
+     * then the bias added and the sum rounded: tg_bias_add). */
+    setenv("TG_CUDA_SMALL_REDUCTIONS", "0", 1);
+    for (tg_precision p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p += TG_PRECISION_BF16 - TG_PRECISION_F32) {
+        setenv("TG_CUDA_LT", p == TG_PRECISION_F32 ? "0" : "1", 1);
+        for (int i = 0; i < N_CASES; i++)
+            compare_case("cuda", p, &CASES[i], p == TG_PRECISION_F32 ? "cuda, cublasGemmEx" : "cuda bf16, cuBLASLt");
+    }
+    setenv("TG_CUDA_LT", "0", 1);
+    for (int i = 0; i < N_CASES; i++)
+        if (strstr(CASES[i].name, "bias")) compare_case("cuda", TG_PRECISION_BF16, &CASES[i], "cuda bf16, cublasGemmEx");
+    unsetenv("TG_CUDA_LT");
+    unsetenv("TG_CUDA_SMALL_REDUCTIONS");
 }
 
 int main(void) {
@@ -1086,17 +1103,6 @@ int main(void) {
     const char *backends[2] = { "cpu", "cuda" };
     for (int b = 0; b < (cuda ? 2 : 1); b++) {
         if (b) cuda_precisions();
-        /* The cases' products are small: the CUDA schedule computes them inside the kernels that
-         * read them. Through cuBLAS too, as larger ones go: in f32 through cublasGemmEx (where
-         * cuBLASLt has no algorithm for a product), in bf16 through cuBLASLt as the others. */
-        setenv("TG_CUDA_SMALL_REDUCTIONS", "0", 1);
-        for (tg_precision p = TG_PRECISION_F32; b && p <= TG_PRECISION_BF16; p += TG_PRECISION_BF16 - TG_PRECISION_F32) {
-            setenv("TG_CUDA_LT", p == TG_PRECISION_F32 ? "0" : "1", 1);
-            for (int i = 0; i < N_CASES; i++)
-                compare_case("cuda", p, &CASES[i], p == TG_PRECISION_F32 ? "cuda, cublasGemmEx" : "cuda bf16, cuBLASLt");
-        }
-        unsetenv("TG_CUDA_LT");
-        unsetenv("TG_CUDA_SMALL_REDUCTIONS");
         train_compare(backends[b], "mlp+gelu+dropout, adamw, clipping", mlp_loss,
                       (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, MODEL_MLP);
         train_compare(backends[b], "cnn", cnn_loss, (tg_input_decl[]){ TG_F32("x", 3, 2, 6, 6), TG_I32("y", 3) }, MODEL_CNN);

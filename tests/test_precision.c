@@ -151,8 +151,9 @@ static ht expect(opk op, const ht *x) {
     return out;
 }
 
-/* bf16 graphs round their activations (graph_bf16_values): a product's output, a bias added to
- * it and the gelu of that, each to bf16; a residual sum of f32 x[2] and a product stays f32.
+/* bf16 graphs round their activations (graph_bf16_values): a product's output; a product plus
+ * its bias once, with the bias rounded to bf16 first (autocast's linear: graph_bias_product), and
+ * the gelu of that; a residual sum of f32 x[2] and a rounded product stays f32.
  * `want`: the op on the rounded operands rx, replaced by what a bf16 graph computes. */
 static void activations(opk op, ht *want, const ht *rx) {
     const tg_precision BF = TG_PRECISION_BF16;
@@ -162,9 +163,8 @@ static void activations(opk op, ht *want, const ht *rx) {
     ht mm = expect(MATMUL, rx);
     int64_t N = mm.s.d[2];
     for (int64_t e = 0; e < nel(mm.s); e++) {
-        double y = precision_round(BF, (float)mm.v[e]);
-        if (op == RESIDUAL) want->v[e] = rx[2].v[e] + y;
-        else want->v[e] = precision_round(BF, (float)gelu(precision_round(BF, (float)(y + rx[2].v[e % N]))));
+        if (op == RESIDUAL) want->v[e] = rx[2].v[e] + precision_round(BF, (float)mm.v[e]);
+        else want->v[e] = precision_round(BF, (float)gelu(precision_round(BF, (float)(mm.v[e] + precision_round(BF, (float)rx[2].v[e % N])))));
     }
     free(mm.v);
 }

@@ -250,6 +250,9 @@ static const char *unary_expr(const tg_node *n, const char *a, char *buf, size_t
     return buf;
 }
 
+/* The function rounding a bf16 activation (or a product's bias) in this generator's code. */
+static const char *bf16_round(const cg *c) { return c->operand_round ? c->operand_round : "tgk_bf16r"; }
+
 static const char *binary_expr(const tg_node *n, bool i32, const char *a, const char *b, char *buf, size_t len) {
     switch (n->op) {
     case OP_ADD: snprintf(buf, len, "%s + %s", a, b); break;
@@ -376,6 +379,12 @@ static const char *compute(cg *c, int id, ix_t ix, char *name) {
         char a[NAME], b[NAME];
         snprintf(a, NAME, "%s", val(c, n->src[0], broadcast_ix(c, s0->shape, n->shape, &ix)));
         snprintf(b, NAME, "%s", val(c, n->src[1], broadcast_ix(c, N(c, n->src[1])->shape, n->shape, &ix)));
+        int p = n->op == OP_ADD ? graph_bias_product(c->g, c->bf16, id) : -1;
+        if (p >= 0) {   /* a product plus its bias: the bias rounded to bf16 first */
+            char *bias = p == n->src[0] ? b : a, r[NAME];
+            cg_def(c, r, "t", t, "%s(%s)", bf16_round(c), bias);
+            memcpy(bias, r, NAME);
+        }
         cg_def(c, name, "t", t, "%s", binary_expr(n, s0->dtype == TG_INT32, a, b, e, sizeof e));
         break;
     }
@@ -494,7 +503,7 @@ static const char *compute(cg *c, int id, ix_t ix, char *name) {
     }
     if (graph_rounds(c->g, c->bf16, id)) {   /* a bf16 activation, rounded where it is computed */
         char r[NAME];
-        cg_def(c, r, "t", t, "%s(%s)", c->operand_round ? c->operand_round : "tgk_bf16r", name);   /* bf16 graphs: the same rounding */
+        cg_def(c, r, "t", t, "%s(%s)", bf16_round(c), name);
         memcpy(name, r, NAME);
     }
     return name;

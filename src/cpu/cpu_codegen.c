@@ -211,21 +211,21 @@ void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *mat,
             absorb(g, mat, alias, m);
     }
     /* Products read only by the add of a bias; or by the add of a bias that only a relu reads
-     * (computed inside the relu's kernel: the product kernel applies the relu too). Not a bf16
-     * activation, which is rounded before the bias is added (graph_bf16_values). */
+     * (computed inside the relu's kernel: the product kernel applies the relu too). Not where the
+     * sum is a bf16 activation, rounded with its bias rounded (graph_bias_product): the add's
+     * kernel computes it. */
     bool *bf16 = NULL;
     bool rounding_known = graph_bf16_values(g, &bf16);
     for (int i = 0; rounding_known && i < n; i++) {
         const tg_node *nd = &g->nodes[i];
-        int m = -1;
+        int m = -1, add = nd->op == OP_RELU ? nd->src[0] : i;
         if (mat[i] && alias[i] < 0 && nd->op == OP_ADD) {
             m = product_of_bias_add(g, mat, alias, uses, kept, i);
         } else if (mat[i] && alias[i] < 0 && nd->op == OP_RELU && nd->dtype == TG_FLOAT32) {
-            int a = nd->src[0];
-            if (g->nodes[a].op == OP_ADD && !mat[a] && uses[a] == 1 && !kept[a])
-                m = product_of_bias_add(g, mat, alias, uses, kept, a);
+            if (g->nodes[add].op == OP_ADD && !mat[add] && uses[add] == 1 && !kept[add])
+                m = product_of_bias_add(g, mat, alias, uses, kept, add);
         }
-        if (m >= 0 && !(bf16 && bf16[m])) absorb(g, mat, alias, m);
+        if (m >= 0 && !(bf16 && (bf16[m] || bf16[add]))) absorb(g, mat, alias, m);
     }
     free(bf16);
     /* A max pooling's gradient read only by its product with the step of the pooling's input

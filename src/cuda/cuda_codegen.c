@@ -43,6 +43,7 @@ static cuda_launch *add_launch(cuda_plan *p, cuda_launch_kind kind, int node) {
     memset(l, 0, sizeof *l);
     l->kind = kind;
     l->node = node;
+    l->bias = -1;
     return l;
 }
 
@@ -139,8 +140,8 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
         const tg_node *n = &g->nodes[i];
         if (!materialized[i]) continue;
         int ops[4], n_ops = 0;
-        if (on_cublas(g, materialized, i)) {   /* operands that no kernel of ours computes go through a slot */
-            for (int k = 0; k < 2; k++) {
+        if (on_cublas(g, materialized, i)) {   /* operands that no kernel of ours computes go through a slot; a bias is a leaf */
+            for (int k = 0; k < n->nsrc; k++) {
                 int h = home_of(alias, n->src[k]);
                 if (writes_shadow(g, materialized, h) || fills_shadow(g, materialized, h)) ops[n_ops++] = k;
             }
@@ -330,6 +331,80 @@ void cuda_refine(const tg_graph *g, const int *keep, int n_keep, bool *materiali
         if (s->op == OP_SUM && materialized[x] && uses[x] == 1 && !apart && s->axis != n->axis) materialized[x] = false;
     }
     free(uses);
+}
+
+/* Do the readers of node id, through reshapes, permutes and slices, take its value as a bf16
+ * activation: element-wise kernels and sums (through the expression engine), products and
+ * attention (through its rounded copy)? Not softmax, which reads its source's f32 buffer (or
+ * computes its source itself): a product whose output it reads would need a rounding pass. */
+static bool read_as_bf16(const tg_graph *g, int id, int depth) {
+    for (int i = id + 1; i < g->n; i++)
+        for (int k = 0; k < g->nodes[i].nsrc; k++) {
+            if (g->nodes[i].src[k] != id) continue;
+            tg_op op = g->nodes[i].op;
+            bool move = op == OP_RESHAPE || op == OP_PERMUTE || op == OP_EXPAND || op == OP_SLICE || op == OP_IDENTITY;
+            if (move ? depth > 8 || !read_as_bf16(g, i, depth + 1)
+                     : !(fuse_pointwise(op) || op == OP_SUM || op == OP_MATMUL || is_attention(op)))
+                return false;
+        }
+    return true;
+}
+
+/* Would graph_bias_product's add `id` (of product p and bias b) be folded: a product cuBLAS runs
+ * (not one computed inline), over one batch, not kept, with a leaf for a bias (kleaves rounds it),
+ * read as bf16 values? */
+static bool foldable(const tg_graph *g, int id, int p, int b, const int *keep, int n_keep, bool inline_small) {
+    for (int k = 0; k < n_keep; k++)
+        if (keep[k] == p || keep[k] == id) return false;
+    cg_gemm m = cg_gemm_of(g, p);
+    free(m.aoff);
+    free(m.boff);
+    return m.batch == 1 && !(inline_small && fuse_small_reduction(g, p)) && cg_is_bound(g->nodes[b].op) &&
+           g->nodes[id].shape.ndim >= 2 && read_as_bf16(g, id, 0);
+}
+
+tg_graph *cuda_fold_biases(const tg_graph *g, const int *keep, int n_keep, bool inline_small) {
+    bool *bf16 = NULL;
+    if (g->precision != TG_PRECISION_BF16 || !graph_bf16_values(g, &bf16) || !bf16) return NULL;
+    tg_graph *f = tg_alloc(sizeof *f);
+    tg_node *nodes = tg_alloc(sizeof(tg_node) * (size_t)(g->n + 1));
+    int folded = 0;
+    for (int i = 0; f && nodes && i < g->n; i++) {
+        nodes[i] = g->nodes[i];
+        int p = graph_bias_product(g, bf16, i), b = p < 0 ? -1 : g->nodes[i].src[g->nodes[i].src[0] == p];
+        if (p < 0 || !foldable(g, i, p, b, keep, n_keep, inline_small)) continue;
+        tg_node *n = &nodes[i];   /* the add's node, shape and name; the product's sources and transposes */
+        n->op = OP_MATMUL;
+        n->nsrc = 3;
+        n->src[0] = g->nodes[p].src[0];
+        n->src[1] = g->nodes[p].src[1];
+        n->src[2] = b;
+        memcpy(n->iarg, g->nodes[p].iarg, sizeof n->iarg);
+        n->axis = g->nodes[p].axis;
+        folded++;
+    }
+    bool *after = NULL;
+    if (folded && f && nodes) {   /* each folded product is a bf16 activation, as the add was (not one only sums read) */
+        *f = *g;
+        f->nodes = nodes;
+        if (graph_bf16_values(f, &after) && after)
+            for (int i = 0; i < g->n; i++)
+                if (nodes[i].op != g->nodes[i].op && !after[i]) nodes[i] = g->nodes[i];
+    }
+    free(bf16);
+    if (!after) {   /* nothing folded, or out of memory: g as it is */
+        free(nodes);
+        free(f);
+        return NULL;
+    }
+    free(after);
+    return f;
+}
+
+void cuda_fold_free(tg_graph *f) {
+    if (!f) return;
+    free(f->nodes);
+    free(f);
 }
 
 void cuda_kernel_runs(const tg_graph *g, const bool *materialized, const int *alias, int *live_until) {
@@ -1190,6 +1265,7 @@ static void matmul_launch(cg *c, cuda_plan *p, int id) {
     l->boff = m.boff;
     l->a = n->src[0];
     l->b = n->src[1];
+    l->bias = n->nsrc > 2 ? n->src[2] : -1;
 }
 
 /* Where a kernel compiled once for several launches finds node id's buffer (cuda_kernel_args):
@@ -1611,6 +1687,16 @@ static const char DEVICE_KERNELS[] =
     "#else\n"
     "    return (unsigned)tgk_round_bf16(lo) | (unsigned)tgk_round_bf16(hi) << 16;\n"
     "#endif\n}\n"
+    /* a product's bias where cuBLASLt cannot add it: the product's f32 sums plus the bias's bf16
+     * copy, rounded once (bf16(x W + bf16(b)), as the epilogue) */
+    "extern \"C\" __global__ void tg_bias_add(const float *sums, const unsigned short *bias, void *C, long long n, long long cols,\n"
+    "                                       int c_bf16) {\n"
+    "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n"
+    "        const float v = sums[i] + __uint_as_float((unsigned)bias[i % cols] << 16);\n"
+    "        if (c_bf16) ((unsigned short *)C)[i] = tgk_round_bf16(v);\n"
+    "        else ((float *)C)[i] = v;\n"
+    "    }\n"
+    "}\n"
     "extern \"C\" __global__ void tg_to_tf32(const float *src, float *dst, long long n) {\n"
     "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)\n"
     "        dst[i] = tgk_round_tf32(src[i]);\n}\n"

@@ -429,7 +429,8 @@ static const char *const LT_LIBS[] = { "libcublasLt.so.13", "libcublasLt.so.12",
 /* cublasLt.h's numbers for what is used here */
 enum {
     LT_R_32F = 0, LT_R_16BF = 14, LT_COMPUTE_32F = 68, LT_COMPUTE_32F_FAST_TF32 = 77,
-    LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4,
+    LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4, LT_DESC_EPILOGUE = 7, LT_DESC_BIAS_POINTER = 8, LT_DESC_BIAS_TYPE = 26,
+    LT_EPILOGUE_BIAS = 4,
     LT_LAYOUT_BATCH_COUNT = 5, LT_LAYOUT_BATCH_STRIDE = 6,
     LT_PREF_MAX_WORKSPACE = 1, LT_PREF_REDUCTION_MASK = 3, LT_PREF_ALIGN_A = 5,   /* _B, _C, _D: 6, 7, 8 */
     LT_REDUCTION_COMPUTE_TYPE = 2,
@@ -573,9 +574,9 @@ static bool own_set(lt_product *p, const lt_ours *ours, int own_warps) {
 
 /* own: the warps of our fastest kernel (OWN_X3: tensor cores; ours won: starred), own_ms its time */
 static void report(const lt_shape *s, const lt_heuristic *h, const double *ms, int n, int best, double own_ms, int own, bool won) {
-    fprintf(stderr, "tensorgrad: product [%lld x %lld] x [%lld x %lld]%s%s x%lld %s%s:", (long long)s->M, (long long)s->K,
+    fprintf(stderr, "tensorgrad: product [%lld x %lld] x [%lld x %lld]%s%s x%lld %s%s%s:", (long long)s->M, (long long)s->K,
             (long long)s->K, (long long)s->N, s->ta ? " (A^T)" : "", s->tb ? " (B^T)" : "", (long long)s->batch,
-            s->bf16 ? "bf16" : s->tf32 ? "tf32" : "f32", s->c_bf16 ? " to bf16" : "");
+            s->bf16 ? "bf16" : s->tf32 ? "tf32" : "f32", s->c_bf16 ? " to bf16" : "", s->bias ? " + bias" : "");
     for (int i = 0; i < n; i++)
         fprintf(stderr, " %s%.4f (algo %u tile %u split %u reduction %u)", i == best && !won ? "*" : "", ms ? ms[i] : NAN,
                 config(&h[i].algo, LT_CONFIG_ID), config(&h[i].algo, LT_CONFIG_TILE), config(&h[i].algo, LT_CONFIG_SPLITK),
@@ -699,15 +700,23 @@ static int own_try(lt_product *p, const lt_device *d, const lt_ours *ours, doubl
     return best;
 }
 
+/* The bias epilogue (s->bias): bf16 values, as the operands and C. */
+static bool describe_bias(lt_product *p, const lt_shape *s, const void *bias) {
+    int32_t epilogue = LT_EPILOGUE_BIAS, type = LT_R_16BF;
+    return !s->bias || (lt.DescSetAttribute(p->desc, LT_DESC_EPILOGUE, &epilogue, sizeof epilogue) == 0 &&
+                        lt.DescSetAttribute(p->desc, LT_DESC_BIAS_POINTER, &bias, sizeof bias) == 0 &&
+                        lt.DescSetAttribute(p->desc, LT_DESC_BIAS_TYPE, &type, sizeof type) == 0);
+}
+
 bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, lt_ours ours, const void *A, const void *B,
-                     void *C) {
+                     void *C, const void *bias) {
     memset(p, 0, sizeof *p);
     p->shape = *s;
     unsigned grid[3], block, shared;
     int mode = own_mode(), x3 = x3_mode(), parts;
     if (mode == 0 || !own_launch(s, d, mode > 0 ? mode : OWN_CHOICES[0], grid, &block, &shared, &parts)) ours.small = NULL;
     if (x3 == 0 || !ours.x3_sum || !own_launch(s, d, OWN_X3, grid, &block, &shared, &parts)) ours.x3 = NULL;
-    if (!lt_available() || !d->handle || !describe(p, s)) goto fail;
+    if (!lt_available() || !d->handle || !describe(p, s) || !describe_bias(p, s, bias)) goto fail;
     const int forced = ours.x3 && x3 == 1 ? OWN_X3 : ours.small && mode > 0 ? mode : 0;
     if (forced) {   /* not remembered, so that a timed choice is not displaced */
         own_set(p, &ours, forced);

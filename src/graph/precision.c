@@ -60,6 +60,36 @@ static void f32_products(const tg_graph *g, bool *f32, int *stack) {
     }
 }
 
+/* Is source k of ADD node `add` a product, the other source a vector along the sum's last axis
+ * (graph_bias_product's shape)? */
+static bool product_and_bias(const tg_graph *g, const tg_node *add, int k) {
+    const tg_node *p = &g->nodes[add->src[k]], *b = &g->nodes[add->src[1 - k]];
+    int r = add->shape.ndim;
+    return add->op == OP_ADD && add->nsrc == 2 && p->op == OP_MATMUL && p->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
+           p->numel == add->numel && r >= 2 && b->shape.ndim >= 1 && b->shape.d[b->shape.ndim - 1] == add->shape.d[r - 1] &&
+           b->numel == add->shape.d[r - 1];
+}
+
+/* Readers of each node, counting the graph's output, write-backs, captures and patch sites as
+ * readers too (a value the caller sees keeps its rounding). */
+static void count_uses(const tg_graph *g, int *uses) {
+    for (int i = 0; i < g->n; i++) uses[i] = 0;
+    for (int i = 0; i < g->n; i++)
+        for (int k = 0; k < g->nodes[i].nsrc; k++) uses[g->nodes[i].src[k]]++;
+    if (g->output >= 0) uses[g->output] += 2;
+    for (int k = 0; k < g->n_assigns; k++) uses[g->assigns[k].src] += 2;
+    for (int k = 0; k < g->n_captures; k++) uses[g->captures[k].node] += 2;
+    for (int k = 0; k < g->n_patches; k++) uses[g->patches[k].node] += 2;
+}
+
+int graph_bias_product(const tg_graph *g, const bool *bf16, int id) {
+    const tg_node *n = &g->nodes[id];
+    if (!bf16 || !bf16[id] || n->op != OP_ADD) return -1;
+    for (int k = 0; k < 2; k++)
+        if (product_and_bias(g, n, k) && !bf16[n->src[k]]) return n->src[k];   /* an f32 product's sum is never bf16 */
+    return -1;
+}
+
 bool graph_bf16_values(const tg_graph *g, bool **out) {
     *out = NULL;
     if (g->precision != TG_PRECISION_BF16) return true;
@@ -80,6 +110,15 @@ bool graph_bf16_values(const tg_graph *g, bool **out) {
         else if (moves(n->op)) bf16[i] = bf16[n->src[0]];
         else if (arithmetic(n->op)) bf16[i] = follows(g, n, bf16);
     }
+    count_uses(g, stack);   /* products whose only reader adds their bias: rounded once, with it */
+    for (int i = 0; i < g->n; i++)
+        for (int k = 0; k < 2 && bf16[i]; k++) {
+            int p = g->nodes[i].src[k];
+            if (product_and_bias(g, &g->nodes[i], k) && bf16[p] && stack[p] == 1) {
+                bf16[p] = false;
+                break;
+            }
+        }
     free(f32);
     free(stack);
     *out = bf16;
