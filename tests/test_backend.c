@@ -19,7 +19,7 @@ enum {
     SWAPAXES, MATMUL, MATMUL_BATCHED, MATMUL_BCAST, ONE_HOT, EMBEDDING, SOFTMAX, SOFTMAX_MID, LOG_SOFTMAX,
     CROSS_ENTROPY, NLL_SUM, ARGMAX, ARGMIN_ALL, FLATTEN, SPLIT_HEADS, SPLIT_HEADS_BIAS, MERGE_HEADS, TAKE_ALONG, ARANGE, ONES,
     NARROW, CONCAT3, STACK, SPLIT, SOFTMAX_CAUSAL, WHERE_CAUSAL, STOP_GRADIENT, DROPOUT, RANDN, CONV2D,
-    CONV2D_S2, CONV2D_BIG, CONV2D_BIAS, CONV2D_P2, CONV2D_P0, CONV2D_BIAS_RELU, CONV_BLOCK, LINEAR, LINEAR_RELU, LINEAR_GELU,
+    CONV2D_S2, CONV2D_BIG, CONV2D_BIAS, CONV2D_P2, CONV2D_P0, CONV2D_BIAS_RELU, CONV_BLOCK, LINEAR, LINEAR_RELU, LINEAR_GELU, PRODUCTS_SUMMED,
     MAXPOOL, MAXPOOL_PAD, MAXPOOL_RELU, MAXPOOL_PAD_RELU,
     UPSAMPLE, LAYERNORM_CHAIN, ATTENTION, SCALAR_CHAIN, FUSED_ATTN, FUSED_ATTN_CAUSAL, MERGED_ATTN, SPLIT_ATTN, SPLIT_ATTN_CAUSAL, QKV_BIAS, SOFTMAX_BIAS, CE_BIAS,
 };
@@ -116,6 +116,7 @@ static tg_tensor op_fwd(const bcase *c, const tg_tensor *in) {
     case LINEAR: return tg_add(tg_matmul(x, y), z);
     case LINEAR_RELU: return tg_relu(tg_add(tg_matmul(x, y), z));
     case LINEAR_GELU: return tg_gelu(tg_add(tg_matmul(x, y), z));
+    case PRODUCTS_SUMMED: return tg_add(tg_add(tg_matmul(x, y), tg_matmul(x, z)), tg_matmul(tg_square(x), y));
     case MAXPOOL: return tg_max_pool2d(x, 2, 2, 0);
     case MAXPOOL_PAD: return tg_max_pool2d(x, 3, 2, 1);
     case MAXPOOL_RELU: return tg_max_pool2d(tg_relu(x), 2, 2, 0);
@@ -206,6 +207,9 @@ static const bcase CASES[] = {
     { "matmul past the AVX2 blocks", MATMUL, 2, { F("x", 151, 263), F("y", 263, 517) }, 0, false, true },
     { "matmul deeper than two bf16 blocks, odd depth", MATMUL, 2, { F("x", 9, 1031), F("y", 1031, 7) }, 0, false, true },
     { "matmul + bias (fused add)", LINEAR, 3, { F("x", 45, 70), F("y", 70, 33), F("b", 33) }, 0, false, true },
+    /* a sum of products, as x's gradient through q, k and v (at bf16 one product adds the last's
+     * output: beta = 1, cuda_fold_addends) */
+    { "three products summed", PRODUCTS_SUMMED, 3, { F("x", 40, 48), F("y", 48, 36), F("z", 48, 36) }, 0, false, true },
     /* relu(product + bias): the product kernel applies the relu (MM_RELU), on the whole product or,
      * above PARALLEL_MACS, on each thread's block of columns */
     { "matmul + bias + relu (fused)", LINEAR_RELU, 3, { F("x", 45, 70), F("y", 70, 33), F("b", 33) }, 0, false, true },
@@ -839,7 +843,7 @@ static int kernels_without_prior(const char *src, int *n) {
         const char *name = k + strlen(K), *body = strstr(k, "{\n");
         if (strncmp(name, "__launch_bounds__", 17) == 0) name = strchr(name, ' ') + 1;
         if (strncmp(name, "tg_wb_check", 11) == 0 || strncmp(name, "tg_to_", 6) == 0 || strncmp(name, "tg_writeback", 12) == 0 ||
-            strncmp(name, "tg_bias_add", 11) == 0)
+            strncmp(name, "tg_add_addend", 13) == 0)
             continue;
         (*n)++;
         bad += !body || strncmp(body + 2, "    tgk_prior();", 16) != 0;
@@ -1045,8 +1049,9 @@ static void cuda_precisions(void) {
     /* The cases' products are small: the CUDA schedule computes them inside the kernels that read
      * them. Through cuBLAS too, as larger ones go: in f32 through cublasGemmEx (where cuBLASLt has
      * no algorithm for a product), in bf16 through cuBLASLt as the others (a product's bias by its
-     * epilogue: cuda_fold_biases), and the bias cases at bf16 through cublasGemmEx (its f32 sums,
-     * then the bias added and the sum rounded: tg_bias_add). */
+     * epilogue, a product's sum with another's by beta = 1: cuda_fold_addends), and those cases at
+     * bf16 through cublasGemmEx (its f32 sums, then the addend added and the sum rounded:
+     * tg_add_addend). */
     setenv("TG_CUDA_SMALL_REDUCTIONS", "0", 1);
     for (tg_precision p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p += TG_PRECISION_BF16 - TG_PRECISION_F32) {
         setenv("TG_CUDA_LT", p == TG_PRECISION_F32 ? "0" : "1", 1);
@@ -1055,7 +1060,8 @@ static void cuda_precisions(void) {
     }
     setenv("TG_CUDA_LT", "0", 1);
     for (int i = 0; i < N_CASES; i++)
-        if (strstr(CASES[i].name, "bias")) compare_case("cuda", TG_PRECISION_BF16, &CASES[i], "cuda bf16, cublasGemmEx");
+        if (strstr(CASES[i].name, "bias") || strstr(CASES[i].name, "products summed"))
+            compare_case("cuda", TG_PRECISION_BF16, &CASES[i], "cuda bf16, cublasGemmEx");
     unsetenv("TG_CUDA_LT");
     unsetenv("TG_CUDA_SMALL_REDUCTIONS");
 }

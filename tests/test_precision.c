@@ -152,7 +152,7 @@ static ht expect(opk op, const ht *x) {
 }
 
 /* bf16 graphs round their activations (graph_bf16_values): a product's output; a product plus
- * its bias once, with the bias rounded to bf16 first (autocast's linear: graph_bias_product), and
+ * its bias once, with the bias rounded to bf16 first (autocast's linear: graph_product_addend), and
  * the gelu of that; a residual sum of f32 x[2] and a rounded product stays f32.
  * `want`: the op on the rounded operands rx, replaced by what a bf16 graph computes. */
 static void activations(opk op, ht *want, const ht *rx) {

@@ -379,11 +379,11 @@ static const char *compute(cg *c, int id, ix_t ix, char *name) {
         char a[NAME], b[NAME];
         snprintf(a, NAME, "%s", val(c, n->src[0], broadcast_ix(c, s0->shape, n->shape, &ix)));
         snprintf(b, NAME, "%s", val(c, n->src[1], broadcast_ix(c, N(c, n->src[1])->shape, n->shape, &ix)));
-        int p = n->op == OP_ADD ? graph_bias_product(c->g, c->bf16, id) : -1;
-        if (p >= 0) {   /* a product plus its bias: the bias rounded to bf16 first */
-            char *bias = p == n->src[0] ? b : a, r[NAME];
-            cg_def(c, r, "t", t, "%s(%s)", bf16_round(c), bias);
-            memcpy(bias, r, NAME);
+        int p = n->op == OP_ADD ? graph_product_addend(c->g, c->bf16, id) : -1;
+        if (p >= 0) {   /* a product plus its addend: the addend rounded to bf16 first (a bias; else it is bf16) */
+            char *addend = p == n->src[0] ? b : a, r[NAME];
+            cg_def(c, r, "t", t, "%s(%s)", bf16_round(c), addend);
+            memcpy(addend, r, NAME);
         }
         cg_def(c, name, "t", t, "%s", binary_expr(n, s0->dtype == TG_INT32, a, b, e, sizeof e));
         break;

@@ -212,7 +212,7 @@ void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *mat,
     }
     /* Products read only by the add of a bias; or by the add of a bias that only a relu reads
      * (computed inside the relu's kernel: the product kernel applies the relu too). Not where the
-     * sum is a bf16 activation, rounded with its bias rounded (graph_bias_product): the add's
+     * sum is a bf16 activation, rounded with its bias rounded (graph_product_addend): the add's
      * kernel computes it. */
     bool *bf16 = NULL;
     bool rounding_known = graph_bf16_values(g, &bf16);

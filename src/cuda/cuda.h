@@ -26,7 +26,8 @@ typedef struct {
     bool takes_args;                 /* CL_KERNEL: args is its fourth parameter */
     cuda_kernel_args args;
     int ta, tb, a, b;                /* CL_GEMM: operands' nodes */
-    int bias;                        /* CL_GEMM: the node of a bias added to each row (cuda_fold_biases), or -1 */
+    int addend;                      /* CL_GEMM: the node added to the product (cuda_fold_addends), or -1: a bias
+                                      * (N values, added to each row) or a value of C's shape */
     int64_t M, N, K, batch, *aoff, *boff;
     int64_t n;                       /* CL_MEMSET: elements */
 } cuda_launch;
@@ -70,14 +71,15 @@ extern const char CUDA_ATTENTION_MMA_SOURCE[];
  * adjacent axis, gets no kernel of its own (the reader sums over both axes at once, as the
  * gradient of a broadcast bias does over batch and time). */
 void cuda_refine(const tg_graph *g, const int *keep, int n_keep, bool *materialized);
-/* bf16 graphs: each product plus its bias (graph_bias_product) as one product of three sources
- * (the third the bias), which cuBLASLt computes with its bias epilogue, the bias's bf16 copy
- * added before the one rounding, instead of a kernel adding it after the product. Only where
- * cuBLAS would run the product (not computed inline: `inline_small`, FUSE_SMALL_REDUCTIONS), over
- * one batch, not kept, with a leaf for a bias. Returns a copy of g with those adds rewritten (the
- * products they read are then dead), the same node ids; NULL where there is none or memory runs
- * out (g as it is is as valid). cuda_fold_free frees the copy. */
-tg_graph *cuda_fold_biases(const tg_graph *g, const int *keep, int n_keep, bool inline_small);
+/* bf16 graphs: each product plus its addend (graph_product_addend) as one product of three
+ * sources (the third the addend), which cuBLASLt computes with its bias epilogue (the bias's bf16
+ * copy) or with beta = 1 (a bf16 value of C's shape), added before the one rounding, instead of a
+ * kernel adding it after the product. Only where cuBLAS would run the product (not computed
+ * inline: `inline_small`, FUSE_SMALL_REDUCTIONS), over one batch, not kept, with a leaf for a bias,
+ * and where the sum's readers take it as a bf16 value. Returns a copy of g with those adds
+ * rewritten (the products they read are then dead), the same node ids; NULL where there is none
+ * or memory runs out (g as it is is as valid). cuda_fold_free frees the copy. */
+tg_graph *cuda_fold_addends(const tg_graph *g, const int *keep, int n_keep, bool inline_small);
 void cuda_fold_free(tg_graph *f);
 /* Consecutive pointwise nodes and sums, which the generator may put into one kernel: per node,
  * the last node of its run (plan_build's live_until), -1 outside runs. */

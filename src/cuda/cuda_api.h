@@ -97,8 +97,8 @@ typedef struct {
     int32_t ta, tb, bf16, tf32;   /* bf16 operands; f32 operands on TF32 tensor cores */
     uint32_t align[3];            /* bytes that every address of A, B and C is a multiple of (<= 256) */
     uint32_t c_bf16;              /* C in bf16 (a bf16 activation: graph_bf16_values) */
-    uint32_t bias;                /* bf16 operands and C: plus a bf16 bias per column (cuBLASLt's BIAS epilogue) */
-    uint32_t unused;              /* zero: the struct has no padding bytes */
+    uint32_t bias;                /* bf16 operands and C: plus a bf16 bias per column (cuBLASLt's BIAS epilogue), */
+    uint32_t accumulate;          /* or plus a bf16 matrix of C's shape (beta = 1; the struct has no padding bytes) */
 } lt_shape;
 typedef struct { uint64_t data[8]; } lt_algo;   /* cublasLtMatmulAlgo_t */
 typedef struct {
@@ -109,16 +109,18 @@ typedef struct {
     CUfunction own;               /* set: our kernel (tgk_gemm) runs this product instead, */
     int own_warps;                /* in blocks of this many warps; OWN_X3: tgk_gemm3 (three TF32 products), */
     CUfunction own_sum;           /* its split reduction's parts added by tg_gemm3_sum */
+    const void *addend;           /* shape.accumulate: the matrix every run adds (C; the result goes to D) */
 } lt_product;
 #define OWN_X3 1
 typedef struct { CUfunction small, x3, x3_sum; } lt_ours;   /* our kernels for a product's transposes (NULL: none) */
 void *lt_handle_new(void);        /* NULL without cuBLASLt */
 /* Descriptors and the algorithm for shape s, the candidates timed on these buffers (whose
- * contents they overwrite: C; `bias`, s->bias's vector, which every run adds); `ours`, our
+ * contents they overwrite: C; `addend`, s->bias's vector or s->accumulate's matrix, which every
+ * run adds); `ours`, our
  * kernels for s's transposes (CUDA_PRODUCT_KERNELS, CUDA_PRODUCT3_KERNELS), more candidates where
  * not NULL (never for bf16 operands). False (p cleared) when cuBLASLt is missing or has none. */
 bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, lt_ours ours, const void *A, const void *B,
-                     void *C, const void *bias);
+                     void *C, const void *addend);
 /* cuBLAS status; early: our kernel, where it runs p, may start early (cuda_start) */
 int lt_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C, bool early);
 void lt_product_free(lt_product *p);

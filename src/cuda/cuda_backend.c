@@ -499,7 +499,7 @@ typedef struct {
 typedef struct {
     cuda_device *dev;        /* where its buffers live and its launches run (NULL: cuda-nvrtc) */
     const tg_graph *g;       /* the graph it runs: the caller's, or `folded` */
-    tg_graph *folded;        /* the caller's with products and their biases folded (cuda_fold_biases), or NULL */
+    tg_graph *folded;        /* the caller's with products and their addends folded (cuda_fold_addends), or NULL */
     tg_plan plan;
     cuda_plan launches;
     char *source;
@@ -533,10 +533,10 @@ typedef struct {
     bool profile_graph, profile_all;
     /* tf32, bf16: product operands rounded into two slots of scratch (rounded_operands) */
     CUfunction to_rounded;
-    /* bf16: a product's bias that cuBLASLt does not add: its f32 sums into bias_sums (sized by
-     * products_ready), then tg_bias_add */
-    CUfunction bias_add;
-    CUdeviceptr bias_sums;
+    /* bf16: a product's addend that cuBLASLt does not add: its f32 sums into sums (sized by
+     * products_ready), then tg_add_addend */
+    CUfunction add_addend;
+    CUdeviceptr sums;
     CUdeviceptr slot[2];
     int slot_holds[2];       /* the node each slot holds in this enqueue, or -1 */
     int conversions;         /* rounding launches per step */
@@ -594,7 +594,7 @@ static void cuda_release(void *h) {
     if (e->hyper_dev) cu.MemFree(e->hyper_dev);
     if (e->wb_table) cu.MemFree(e->wb_table);
     if (e->wb_poison) cu.MemFree(e->wb_poison);
-    if (e->bias_sums) cu.MemFree(e->bias_sums);
+    if (e->sums) cu.MemFree(e->sums);
     for (int k = 0; k < QUEUE_DEPTH; k++) {
         queue_slot *q = &e->q[k];
         if (q->graph) cu.GraphExecDestroy(q->graph);
@@ -622,7 +622,7 @@ static void cuda_release(void *h) {
 static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_keep, const char *arch, tg_error *err) {
     const char *small = getenv("TG_CUDA_SMALL_REDUCTIONS");   /* =0: none computed inline (tests) */
     const bool inline_small = !(small && small[0] == '0');
-    e->folded = cuda_fold_biases(g, keep, n_keep, inline_small);
+    e->folded = cuda_fold_addends(g, keep, n_keep, inline_small);
     g = e->g = e->folded ? e->folded : g;
     bool *mat = tg_alloc(sizeof(bool) * (size_t)(g->n + 1)), *want = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
     bool *only = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
@@ -713,7 +713,7 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
         const char *fn = g->precision == TG_PRECISION_BF16 ? "tg_to_bf16" : "tg_to_tf32";
         size_t bytes = most * (g->precision == TG_PRECISION_BF16 ? 2 : 4);
         TRY(cu.ModuleGetFunction(&e->to_rounded, e->module[0], fn), fn);
-        TRY(cu.ModuleGetFunction(&e->bias_add, e->module[0], "tg_bias_add"), "tg_bias_add");
+        TRY(cu.ModuleGetFunction(&e->add_addend, e->module[0], "tg_add_addend"), "tg_add_addend");
         TRY(cu.MemAlloc(&e->slot[0], bytes), "allocating rounded operands");
         TRY(cu.MemAlloc(&e->slot[1], bytes), "allocating rounded operands");
     }
@@ -848,7 +848,9 @@ static lt_shape product_shape(const cuda_exec *e, const cuda_launch *l, const ch
     lt_shape s = { .M = l->M, .N = l->N, .K = l->K, .batch = strided ? l->batch : 1,
                    .a_stride = strided ? l->aoff[1] - l->aoff[0] : 0, .b_stride = strided ? l->boff[1] - l->boff[0] : 0,
                    .ta = l->ta, .tb = l->tb, .bf16 = e->g->precision == TG_PRECISION_BF16,
-                   .tf32 = e->g->precision == TG_PRECISION_TF32, .c_bf16 = cs == 2, .bias = l->bias >= 0 };
+                   .tf32 = e->g->precision == TG_PRECISION_TF32, .c_bf16 = cs == 2,
+                   .bias = l->addend >= 0 && e->g->nodes[l->addend].numel == l->N,
+                   .accumulate = l->addend >= 0 && e->g->nodes[l->addend].numel > l->N };
     uintptr_t bits[3] = { 0, 0, 0 };
     for (int64_t i = 0; i < l->batch; i++) {
         bits[0] |= (uintptr_t)(A + l->aoff[i] * es);
@@ -859,35 +861,38 @@ static lt_shape product_shape(const cuda_exec *e, const cuda_launch *l, const ch
     return s;
 }
 
-/* A product's bias (cuda_fold_biases): its bf16 copy, which kleaves rounds from the leaf; NULL
- * for a product without one. */
-static const void *bias_copy(const cuda_exec *e, const cuda_launch *l) {
-    return l->bias < 0 ? NULL : (const void *)(e->arena + e->plan.shadow[plan_home(&e->plan, l->bias)] * 4);
+/* A product's addend (cuda_fold_addends): a bias's bf16 copy (kleaves rounds it from the leaf),
+ * a matrix's bf16 copy where it has one, else its f32 values (*bf16 false); NULL for none. */
+static const void *addend_at(cuda_exec *e, const cuda_launch *l, bool *bf16) {
+    int h = l->addend < 0 ? -1 : plan_home(&e->plan, l->addend);
+    *bf16 = h >= 0 && e->plan.shadow && e->plan.shadow[h] != PLAN_BOUND;
+    return h < 0 ? NULL : *bf16 ? (const void *)(e->arena + e->plan.shadow[h] * 4) : (const void *)node_ptr(e, l->addend);
 }
 
-/* Where cuBLASLt does not add a product's bias: its f32 sums (in e->bias_sums) plus the bias,
+/* Where cuBLASLt does not add a product's addend: its f32 sums (in e->sums) plus the addend,
  * rounded once into C. */
-static bool bias_add(cuda_exec *e, const cuda_launch *l, void *C, size_t cs, tg_error *err) {
-    CUdeviceptr sums = e->bias_sums, bias = (CUdeviceptr)bias_copy(e, l), c = (CUdeviceptr)C;
-    long long n = l->M * l->N, cols = l->N;
-    int c_bf16 = cs == 2;
-    void *args[] = { &sums, &bias, &c, &n, &cols, &c_bf16 };
+static bool add_addend(cuda_exec *e, const cuda_launch *l, void *C, size_t cs, tg_error *err) {
+    bool bf16;
+    CUdeviceptr sums = e->sums, addend = (CUdeviceptr)addend_at(e, l, &bf16), c = (CUdeviceptr)C;
+    long long n = l->M * l->N, cols = e->g->nodes[l->addend].numel;   /* a bias: N; a matrix: n */
+    int addend_bf16 = bf16, c_bf16 = cs == 2;
+    void *args[] = { &sums, &addend, &addend_bf16, &c, &n, &cols, &c_bf16 };
     unsigned grid = (unsigned)(n / 1024 + 1 < 4096 ? n / 1024 + 1 : 4096);
-    TRY(cu.LaunchKernel(e->bias_add, grid, 1, 1, 256, 1, 1, 0, e->dev->stream, args, NULL), "a product's bias");
+    TRY(cu.LaunchKernel(e->add_addend, grid, 1, 1, 256, 1, 1, 0, e->dev->stream, args, NULL), "a product's addend");
     return true;
 fail:
     return false;
 }
 
-/* Room for the f32 sums of the largest product whose bias cuBLASLt does not add (bias_add). */
-static bool bias_sums_ready(cuda_exec *e, tg_error *err) {
+/* Room for the f32 sums of the largest product whose addend cuBLASLt does not add (add_addend). */
+static bool sums_ready(cuda_exec *e, tg_error *err) {
     size_t most = 0;
     for (int i = 0; i < e->launches.n; i++) {
         const cuda_launch *l = &e->launches.launch[i];
-        if (l->kind == CL_GEMM && l->bias >= 0 && !(e->lt && e->lt[i].desc) && (size_t)(l->M * l->N) > most)
+        if (l->kind == CL_GEMM && l->addend >= 0 && !(e->lt && e->lt[i].desc) && (size_t)(l->M * l->N) > most)
             most = (size_t)(l->M * l->N);
     }
-    if (most && !e->bias_sums) TRY(cu.MemAlloc(&e->bias_sums, most * 4), "allocating a product's sums");
+    if (most && !e->sums) TRY(cu.MemAlloc(&e->sums, most * 4), "allocating a product's sums");
     return true;
 fail:
     return false;
@@ -898,7 +903,7 @@ fail:
 static bool products_ready(cuda_exec *e, tg_error *err) {
     const char *use = getenv("TG_CUDA_LT");
     if (e->lt_ready) return true;
-    if (use && use[0] == '0') return bias_sums_ready(e, err);
+    if (use && use[0] == '0') return sums_ready(e, err);
     if (!e->lt) e->lt = tg_alloc(sizeof(lt_product) * (size_t)(e->launches.n + 1));   /* kept from a failed try */
     if (!e->lt) { tg_seterr(err, "out of memory choosing the matrix products' algorithms"); return false; }
     e->slot_holds[0] = e->slot_holds[1] = -1;
@@ -909,12 +914,14 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
         size_t es, cs;
         if (l->kind != CL_GEMM || e->lt[i].desc) continue;
         if (!product_buffers(e, l, &A, &B, &C, &es, &cs, err)) return false;
-        if (l->bias >= 0 && cs != 2) continue;   /* the bias epilogue writes bf16: an f32 C takes tg_bias_add */
+        bool addend_bf16;
+        const void *addend = addend_at(e, l, &addend_bf16);
+        if (addend && (cs != 2 || !addend_bf16)) continue;   /* cuBLASLt adds bf16 to a bf16 C; else tg_add_addend */
         lt_shape s = product_shape(e, l, A, B, C, es, cs);
         const lt_ours ours = { e->own[l->ta * 2 + l->tb], e->x3[l->ta * 2 + l->tb], e->x3_sum };
-        lt_product_init(&e->lt[i], &e->dev->lt, &s, ours, A + l->aoff[0] * es, B + l->boff[0] * es, C, bias_copy(e, l));   /* else cublasGemmEx */
+        lt_product_init(&e->lt[i], &e->dev->lt, &s, ours, A + l->aoff[0] * es, B + l->boff[0] * es, C, addend);   /* else cublasGemmEx */
     }
-    e->lt_ready = bias_sums_ready(e, err);
+    e->lt_ready = sums_ready(e, err);
     return e->lt_ready;
 }
 
@@ -930,9 +937,9 @@ static bool gemm(cuda_exec *e, int i, bool early, tg_error *err) {
     size_t es, cs, out_cs;
     if (!product_buffers(e, l, &a, &b, &out, &es, &out_cs, err)) return false;
     const lt_product *p = e->lt && e->lt[i].desc ? &e->lt[i] : NULL;
-    const bool add_bias = l->bias >= 0 && !p;   /* cuBLASLt does not add it: the sums first (one batch), then bias_add */
-    C = add_bias ? (char *)e->bias_sums : out;
-    cs = add_bias ? 4 : out_cs;
+    const bool later = l->addend >= 0 && !p;   /* cuBLASLt does not add it: the sums first (one batch), then add_addend */
+    C = later ? (char *)e->sums : out;
+    cs = later ? 4 : out_cs;
     tg_precision prec = e->g->precision;
     int type = prec == TG_PRECISION_BF16 ? CUDA_R_16BF : CUDA_R_32F, ctype = cs == 2 ? CUDA_R_16BF : CUDA_R_32F;
     int compute = prec == TG_PRECISION_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -954,7 +961,7 @@ static bool gemm(cuda_exec *e, int i, bool early, tg_error *err) {
                                    CUBLAS_GEMM_DEFAULT);
     }
     if (rc) tg_seterr(err, "cuBLAS%s product failed (status %d) for node %d", p ? "Lt" : "", rc, l->node);
-    return rc == 0 && (!add_bias || bias_add(e, l, out, out_cs, err));
+    return rc == 0 && (!later || add_addend(e, l, out, out_cs, err));
 }
 
 /* Enqueue launch i on the stream; a kernel of ours early (cuda_start) where a kernel precedes it

@@ -43,7 +43,7 @@ static cuda_launch *add_launch(cuda_plan *p, cuda_launch_kind kind, int node) {
     memset(l, 0, sizeof *l);
     l->kind = kind;
     l->node = node;
-    l->bias = -1;
+    l->addend = -1;
     return l;
 }
 
@@ -140,7 +140,7 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
         const tg_node *n = &g->nodes[i];
         if (!materialized[i]) continue;
         int ops[4], n_ops = 0;
-        if (on_cublas(g, materialized, i)) {   /* operands that no kernel of ours computes go through a slot; a bias is a leaf */
+        if (on_cublas(g, materialized, i)) {   /* operands that no kernel of ours computes go through a slot; so does an addend */
             for (int k = 0; k < n->nsrc; k++) {
                 int h = home_of(alias, n->src[k]);
                 if (writes_shadow(g, materialized, h) || fills_shadow(g, materialized, h)) ops[n_ops++] = k;
@@ -213,29 +213,73 @@ static void shadow_store(cg *c, int r, const char *at) {
     if (has_shadow(c, r) && c->n_memo > 0) cg_line(c, "S%d[%s] = %s(%s);", r, at, round_fn(c), c->memo[c->n_memo - 1].name);
 }
 
+/* Segments [lo, hi) of a pointwise kernel (segment k: thread indices up to ends[k], its code
+ * segs[k]) as a tree of comparisons: a thread finds its segment in log2 of their number (an
+ * optimizer update has one a parameter; a chain of them cost the last ones a comparison each). */
+static void segment_tree(strbuf *out, const strbuf *segs, const int64_t *ends, int lo, int hi) {
+    if (hi - lo == 1) {
+        sb_printf(out, "%s", sb_str(&segs[lo]));
+        return;
+    }
+    const int mid = (lo + hi) / 2;
+    sb_printf(out, "    if (g < %lldll) {\n", (long long)ends[mid - 1]);
+    segment_tree(out, segs, ends, lo, mid);
+    sb_printf(out, "    } else {\n");
+    segment_tree(out, segs, ends, mid, hi);
+    sb_printf(out, "    }\n");
+}
+
+/* One leaf's segment of kleaves: thread g (from `start`) rounds four neighbouring values where
+ * the leaf's length divides by four (16-byte loads where its pointer allows: a bound leaf need not
+ * be aligned), else one. */
+static void leaf_segment(const cg *c, strbuf *seg, int id, int64_t start) {
+    if (N(c, id)->numel % 4) {
+        sb_printf(seg, "        S%d[g - %lldll] = %s(((const float *)B[%d])[g - %lldll]);\n", id, (long long)start, round_fn(c), id,
+                  (long long)start);
+        return;
+    }
+    sb_printf(seg, "        const int64_t i = (g - %lldll) * 4;\n        const float *x = (const float *)B[%d] + i;\n"
+                   "        const float4 v = ((unsigned long long)x & 15) == 0 ? *(const float4 *)x : make_float4(x[0], x[1], x[2], x[3]);\n",
+              (long long)start, id);
+    if (c->g->precision == TG_PRECISION_BF16)
+        sb_printf(seg, "        *(uint2 *)(S%d + i) = make_uint2(tgk_pack_bf16(v.x, v.y), tgk_pack_bf16(v.z, v.w));\n", id);
+    else
+        sb_printf(seg, "        *(float4 *)(S%d + i) = make_float4(tgk_round_tf32(v.x), tgk_round_tf32(v.y), tgk_round_tf32(v.z), "
+                       "tgk_round_tf32(v.w));\n", id);
+}
+
 /* The first kernel of a run, when leaves have shadows: every such leaf rounded, a segment each
- * (the leaves of the product operands: parameters, and inputs fed straight to a product). */
+ * (the leaves of the product operands: parameters, and inputs fed straight to a product), found
+ * by a tree of comparisons (segment_tree). */
 static void leaf_kernel(cg *c, cuda_plan *p) {
-    strbuf body = { 0 }, decl = { 0 };
-    int64_t total = 0;
-    int first = -1;
-    for (int i = 0; i < c->g->n; i++) {
+    strbuf decl = { 0 }, code = { 0 };
+    int n_leaves = 0, first = -1;
+    for (int i = 0; i < c->g->n; i++) n_leaves += cg_is_bound(N(c, i)->op) && has_shadow(c, i);
+    strbuf *segs = tg_alloc(sizeof(strbuf) * (size_t)(n_leaves + 1));
+    int64_t *ends = tg_alloc(sizeof(int64_t) * (size_t)(n_leaves + 1)), total = 0;
+    for (int i = 0, k = 0; segs && ends && i < c->g->n; i++) {
         if (!cg_is_bound(N(c, i)->op) || !has_shadow(c, i)) continue;
         if (first < 0) first = i;
         shadow_pointer(c, &decl, i);
-        sb_printf(&body, "    %sif (g < %lldll) S%d[g - %lldll] = %s(((const float *)B[%d])[g - %lldll]);\n",
-                  total ? "else " : "", (long long)(total + N(c, i)->numel), i, (long long)total, round_fn(c), i,
-                  (long long)total);
-        total += N(c, i)->numel;
+        segs[k] = (strbuf){ 0 };
+        sb_printf(&segs[k], "    {\n");
+        leaf_segment(c, &segs[k], i, total);
+        sb_printf(&segs[k], "    }\n");
+        total += N(c, i)->numel % 4 ? N(c, i)->numel : N(c, i)->numel / 4;
+        ends[k++] = total;
     }
-    if (first >= 0) {
+    if (first >= 0 && segs && ends) {
+        segment_tree(&code, segs, ends, 0, n_leaves);
         sb_printf(c->out, "extern \"C\" __global__ void kleaves(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s"
-                          "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n%s}\n\n",
-                  sb_str(&decl), BLOCK, sb_str(&body));
+                          "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n    if (g >= %lldll) return;\n%s}\n\n",
+                  sb_str(&decl), BLOCK, (long long)total, sb_str(&code));
         kernel_launch(p, first, total, BLOCK);
         snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "kleaves");
     }
-    free(body.s);
+    for (int k = 0; segs && k < n_leaves; k++) free(segs[k].s);
+    free(segs);
+    free(ends);
+    free(code.s);
     free(decl.s);
 }
 
@@ -350,20 +394,24 @@ static bool read_as_bf16(const tg_graph *g, int id, int depth) {
     return true;
 }
 
-/* Would graph_bias_product's add `id` (of product p and bias b) be folded: a product cuBLAS runs
- * (not one computed inline), over one batch, not kept, with a leaf for a bias (kleaves rounds it),
- * read as bf16 values? */
-static bool foldable(const tg_graph *g, int id, int p, int b, const int *keep, int n_keep, bool inline_small) {
+/* Would graph_product_addend's add `id` (of product p and addend b) be folded: a product cuBLAS
+ * runs (not one computed inline), over one batch, neither kept, the sum read as bf16 values; a
+ * bias a leaf (kleaves rounds it), a matrix another product that cuBLAS writes in bf16 (`nodes`:
+ * the graph's so far, a folded sum among them)? */
+static bool foldable(const tg_graph *g, const tg_node *nodes, int id, int p, int b, const int *keep, int n_keep,
+                     bool inline_small) {
     for (int k = 0; k < n_keep; k++)
         if (keep[k] == p || keep[k] == id) return false;
     cg_gemm m = cg_gemm_of(g, p);
     free(m.aoff);
     free(m.boff);
-    return m.batch == 1 && !(inline_small && fuse_small_reduction(g, p)) && cg_is_bound(g->nodes[b].op) &&
-           g->nodes[id].shape.ndim >= 2 && read_as_bf16(g, id, 0);
+    bool bias = g->nodes[b].numel < g->nodes[id].numel;
+    bool addend_ok = bias ? cg_is_bound(g->nodes[b].op)
+                          : nodes[b].op == OP_MATMUL && (nodes[b].nsrc > 2 || !(inline_small && fuse_small_reduction(g, b)));
+    return m.batch == 1 && !(inline_small && fuse_small_reduction(g, p)) && addend_ok && read_as_bf16(g, id, 0);
 }
 
-tg_graph *cuda_fold_biases(const tg_graph *g, const int *keep, int n_keep, bool inline_small) {
+tg_graph *cuda_fold_addends(const tg_graph *g, const int *keep, int n_keep, bool inline_small) {
     bool *bf16 = NULL;
     if (g->precision != TG_PRECISION_BF16 || !graph_bf16_values(g, &bf16) || !bf16) return NULL;
     tg_graph *f = tg_alloc(sizeof *f);
@@ -371,8 +419,8 @@ tg_graph *cuda_fold_biases(const tg_graph *g, const int *keep, int n_keep, bool 
     int folded = 0;
     for (int i = 0; f && nodes && i < g->n; i++) {
         nodes[i] = g->nodes[i];
-        int p = graph_bias_product(g, bf16, i), b = p < 0 ? -1 : g->nodes[i].src[g->nodes[i].src[0] == p];
-        if (p < 0 || !foldable(g, i, p, b, keep, n_keep, inline_small)) continue;
+        int p = graph_product_addend(g, bf16, i), b = p < 0 ? -1 : g->nodes[i].src[g->nodes[i].src[0] == p];
+        if (p < 0 || !foldable(g, nodes, i, p, b, keep, n_keep, inline_small)) continue;
         tg_node *n = &nodes[i];   /* the add's node, shape and name; the product's sources and transposes */
         n->op = OP_MATMUL;
         n->nsrc = 3;
@@ -550,22 +598,6 @@ static strbuf lane_body(cg *c, const int *roots, int n_roots, int lanes) {
     free(v);
     sb_printf(&code, "    {\n        const %s i = (%s)g;\n%s    }\n", it, it, sb_str(&c->body));
     return code;
-}
-
-/* Segments [lo, hi) of a pointwise kernel (segment k: thread indices up to ends[k], its code
- * segs[k]) as a tree of comparisons: a thread finds its segment in log2 of their number (an
- * optimizer update has one a parameter; a chain of them cost the last ones a comparison each). */
-static void segment_tree(strbuf *out, const strbuf *segs, const int64_t *ends, int lo, int hi) {
-    if (hi - lo == 1) {
-        sb_printf(out, "%s", sb_str(&segs[lo]));
-        return;
-    }
-    const int mid = (lo + hi) / 2;
-    sb_printf(out, "    if (g < %lldll) {\n", (long long)ends[mid - 1]);
-    segment_tree(out, segs, ends, lo, mid);
-    sb_printf(out, "    } else {\n");
-    segment_tree(out, segs, ends, mid, hi);
-    sb_printf(out, "    }\n");
 }
 
 /* One kernel for the pointwise node order[0] and as many of the pointwise nodes after it in
@@ -1265,7 +1297,7 @@ static void matmul_launch(cg *c, cuda_plan *p, int id) {
     l->boff = m.boff;
     l->a = n->src[0];
     l->b = n->src[1];
-    l->bias = n->nsrc > 2 ? n->src[2] : -1;
+    l->addend = n->nsrc > 2 ? n->src[2] : -1;
 }
 
 /* Where a kernel compiled once for several launches finds node id's buffer (cuda_kernel_args):
@@ -1687,12 +1719,15 @@ static const char DEVICE_KERNELS[] =
     "#else\n"
     "    return (unsigned)tgk_round_bf16(lo) | (unsigned)tgk_round_bf16(hi) << 16;\n"
     "#endif\n}\n"
-    /* a product's bias where cuBLASLt cannot add it: the product's f32 sums plus the bias's bf16
-     * copy, rounded once (bf16(x W + bf16(b)), as the epilogue) */
-    "extern \"C\" __global__ void tg_bias_add(const float *sums, const unsigned short *bias, void *C, long long n, long long cols,\n"
-    "                                       int c_bf16) {\n"
+    /* a product's addend where cuBLASLt does not add it (cuda_fold_addends): the product's f32
+     * sums plus the addend (a bias: `cols` values for every row; a matrix: cols = n), bf16 or
+     * f32, rounded once */
+    "extern \"C\" __global__ void tg_add_addend(const float *sums, const void *addend, int addend_bf16, void *C, long long n,\n"
+    "                                         long long cols, int c_bf16) {\n"
     "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n"
-    "        const float v = sums[i] + __uint_as_float((unsigned)bias[i % cols] << 16);\n"
+    "        const long long j = i % cols;\n"
+    "        const float v = sums[i] + (addend_bf16 ? __uint_as_float((unsigned)((const unsigned short *)addend)[j] << 16)\n"
+    "                                              : ((const float *)addend)[j]);\n"
     "        if (c_bf16) ((unsigned short *)C)[i] = tgk_round_bf16(v);\n"
     "        else ((float *)C)[i] = v;\n"
     "    }\n"

@@ -501,10 +501,10 @@ void lt_product_free(lt_product *p) {
 }
 
 int lt_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C, bool early) {
-    const float one = 1, zero = 0;
+    const float one = 1, beta = p->addend ? 1 : 0;
     if (p->own) return own_run(p, d, A, B, C, early);
-    return lt.Matmul(d->handle, p->desc, &one, B, p->layout[0], A, p->layout[1], &zero, C, p->layout[2], C, p->layout[2],
-                     &p->algo, (void *)d->workspace, d->workspace_bytes, d->stream);
+    return lt.Matmul(d->handle, p->desc, &one, B, p->layout[0], A, p->layout[1], &beta, p->addend ? p->addend : C, p->layout[2],
+                     C, p->layout[2], &p->algo, (void *)d->workspace, d->workspace_bytes, d->stream);
 }
 
 /* The heuristic's candidates for this shape, best guess first; how many (0: none). */
@@ -576,7 +576,8 @@ static bool own_set(lt_product *p, const lt_ours *ours, int own_warps) {
 static void report(const lt_shape *s, const lt_heuristic *h, const double *ms, int n, int best, double own_ms, int own, bool won) {
     fprintf(stderr, "tensorgrad: product [%lld x %lld] x [%lld x %lld]%s%s x%lld %s%s%s:", (long long)s->M, (long long)s->K,
             (long long)s->K, (long long)s->N, s->ta ? " (A^T)" : "", s->tb ? " (B^T)" : "", (long long)s->batch,
-            s->bf16 ? "bf16" : s->tf32 ? "tf32" : "f32", s->c_bf16 ? " to bf16" : "", s->bias ? " + bias" : "");
+            s->bf16 ? "bf16" : s->tf32 ? "tf32" : "f32", s->c_bf16 ? " to bf16" : "",
+            s->bias ? " + bias" : s->accumulate ? " + C" : "");
     for (int i = 0; i < n; i++)
         fprintf(stderr, " %s%.4f (algo %u tile %u split %u reduction %u)", i == best && !won ? "*" : "", ms ? ms[i] : NAN,
                 config(&h[i].algo, LT_CONFIG_ID), config(&h[i].algo, LT_CONFIG_TILE), config(&h[i].algo, LT_CONFIG_SPLITK),
@@ -709,14 +710,15 @@ static bool describe_bias(lt_product *p, const lt_shape *s, const void *bias) {
 }
 
 bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, lt_ours ours, const void *A, const void *B,
-                     void *C, const void *bias) {
+                     void *C, const void *addend) {
     memset(p, 0, sizeof *p);
     p->shape = *s;
     unsigned grid[3], block, shared;
     int mode = own_mode(), x3 = x3_mode(), parts;
     if (mode == 0 || !own_launch(s, d, mode > 0 ? mode : OWN_CHOICES[0], grid, &block, &shared, &parts)) ours.small = NULL;
     if (x3 == 0 || !ours.x3_sum || !own_launch(s, d, OWN_X3, grid, &block, &shared, &parts)) ours.x3 = NULL;
-    if (!lt_available() || !d->handle || !describe(p, s) || !describe_bias(p, s, bias)) goto fail;
+    p->addend = s->accumulate ? addend : NULL;
+    if (!lt_available() || !d->handle || !describe(p, s) || !describe_bias(p, s, addend)) goto fail;
     const int forced = ours.x3 && x3 == 1 ? OWN_X3 : ours.small && mode > 0 ? mode : 0;
     if (forced) {   /* not remembered, so that a timed choice is not displaced */
         own_set(p, &ours, forced);

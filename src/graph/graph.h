@@ -147,12 +147,14 @@ static inline float precision_round(tg_precision p, float x) {
  * merely moved)? */
 bool graph_bf16_values(const tg_graph *g, bool **out);
 bool graph_rounds(const tg_graph *g, const bool *bf16, int id);
-/* A product plus its bias, as autocast's linear computes it: where a product's only reader adds a
- * vector along its last axis (one value per column, over every row) and the sum is a bf16
- * activation, the product is not rounded itself; the bias is rounded to bf16 and the sum once
- * (bf16(x W + bf16(b))), as cuBLASLt's bias epilogue computes it. graph_bias_product: for such an
- * ADD node id, the product (the other source is the bias), else -1. */
-int graph_bias_product(const tg_graph *g, const bool *bf16, int id);
+/* A product plus its addend, rounded once: where a product's only reader adds to it a vector
+ * along its last axis (a bias: one value per column, over every row) or a bf16 activation of its
+ * shape (a gradient accumulated: the sum of x's gradients through three products) and the sum is
+ * a bf16 activation, the product is not rounded itself; the addend is rounded to bf16 (a bias; the
+ * other is already) and the sum once: bf16(x W + bf16(b)), autocast's linear, as cuBLASLt's bias
+ * epilogue computes it, and bf16(x W + c) as a product with beta = 1 does. graph_product_addend:
+ * for such an ADD node id, the product (the other source is the addend), else -1. */
+int graph_product_addend(const tg_graph *g, const bool *bf16, int id);
 
 /* The hyper slot every graph reserves for its per-call random seed (RANDN, DROPOUT). */
 #define HYPER_SEED 0

@@ -60,14 +60,16 @@ static void f32_products(const tg_graph *g, bool *f32, int *stack) {
     }
 }
 
-/* Is source k of ADD node `add` a product, the other source a vector along the sum's last axis
- * (graph_bias_product's shape)? */
-static bool product_and_bias(const tg_graph *g, const tg_node *add, int k) {
+/* Is source k of ADD node `add` a product, the other source its addend (graph_product_addend):
+ * a vector along the sum's last axis (a bias), or a bf16 activation of the sum's shape? */
+static bool product_and_addend(const tg_graph *g, const bool *bf16, const tg_node *add, int k) {
     const tg_node *p = &g->nodes[add->src[k]], *b = &g->nodes[add->src[1 - k]];
     int r = add->shape.ndim;
-    return add->op == OP_ADD && add->nsrc == 2 && p->op == OP_MATMUL && p->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
-           p->numel == add->numel && r >= 2 && b->shape.ndim >= 1 && b->shape.d[b->shape.ndim - 1] == add->shape.d[r - 1] &&
-           b->numel == add->shape.d[r - 1];
+    if (add->op != OP_ADD || add->nsrc != 2 || p->op != OP_MATMUL || p->dtype != TG_FLOAT32 || b->dtype != TG_FLOAT32 ||
+        p->numel != add->numel || r < 2 || add->src[0] == add->src[1])
+        return false;
+    bool bias = b->shape.ndim >= 1 && b->shape.d[b->shape.ndim - 1] == add->shape.d[r - 1] && b->numel == add->shape.d[r - 1];
+    return bias || (b->numel == add->numel && bf16[add->src[1 - k]]);
 }
 
 /* Readers of each node, counting the graph's output, write-backs, captures and patch sites as
@@ -82,11 +84,11 @@ static void count_uses(const tg_graph *g, int *uses) {
     for (int k = 0; k < g->n_patches; k++) uses[g->patches[k].node] += 2;
 }
 
-int graph_bias_product(const tg_graph *g, const bool *bf16, int id) {
+int graph_product_addend(const tg_graph *g, const bool *bf16, int id) {
     const tg_node *n = &g->nodes[id];
     if (!bf16 || !bf16[id] || n->op != OP_ADD) return -1;
     for (int k = 0; k < 2; k++)
-        if (product_and_bias(g, n, k) && !bf16[n->src[k]]) return n->src[k];   /* an f32 product's sum is never bf16 */
+        if (product_and_addend(g, bf16, n, k) && !bf16[n->src[k]]) return n->src[k];   /* an f32 product's sum is never bf16 */
     return -1;
 }
 
@@ -110,11 +112,11 @@ bool graph_bf16_values(const tg_graph *g, bool **out) {
         else if (moves(n->op)) bf16[i] = bf16[n->src[0]];
         else if (arithmetic(n->op)) bf16[i] = follows(g, n, bf16);
     }
-    count_uses(g, stack);   /* products whose only reader adds their bias: rounded once, with it */
+    count_uses(g, stack);   /* products whose only reader adds their bias (or a bf16 value): rounded once, with it */
     for (int i = 0; i < g->n; i++)
         for (int k = 0; k < 2 && bf16[i]; k++) {
             int p = g->nodes[i].src[k];
-            if (product_and_bias(g, &g->nodes[i], k) && bf16[p] && stack[p] == 1) {
+            if (product_and_addend(g, bf16, &g->nodes[i], k) && bf16[p] && stack[p] == 1) {
                 bf16[p] = false;
                 break;
             }

@@ -968,12 +968,12 @@ ref_exec *ref_exec_new(const tg_graph *g, const tg_plan *plan, bool round_f32)
 
 void ref_exec_bind(ref_exec *e, int node, double *storage) { e->bufs[node] = storage; }
 
-/* Node id, whose bias is first rounded to bf16 where it is a product plus its bias
- * (graph_bias_product): the operand is read through a rounded copy. */
-static void eval_rounding_bias(ref_exec *e, int id, const double *hyper)
+/* Node id, whose addend is first rounded to bf16 where it is a product plus its addend
+ * (graph_product_addend: a bias; the other addends already are): read through a rounded copy. */
+static void eval_rounding_addend(ref_exec *e, int id, const double *hyper)
 {
     const tg_node *n = &e->g->nodes[id];
-    int p = graph_bias_product(e->g, e->bf16, id), b = p < 0 ? -1 : n->src[0] == p ? n->src[1] : n->src[0];
+    int p = graph_product_addend(e->g, e->bf16, id), b = p < 0 ? -1 : n->src[0] == p ? n->src[1] : n->src[0];
     double *kept = b < 0 ? NULL : e->bufs[b], *copy = b < 0 ? NULL : rounded(TG_PRECISION_BF16, kept, e->g->nodes[b].numel);
     if (copy)
         e->bufs[b] = copy;
@@ -993,7 +993,7 @@ void ref_exec_run(ref_exec *e, const double *hyper)
          * need it would fault on the NULL rather than read stale data. */
         if (is_bound_leaf(n->op) || !e->bufs[id])
             continue;
-        eval_rounding_bias(e, id, hyper);
+        eval_rounding_addend(e, id, hyper);
         if (e->round_f32 && n->dtype == TG_FLOAT32) {
             double *v = e->bufs[id];
             for (int64_t i = 0; i < n->numel; i++)
