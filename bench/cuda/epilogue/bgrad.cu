@@ -8,17 +8,7 @@
  *     beside beta = 0.
  * Each the best of the heuristic's first 8 algorithms, 20 launches in a CUDA graph, best of 5.
  * Not part of the build: nvcc -O3 -arch=sm_90 -o bgrad bench/cuda/epilogue/bgrad.cu -lcublasLt; run on the GPU machine. */
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-#include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
-#define LK(x) do { cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) { printf("%s:%d status %d\n", __FILE__, __LINE__, (int)s_); exit(1); } } while (0)
-#include "../graph_ms.h"
+#include "lt_harness.h"
 
 static cudaStream_t stream;
 static cublasLtHandle_t lt;

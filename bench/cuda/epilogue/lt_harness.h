@@ -1,0 +1,13 @@
+/* What the cuBLASLt harnesses of this folder share: their headers, the error checks of the CUDA
+ * runtime (CK) and of cuBLASLt (LK, exiting with the status), and the graph timer. */
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
+#define LK(x) do { cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) { printf("%s:%d status %d\n", __FILE__, __LINE__, (int)s_); exit(1); } } while (0)
+#include "../graph_ms.h"
