@@ -116,9 +116,9 @@ typedef struct { CUfunction small, x3, x3_sum; } lt_ours;   /* our kernels for a
 void *lt_handle_new(void);        /* NULL without cuBLASLt */
 /* Descriptors and the algorithm for shape s, the candidates timed on these buffers (whose
  * contents they overwrite: C; `addend`, s->bias's vector or s->accumulate's matrix, which every
- * run adds); `ours`, our
- * kernels for s's transposes (CUDA_PRODUCT_KERNELS, CUDA_PRODUCT3_KERNELS), more candidates where
- * not NULL (never for bf16 operands). False (p cleared) when cuBLASLt is missing or has none. */
+ * run adds); `ours`, our kernels for s's transposes (CUDA_PRODUCT_KERNELS, CUDA_PRODUCT3_KERNELS),
+ * more candidates where not NULL (never for bf16 operands). False (p cleared) when cuBLASLt is
+ * missing or has none. */
 bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, lt_ours ours, const void *A, const void *B,
                      void *C, const void *addend);
 /* cuBLAS status; early: our kernel, where it runs p, may start early (cuda_start) */
