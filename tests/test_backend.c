@@ -964,6 +964,27 @@ static void nvrtc_own_products(void) {
     }
 }
 
+/* Which leaves the first kernel rounds (kleaves' shadow pointers): the product operands, and at
+ * bf16 the first layer's bias too, which cuBLASLt adds to its product (cuda_fold_addends); not the
+ * second layer's, whose sum softmax reads from memory, nor any at tf32 (no fold). So at bf16 x, W1,
+ * b1 and W2 (4), at tf32 x, W1 and W2 (3); a fold that stopped happening drops bf16 to 3. */
+static void nvrtc_bias_folds(void) {
+    static const struct { tg_precision precision; int leaves; } runs[] = { { TG_PRECISION_BF16, 4 }, { TG_PRECISION_TF32, 3 } };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        tg_model *m;
+        tg_error err = { { 0 } };
+        tg_train *t = wide_step(&m, runs[r].precision, 128, &err);
+        const char *src = t ? tg_train_kernel_source(t) : NULL, *prec = tg_precision_name(runs[r].precision);
+        CHECK(t != NULL && src, "%s: NVRTC compiles the step: %s", prec, err.msg);
+        const char *k = src ? strstr(src, "void kleaves(") : NULL, *end = k ? strstr(k, "const int64_t g") : NULL;
+        int n = 0;
+        for (const char *s = k; s && end && (s = strstr(s, "__restrict__ S")) && s < end; s++) n++;
+        CHECK(n == runs[r].leaves, "%s: the first kernel rounds %d leaves (expected %d)", prec, n, runs[r].leaves);
+        tg_destroy(t);
+        tg_model_free(m);
+    }
+}
+
 /* Every op through each kernel path this CPU runs below its best (the runs above took the best),
  * forced with TG_CPU_ISA: the packed products with AVX2 register tiles, the portable loops and
  * OpenBLAS, which an AVX-512 machine would otherwise never run. The generated code is built for
@@ -1129,6 +1150,7 @@ int main(void) {
         if (tg_backend_available("cuda-nvrtc", NULL, 0)) {
             nvrtc_lanes();
             nvrtc_own_products();
+            nvrtc_bias_folds();
             nvrtc_qkv_sums();
             nvrtc_generated_kernels();
         }

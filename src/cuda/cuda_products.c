@@ -717,6 +717,7 @@ bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, lt_ou
     int mode = own_mode(), x3 = x3_mode(), parts;
     if (mode == 0 || !own_launch(s, d, mode > 0 ? mode : OWN_CHOICES[0], grid, &block, &shared, &parts)) ours.small = NULL;
     if (x3 == 0 || !ours.x3_sum || !own_launch(s, d, OWN_X3, grid, &block, &shared, &parts)) ours.x3 = NULL;
+    if (s->bias || s->accumulate) ours.small = ours.x3 = NULL;   /* ours add nothing to a product */
     p->addend = s->accumulate ? addend : NULL;
     if (!lt_available() || !d->handle || !describe(p, s) || !describe_bias(p, s, addend)) goto fail;
     const int forced = ours.x3 && x3 == 1 ? OWN_X3 : ours.small && mode > 0 ? mode : 0;
