@@ -728,7 +728,9 @@ static void nvrtc_compile_all(void) {
  * gradient sums 8192 rows of 4096 columns takes four lanes in both by default (each thread of
  * that sum still sums 16 rows); a batch of 128 keeps one lane everywhere by default (its GELU has
  * 2^19 elements); TG_CUDA_LANES forces its count on every sum the shapes allow, and on
- * element-wise kernels of 2^20 elements and more. */
+ * element-wise kernels of 2^20 elements and more. Adam's update of the 4.2 M parameters, a
+ * segment a parameter, takes four lanes by default (every segment's length divides by four)
+ * and the forced count when forced. */
 static tg_linear wide1, wide2;
 static tg_tensor wide_loss(const void *ctx, const tg_tensor *in) {
     return tg_cross_entropy(tg_linear(&wide2, tg_gelu(tg_linear(&wide1, in[0]))), in[1], TG_MEAN);
@@ -910,8 +912,8 @@ static int lanes_in(const char *src, const char *head) {
 }
 
 static void nvrtc_lanes(void) {
-    static const struct { const char *lanes; int rows, sum, gelu; } runs[] = {   /* expected lanes: sums, GELU */
-        { NULL, 8192, 4, 4 }, { NULL, 128, 1, 0 }, { "4", 128, 4, 0 }, { "2", 8192, 2, 2 }, { "1", 8192, 1, 1 },
+    static const struct { const char *lanes; int rows, sum, gelu, update; } runs[] = {   /* expected lanes: sums, GELU, Adam */
+        { NULL, 8192, 4, 4, 4 }, { NULL, 128, 1, 0, 4 }, { "4", 128, 4, 0, 4 }, { "2", 8192, 2, 2, 2 }, { "1", 8192, 1, 1, 0 },
     };
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         if (runs[r].lanes) setenv("TG_CUDA_LANES", runs[r].lanes, 1);
@@ -927,6 +929,14 @@ static void nvrtc_lanes(void) {
                   runs[r].sum);
             CHECK(gelu == runs[r].gelu, "lanes %s, %d rows: large element-wise kernels take %d lanes (expected %d)", label,
                   runs[r].rows, gelu, runs[r].gelu);
+            int update = 0;   /* the update's first segment: i = (g - 0) * lanes */
+            for (int l = 4; l >= 2 && !update; l /= 2) {
+                char pat[40];
+                snprintf(pat, sizeof pat, "((g - 0ll) * %d)", l);
+                if (strstr(src, pat)) update = l;
+            }
+            CHECK(update == runs[r].update, "lanes %s, %d rows: the optimizer's segments take %d lanes (expected %d)", label,
+                  runs[r].rows, update, runs[r].update);
         }
         tg_destroy(t);
         tg_model_free(m);

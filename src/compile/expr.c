@@ -510,19 +510,27 @@ static const char *compute(cg *c, int id, ix_t ix, char *name) {
 }
 
 /* Lane c->lane's element of the vector of node id at lane_base (cg.lanes), loading the vector
- * first if no lane has yet; false where the node's pointer may not be aligned for it (a bound
- * leaf: arena buffers are 64-byte aligned) or its elements are not floats. */
+ * first if no lane has yet; false where its elements are not floats. Arena buffers are 64-byte
+ * aligned; a bound leaf's pointer is tested (element by element where it is not aligned). */
 static bool lane_load(cg *c, int id, char *name) {
     const tg_node *n = N(c, id);
     int home = plan_home(c->plan, id), k = 0;
     bool bf16 = cg_unplaced(c, id);
-    if (cg_is_bound(N(c, home)->op) || n->dtype != TG_FLOAT32 || (c->lanes != 2 && c->lanes != 4)) return false;
+    if (n->dtype != TG_FLOAT32 || (c->lanes != 2 && c->lanes != 4) || (bf16 && cg_is_bound(N(c, home)->op))) return false;
     while (k < c->n_vec && c->vec[k].node != id) k++;
     if (k == c->n_vec) {
         if (k == (int)(sizeof c->vec / sizeof c->vec[0])) return false;
         const char *t = bf16 ? (c->lanes == 4 ? "uint2" : "unsigned") : (c->lanes == 4 ? "float4" : "float2");
+        const char *b = c->lane_base;
         c->vec[k].node = id;
-        cg_def(c, c->vec[k].name, "v", t, "*(const %s *)(P%d + %s)", t, id, c->lane_base);
+        if (!cg_is_bound(N(c, home)->op))
+            cg_def(c, c->vec[k].name, "v", t, "*(const %s *)(P%d + %s)", t, id, b);
+        else if (c->lanes == 4)
+            cg_def(c, c->vec[k].name, "v", t, "((unsigned long long)(P%d + %s) & 15) == 0 ? *(const float4 *)(P%d + %s) : "
+                   "make_float4(P%d[%s], P%d[%s + 1], P%d[%s + 2], P%d[%s + 3])", id, b, id, b, id, b, id, b, id, b, id, b);
+        else
+            cg_def(c, c->vec[k].name, "v", t, "((unsigned long long)(P%d + %s) & 7) == 0 ? *(const float2 *)(P%d + %s) : "
+                   "make_float2(P%d[%s], P%d[%s + 1])", id, b, id, b, id, b, id, b);
         c->n_vec++;
     }
     static const char *const part[] = { ".x", ".y", ".z", ".w" };
@@ -540,6 +548,10 @@ static const char *val(cg *c, int id, ix_t ix) {
     if (found) return found;
     char name[NAME];
     if (in_memory(c, id)) {
+        if (c->row_vals && c->row_vals[id]) {   /* read at the kernel's row (cg_row_local) */
+            snprintf(name, sizeof name, "V%d", id);
+            return cg_memo_add(c, id, key, name);
+        }
         ensure_flat(c, n->shape, &ix);
         bool own = c->lanes && strcmp(ix.flat, c->lane_ix) == 0;
         if (c->regs && c->regs[id]) {

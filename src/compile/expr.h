@@ -52,6 +52,10 @@ typedef struct {
      * generated again without). */
     const bool *regs;
     bool regs_missed;
+    /* CUDA row kernels (NULL: off): per node, whether its value for the kernel's row is in the
+     * variable V<node>, which every thread of the row holds (a row's sum or statistic that later
+     * members read back: a register, not a store, a barrier and a load) */
+    const bool *row_vals;
     /* CUDA (NULL: off): per node, whether each value it stores is checked to be finite, a value
      * that is not setting the write-back flag, float at H + flag_slot (cuda_codegen.c's WB_MARK) */
     const bool *wb_check;
