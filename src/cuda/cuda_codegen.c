@@ -1030,6 +1030,15 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
     if (L > 1) sum_lanes(c, it, len, inner, producer, srcs, n_sums, L);
     column_plan(outs, len, L, &blocks, &chunks);
     int64_t chunk = (len + chunks - 1) / chunks;
+    /* Chunks of whole row groups: each thread's loop then has a count known at compile time (the
+     * last chunk's threads skip the rows past the end), unrolled with no one-by-one remainder:
+     * char_gpt's step bf16 6.396 -> 6.336 ms, tf32 11.71 -> 11.57 on an H100 (the GELU backward's
+     * and the layer norm's sums replayed alone by Nsight Compute did not move; other sums did). */
+    const bool fixed = chunks > 1;
+    if (fixed) {
+        chunk = (chunk + Y - 1) / Y * Y;
+        chunks = (len + chunk - 1) / chunk;
+    }
     size_t at = chunks > 1 ? sum_scratch(c, p, n_sums * chunks * outs) : 0;
     char accs[200] = "";
     for (int q = 0; q < n_sums * L; q++) snprintf(accs + strlen(accs), sizeof accs - strlen(accs), "%sacc%d = 0", q ? ", " : "", q);
@@ -1040,10 +1049,15 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
              "    const int64_t o = oj / %lld, j = oj %% %lld, k0 = (int64_t)blockIdx.y * %lld;\n"
              "    const int64_t k1 = oj >= %lldll ? k0 : k0 + %lld < %lldll ? k0 + %lld : %lldll;\n"
              "    double %s;\n"
-             "#pragma unroll 8\n"   /* loads in flight: a thread's are independent, only its sum is not */
-             "    for (int64_t k = k0 + y; k < k1; k += %d) {\n",
+             "#pragma unroll 8\n",   /* loads in flight: a thread's are independent, only its sum is not */
              n_sums, Y, L, L, (long long)inner, (long long)inner, (long long)chunk, (long long)outs, (long long)chunk,
-             (long long)len, (long long)chunk, (long long)len, accs, Y);
+             (long long)len, (long long)chunk, (long long)len, accs);
+    if (fixed)
+        snprintf(head + strlen(head), sizeof head - strlen(head),
+                 "    for (int it = 0; it < %lld; it++) {\n        const int64_t k = k0 + y + it * %d;\n        if (k >= k1) continue;\n",
+                 (long long)(chunk / Y), Y);
+    else
+        snprintf(head + strlen(head), sizeof head - strlen(head), "    for (int64_t k = k0 + y; k < k1; k += %d) {\n", Y);
     /* Warp y writes output oc of each sum: straight when the block summed every row, else its
      * partial sums to scratch, and the last block of the column group adds them up. */
     strbuf tail = { 0 };
