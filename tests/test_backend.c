@@ -835,6 +835,27 @@ static int divided_indices(const char *src) {
     return n;
 }
 
+/* How many times the source's row kernels read back a row value they stored ("if (lane == 0)
+ * P<id>[r] = ..." and a later "P<id>[" in the same kernel): none, as the value stays in the
+ * variable every lane holds (cuda_codegen.c's row_vals); *stored: how many such stores there are. */
+static int row_values_read_back(const char *src, int *stored) {
+    static const char STORE[] = "if (lane == 0) P";
+    int n = 0;
+    *stored = 0;
+    for (const char *k = strstr(src, "__global__ void "); k; ) {
+        const char *next = strstr(k + 1, "__global__ void "), *end = next ? next : k + strlen(k);
+        for (const char *st = strstr(k, STORE); st && st < end; st = strstr(st + 1, STORE)) {
+            char name[24];
+            int id = atoi(st + strlen(STORE));
+            snprintf(name, sizeof name, "P%d[", id);
+            (*stored)++;
+            for (const char *u = strstr(k, name); u && u < end; u = strstr(u + 1, name)) n += u != st + strlen(STORE) - 1;
+        }
+        k = next;
+    }
+    return n;
+}
+
 /* How many kernels of the source begin otherwise than with tgk_prior (the prelude's own kernels,
  * launched as usual, aside); *n: how many there are. */
 static int kernels_without_prior(const char *src, int *n) {
@@ -872,7 +893,8 @@ static int checked_nodes(const char *src) {
  * gradient it makes of it is a kernel of its own here (a product reads it rounded), which reads
  * the centred gradient from memory: nothing may stay in registers then. Row kernels and column
  * sums read per-row values and the layer norm's weights at coordinates of their rows (row_lane),
- * dividing none out of an element's index. */
+ * dividing none out of an element's index; a row kernel's own sums and statistics are read back
+ * from registers, not from the buffers they are stored in. */
 static void nvrtc_generated_kernels(void) {
     for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++)
         for (int regs = 1; regs >= 0; regs--) {
@@ -893,6 +915,8 @@ static void nvrtc_generated_kernels(void) {
                       regs ? "unset" : "0", in_regs ? "keeps a member in" : "keeps nothing in");
                 CHECK(divided_indices(src) == 0, "%s: %d coordinates divided out of a row kernel's or column sum's element index", prec,
                       divided_indices(src));
+                int stored, back = row_values_read_back(src, &stored);
+                CHECK(stored >= 3 && back == 0, "%s: row kernels read back %d of the %d row values they store", prec, back, stored);
             }
             tg_destroy(t);
             tg_model_free(m);
