@@ -525,12 +525,8 @@ static bool lane_load(cg *c, int id, char *name) {
         c->vec[k].node = id;
         if (!cg_is_bound(N(c, home)->op))
             cg_def(c, c->vec[k].name, "v", t, "*(const %s *)(P%d + %s)", t, id, b);
-        else if (c->lanes == 4)
-            cg_def(c, c->vec[k].name, "v", t, "((unsigned long long)(P%d + %s) & 15) == 0 ? *(const float4 *)(P%d + %s) : "
-                   "make_float4(P%d[%s], P%d[%s + 1], P%d[%s + 2], P%d[%s + 3])", id, b, id, b, id, b, id, b, id, b, id, b);
         else
-            cg_def(c, c->vec[k].name, "v", t, "((unsigned long long)(P%d + %s) & 7) == 0 ? *(const float2 *)(P%d + %s) : "
-                   "make_float2(P%d[%s], P%d[%s + 1])", id, b, id, b, id, b, id, b);
+            cg_def(c, c->vec[k].name, "v", t, "tgk_load%d(P%d + %s)", c->lanes, id, b);
         c->n_vec++;
     }
     static const char *const part[] = { ".x", ".y", ".z", ".w" };

@@ -238,8 +238,7 @@ static void leaf_segment(const cg *c, strbuf *seg, int id, int64_t start) {
                   (long long)start);
         return;
     }
-    sb_printf(seg, "        const int64_t i = (g - %lldll) * 4;\n        const float *x = (const float *)B[%d] + i;\n"
-                   "        const float4 v = ((unsigned long long)x & 15) == 0 ? *(const float4 *)x : make_float4(x[0], x[1], x[2], x[3]);\n",
+    sb_printf(seg, "        const int64_t i = (g - %lldll) * 4;\n        const float4 v = tgk_load4((const float *)B[%d] + i);\n",
               (long long)start, id);
     if (c->g->precision == TG_PRECISION_BF16)
         sb_printf(seg, "        *(uint2 *)(S%d + i) = make_uint2(tgk_pack_bf16(v.x, v.y), tgk_pack_bf16(v.z, v.w));\n", id);
@@ -1738,6 +1737,12 @@ static const char DEVICE_KERNELS[] =
     "    if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *flag = NAN;\n}\n"
     /* Operands of a product rounded as the reference's precision_round rounds them: tf32 to
      * nearest, ties away (an f32 with 13 low bits clear); bf16 to nearest even. */
+    /* Four or two floats from p (a bound leaf's pointer, which need not be 16-byte aligned): one
+     * vector load where the address allows, element by element where not */
+    "static __device__ inline float4 tgk_load4(const float *p) {\n"
+    "    return ((unsigned long long)p & 15) == 0 ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);\n}\n"
+    "static __device__ inline float2 tgk_load2(const float *p) {\n"
+    "    return ((unsigned long long)p & 7) == 0 ? *(const float2 *)p : make_float2(p[0], p[1]);\n}\n"
     "static __device__ inline float tgk_round_tf32(float x) {\n"
     "    const unsigned u = __float_as_uint(x);\n"
     "    return (u & 0x7f800000u) == 0x7f800000u ? x : __uint_as_float((u + 0x1000u) & 0xffffe000u);\n}\n"
