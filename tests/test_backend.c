@@ -634,6 +634,28 @@ static void train_compare(const char *backend, const char *name, tg_forward_fn l
           name, backend, w, losses[1][0], losses[1][11]);
 }
 
+/* The width rule of padded products (ops.c's padded_width): with an alignment of 8, a head of
+ * 65 columns is padded (72: 11% more product, on cuBLAS's aligned kernels), one of 63 is not. */
+static void padded_widths(void) {
+    static const int widths[] = { 63, 65 };
+    for (int w = 0; w < 2; w++) {
+        tg_model *m = tg_model_new(3);
+        l1 = tg_linear_new(m, "l1", 6, 16, NULL);
+        l2 = tg_linear_new(m, "l2", 16, widths[w], NULL);
+        tg_error err;
+        setenv("TG_PAD_PRODUCTS", "8", 1);
+        tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = mlp_loss, .optimizer = tg_adam(1e-3), .backend = "reference",
+                                                   .inputs = (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, .n_inputs = 2 },
+                                 &err);
+        unsetenv("TG_PAD_PRODUCTS");
+        int pads = t ? count_op(tg_train_graph(t), "pad") : -1;
+        CHECK(pads == (widths[w] > 64 ? 2 : 0), "a %d-wide head, products aligned to 8: %d pad nodes (%s)", widths[w], pads,
+              t ? "" : err.msg);
+        tg_destroy(t);
+        tg_model_free(m);
+    }
+}
+
 /* Does a probe's graph hold a product or attention (which tf32 and bf16 change)? */
 static bool has_product(tg_probe *p) {
     const tg_graph *g = tg_probe_graph(p);
@@ -856,6 +878,24 @@ static int row_values_read_back(const char *src, int *stored) {
     return n;
 }
 
+/* How many coordinates of the source's row kernels and column sums (a row r, a column oj, a row k
+ * of a column, a place j in a row) are declared 64-bit, and (*narrow) how many 32-bit: a graph
+ * whose indices fit 32 bits should have none of the first (cuda_codegen.c's head_type). The
+ * prelude's helpers, which take their sizes as arguments, are not counted. */
+static int wide_coordinates(const char *src, int *narrow) {
+    static const char *const WIDE[] = { "const int64_t r = ", "const int64_t oj = ", "const int64_t k = ", "for (int64_t k = k0",
+                                        "for (int64_t j = ", "const int64_t j = " };
+    static const char *const SHORT[] = { "const int r = ", "const int oj = " };
+    int wide = 0;
+    *narrow = 0;
+    src = strstr(src, "    tgk_prior();");   /* the generated kernels, past the prelude's helpers */
+    for (size_t w = 0; src && w < sizeof WIDE / sizeof WIDE[0]; w++)
+        for (const char *k = strstr(src, WIDE[w]); k; k = strstr(k + 1, WIDE[w])) wide++;
+    for (size_t w = 0; src && w < sizeof SHORT / sizeof SHORT[0]; w++)
+        for (const char *k = strstr(src, SHORT[w]); k; k = strstr(k + 1, SHORT[w])) (*narrow)++;
+    return wide;
+}
+
 /* How many kernels of the source begin otherwise than with tgk_prior (the prelude's own kernels,
  * launched as usual, aside); *n: how many there are. */
 static int kernels_without_prior(const char *src, int *n) {
@@ -893,8 +933,9 @@ static int checked_nodes(const char *src) {
  * gradient it makes of it is a kernel of its own here (a product reads it rounded), which reads
  * the centred gradient from memory: nothing may stay in registers then. Row kernels and column
  * sums read per-row values and the layer norm's weights at coordinates of their rows (row_lane),
- * dividing none out of an element's index; a row kernel's own sums and statistics are read back
- * from registers, not from the buffers they are stored in. */
+ * dividing none out of an element's index, in 32-bit coordinates (every index fits); a row
+ * kernel's own sums and statistics are read back from registers, not from the buffers they are
+ * stored in. */
 static void nvrtc_generated_kernels(void) {
     for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++)
         for (int regs = 1; regs >= 0; regs--) {
@@ -917,6 +958,9 @@ static void nvrtc_generated_kernels(void) {
                       divided_indices(src));
                 int stored, back = row_values_read_back(src, &stored);
                 CHECK(stored >= 3 && back == 0, "%s: row kernels read back %d of the %d row values they store", prec, back, stored);
+                int narrow, wide = wide_coordinates(src, &narrow);
+                CHECK(wide == 0 && narrow >= 2, "%s: row kernels and column sums declare %d coordinates 64-bit and %d 32-bit", prec,
+                      wide, narrow);
             }
             tg_destroy(t);
             tg_model_free(m);
@@ -1144,6 +1188,7 @@ int main(void) {
     unsetenv("TG_FUSE_RECOMPUTE");
     test_isa_paths();
     test_cpu_bf16();
+    padded_widths();
     test_small_reduction_schedule();
     /* The kernels every exported file carries (src/export/portable_kernels.h), run by the CPU
      * backend's generated code: every op, forward and backward, fused and unfused. */
