@@ -1,0 +1,52 @@
+"""Where a training step's GPU time goes, from tracer.c's timeline.
+
+    python3 bench/cuda/timeline/timeline.py trace.txt kleaves [top]
+
+A step starts at each launch of the marker kernel (ours: kleaves, the first kernel of a step at
+tf32 and bf16; PyTorch under inductor: its embedding kernel, e.g. triton_poi_fused_embedding_0).
+Over the last five whole steps: the wall time a step, the kernels' exclusive time (each kernel's
+end less the later of its start and the previous kernel's end: a kernel launched early, while the
+one before it runs, counts from that one's end) and the idle time with no kernel running; then
+each kernel's exclusive time a step, by category and by name."""
+import collections, sys
+
+def load(path):
+    ev = []
+    for line in open(path):
+        p = line.split(None, 6)
+        if len(p) == 7 and p[0] in 'KM':
+            ev.append((int(p[1]), int(p[2]), p[6].strip()))
+    ev.sort()
+    return ev
+
+def category(name):
+    if 'nvjet' in name or 'gemm' in name or 'splitK' in name: return 'products (cuBLAS)'
+    if 'attn_bwd' in name or 'bprop' in name: return 'attention backward'
+    if 'attn' in name or 'fprop' in name: return 'attention'
+    return 'memset' if name == 'memset' else 'other'
+
+def main():
+    ev, marker = load(sys.argv[1]), sys.argv[2]
+    top = int(sys.argv[3]) if len(sys.argv) > 3 else 30
+    starts = [i for i, e in enumerate(ev) if e[2].startswith(marker)]
+    steps = list(zip(starts[-7:-2], starts[-6:-1]))
+    if not steps: sys.exit('fewer than 3 steps marked by %s' % marker)
+    names, cats = collections.defaultdict(float), collections.defaultdict(float)
+    wall = busy = 0.0
+    for a, b in steps:
+        wall += ev[b][0] - ev[a][0]
+        prev = ev[a][0]
+        for s, e, name in ev[a:b]:
+            x = max(0, e - max(s, prev))
+            prev = max(prev, e)
+            busy += x
+            names[name[:80]] += x
+            cats[category(name)] += x
+    n = len(steps)
+    print('%d steps: %.3f ms a step, kernels %.3f ms exclusive, idle %.3f ms, %d launches a step' %
+          (n, wall / n / 1e6, busy / n / 1e6, (wall - busy) / n / 1e6, (steps[-1][1] - steps[-1][0])))
+    for k, v in sorted(cats.items(), key=lambda x: -x[1]): print('  %-20s %8.1f us' % (k, v / n / 1e3))
+    for k, v in sorted(names.items(), key=lambda x: -x[1])[:top]: print('  %8.1f us  %s' % (v / n / 1e3, k))
+
+if __name__ == '__main__':
+    main()
