@@ -1745,14 +1745,14 @@ static const char DEVICE_KERNELS[] =
     "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < c.n; i += (long long)gridDim.x * blockDim.x)\n"
     "        bad |= !isfinite(c.src[i]);\n"
     "    if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *flag = NAN;\n}\n"
-    /* Operands of a product rounded as the reference's precision_round rounds them: tf32 to
-     * nearest, ties away (an f32 with 13 low bits clear); bf16 to nearest even. */
     /* Four or two floats from p (a bound leaf's pointer, which need not be 16-byte aligned): one
      * vector load where the address allows, element by element where not */
     "static __device__ inline float4 tgk_load4(const float *p) {\n"
     "    return ((unsigned long long)p & 15) == 0 ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);\n}\n"
     "static __device__ inline float2 tgk_load2(const float *p) {\n"
     "    return ((unsigned long long)p & 7) == 0 ? *(const float2 *)p : make_float2(p[0], p[1]);\n}\n"
+    /* Operands of a product rounded as the reference's precision_round rounds them: tf32 to
+     * nearest, ties away (an f32 with 13 low bits clear); bf16 to nearest even. */
     "static __device__ inline float tgk_round_tf32(float x) {\n"
     "    const unsigned u = __float_as_uint(x);\n"
     "    return (u & 0x7f800000u) == 0x7f800000u ? x : __uint_as_float((u + 0x1000u) & 0xffffe000u);\n}\n"
