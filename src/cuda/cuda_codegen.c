@@ -1112,8 +1112,9 @@ static bool sum_producer(const cg *c, int a, int b) { return sums_its_source(c->
  * norm (mean, centre, variance, scale), softmax and cross-entropy and their backward passes each
  * become one launch instead of several. Lane l takes elements j = l, l + 32, ... of every
  * [R, L] member, so the elements a lane reads back (cg_row_local: only at its own (r, j)) are
- * its own; a row value (a sum, or an [R] member) is written by lane 0 and read by every lane
- * after a __syncwarp, which orders the warp's memory accesses. */
+ * its own; a row value (a sum, or an [R] member) stays in a variable every lane holds for the
+ * members after it (row_vals), and lane 0 stores it for later kernels, then a __syncwarp, which
+ * orders that store where row_vals could not be allocated and lanes read the value back. */
 
 enum { ROW_ELEMS, ROW_VALUES, ROW_SUM };
 
