@@ -34,10 +34,12 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
         TG_CUDA_OWN_GEMM=$w TG_TEST_CUDA_ONLY=1 run build/tests/test_backend
     done
     TG_CUDA_X3=1 TG_TEST_CUDA_ONLY=1 run build/tests/test_backend   # every f32 product it takes as three TF32 products
+    TG_CUDA_INPLACE=0 TG_TEST_CUDA_ONLY=1 run build/tests/test_backend   # every write-back copied at the step's end
     run build/tests/test_attention   # fused attention on CUDA: causal or not, odd T, head sizes, bf16 tensor cores
     run build/tests/test_models
     TG_SESSION_BACKENDS=cuda run build/tests/test_session
-    run build/tests/test_faults   # non-finite gradients on CUDA too: the guarded write-back
+    run build/tests/test_faults   # non-finite gradients on CUDA too: the guarded in-place update
+    TG_CUDA_INPLACE=0 run build/tests/test_faults   # and the guarded write-back copy
     [ -f .devlibs/fortunes.txt.xz ] && xz -dc .devlibs/fortunes.txt.xz > /tmp/fortunes.txt && export TG_TEST_CORPUS=/tmp/fortunes.txt
     run build/tests/test_precision
     run build/examples/digits --backend cuda

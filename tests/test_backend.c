@@ -925,10 +925,31 @@ static int checked_nodes(const char *src) {
     return n;
 }
 
+/* Leaves replaced in place: outputs declared at a bound leaf's buffer ("float *__restrict__ P<id>
+ * = (float *)B[..]"); *guarded: whether kcheck comes before the first kernel that replaces one,
+ * and every such kernel starts with the guard. */
+static int inplace_outputs(const char *src, bool *guarded) {
+    int n = 0;
+    const char *check = strstr(src, "void kcheck("), *first = NULL;
+    *guarded = check != NULL;
+    for (const char *k = strstr(src, "__global__ void k"); k; k = strstr(k + 1, "__global__ void k")) {
+        const char *end = strstr(k, "\n}\n"), *guard = strstr(k, "    const float tgk_loss = ");
+        int here = 0;
+        for (const char *d = strstr(k, "    float *__restrict__ P"); d && end && d < end; d = strstr(d + 1, "    float *__restrict__ P"))
+            here += strstr(d, "= (float *)B[") == strchr(d, '=');
+        if (here && !first) first = k;
+        if (here) *guarded &= guard && end && guard < end;
+        n += here;
+    }
+    if (first) *guarded &= check < first;
+    return n;
+}
+
 /* The generated step at each precision: every kernel of ours waits for the one before it first
- * (it may be launched early); the kernels computing the 18 values written back (six parameters,
- * each with Adam's two moments) check each value they store, so the step needs no pass of its
- * own over them. At f32 the layer norm's backward is one row kernel that keeps its centred
+ * (it may be launched early); the 18 values written back (six parameters, each with Adam's two
+ * moments) replace their leaves in place, after kcheck found every gradient finite, and none of
+ * them is checked (TG_CUDA_INPLACE=0: the kernels computing them check each value they store, so
+ * the step's copy back needs no pass of its own over them). At f32 the layer norm's backward is one row kernel that keeps its centred
  * gradient in registers (with TG_CUDA_ROW_REGS=0 in a buffer); at tf32 and bf16 the input
  * gradient it makes of it is a kernel of its own here (a product reads it rounded), which reads
  * the centred gradient from memory: nothing may stay in registers then. Row kernels and column
@@ -949,8 +970,11 @@ static void nvrtc_generated_kernels(void) {
             if (src) {
                 int n, bad = kernels_without_prior(src, &n);
                 CHECK(n > 5 && bad == 0, "%s: %d of %d generated kernels begin otherwise than with tgk_prior", prec, bad, n);
-                CHECK(checked_nodes(src) == 18, "%s: %d write-back sources checked where computed (expected 18)", prec,
-                      checked_nodes(src));
+                bool guarded;
+                int inplace = inplace_outputs(src, &guarded);
+                CHECK(inplace == 18 && guarded && checked_nodes(src) == 0,
+                      "%s: %d leaves replaced in place (expected 18), %s, %d values checked (expected none)", prec, inplace,
+                      guarded ? "after kcheck, guarded" : "not all after kcheck and guarded", checked_nodes(src));
                 bool in_regs = strstr(src, "float R") && strstr(src, "_Pragma(\"unroll\") for (int it");
                 CHECK(in_regs == (regs == 1 && p == TG_PRECISION_F32), "%s, TG_CUDA_ROW_REGS %s: the layer norm's backward %s registers", prec,
                       regs ? "unset" : "0", in_regs ? "keeps a member in" : "keeps nothing in");
@@ -962,6 +986,17 @@ static void nvrtc_generated_kernels(void) {
                 CHECK(wide == 0 && narrow >= 2, "%s: row kernels and column sums declare %d coordinates 64-bit and %d 32-bit", prec,
                       wide, narrow);
             }
+            tg_destroy(t);
+            tg_model_free(m);
+            if (!regs) continue;
+            setenv("TG_CUDA_INPLACE", "0", 1);
+            t = ln_step(&m, (tg_precision)p, &err);
+            src = t ? tg_train_kernel_source(t) : NULL;
+            bool guarded;
+            CHECK(src && checked_nodes(src) == 18 && inplace_outputs(src, &guarded) == 0 && !strstr(src, "void kcheck("),
+                  "%s, TG_CUDA_INPLACE=0: %d write-back sources checked where computed (expected 18), none in place", prec,
+                  src ? checked_nodes(src) : -1);
+            unsetenv("TG_CUDA_INPLACE");
             tg_destroy(t);
             tg_model_free(m);
         }

@@ -42,6 +42,17 @@ bool plan_shadows(const tg_graph *g, tg_plan *p, const bool *want, int elem_byte
 /* The node whose buffer holds node id's values (itself unless it is an alias). */
 static inline int plan_home(const tg_plan *p, int id) { return p->alias && p->alias[id] >= 0 ? p->alias[id] : id; }
 void plan_free(tg_plan *p);
+/* In-place write-backs: per node, the PARAM or STATE leaf that write-back source's kernel may
+ * write directly instead of a buffer of its own (-1: none). A source qualifies when it is an
+ * element-wise node with a buffer of its own (materialized, no alias) after node `after`, the
+ * only write-back of its leaf and the leaf's only write-back, not kept, its leaf read by no node
+ * after it, and its expression reads the leaf only at the element it writes. The caller still
+ * decides which kernels may do it (a failed step must change nothing). False (all -1) when
+ * memory runs out. */
+bool plan_inplace(const tg_graph *g, const int *keep, int n_keep, const bool *mat, const int *alias, int after, int *inplace);
+/* Are all reads of `target` in node's expression (computed inline in root's kernel, root
+ * evaluated at each flat index) at root's own index? `same`: node is evaluated at root's index. */
+bool plan_reads_same_index(const tg_graph *g, const bool *mat, int root, int node, int target, bool same);
 
 /* fuse.c: the scheduler of compiled backends. materialized[i] says whether node i gets memory
  * (computed by a kernel of its own) or is computed inside the kernels that read it; a node no

@@ -696,6 +696,7 @@ bool cg_row_local(const cg *c, int root, int node, int target, int state, int64_
 void cg_pointer(cg *c, strbuf *decl, int id, bool out, const char *restrict_kw) {
     const tg_node *n = N(c, id);
     int home = plan_home(c->plan, id);
+    if (c->inplace && c->inplace[home] >= 0) home = c->inplace[home];
     const char *t = cg_ctype(n), *q = out ? "" : "const ";
     if (cg_is_bound(N(c, home)->op))
         sb_printf(decl, "    %s%s *%s P%d = (%s%s *)B[%d];\n", q, t, restrict_kw, id, q, t, home);

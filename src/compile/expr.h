@@ -60,6 +60,13 @@ typedef struct {
      * that is not setting the write-back flag, float at H + flag_slot (cuda_codegen.c's WB_MARK) */
     const bool *wb_check;
     int flag_slot;
+    /* CUDA (NULL: off): per node, the PARAM or STATE leaf its kernel replaces in place (its values
+     * are that leaf's buffer: cg_pointer), or -1; inplace_ok: which may (plan_inplace's
+     * candidates); grads_checked: the kernel that checks every gradient first (kcheck) is out;
+     * aliased: the kernel being declared replaces leaves (cuda_codegen.c's replaced_by). */
+    int *inplace;
+    const int *inplace_ok;
+    bool grads_checked, aliased;
     /* CPU row runs (row 0: off): an element-wise loop nested as flat index i = o * row + u, u < row.
      * The coordinates of a value of that innermost size read at index i are u and functions of o
      * alone, which the compiler hoists out of the loop over u: a permuted or broadcast read is
@@ -111,7 +118,8 @@ void cg_def(cg *c, char *name, const char *prefix, const char *type, const char 
     __attribute__((format(printf, 5, 6)));
 const char *cg_ctype(const tg_node *n);        /* "float" or "int32_t" */
 /* Declare P<id>, the pointer to node id's values: its arena slot or bound buffer, or those of the
- * node it aliases; `restrict_kw` is the language's spelling of restrict. */
+ * node it aliases, or the leaf it replaces in place (cg.inplace); `restrict_kw` is the language's
+ * spelling of restrict. */
 void cg_pointer(cg *c, strbuf *decl, int id, bool out, const char *restrict_kw);
 /* A MATMUL node as BLAS sees it: op(A) [M, K] x op(B) [K, N], `batch` products, aoff/boff the
  * element offsets of each product's A and B (broadcast batch dims step 0; the caller frees them).

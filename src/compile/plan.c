@@ -2,6 +2,7 @@
  * when their lifetimes (from their own step to their last consumer's) do not overlap. A node's
  * output never overlaps its inputs, which are still live when it runs. */
 #include "compile/compile.h"
+#include "compile/expr.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +184,54 @@ bool plan_shadows(const tg_graph *g, tg_plan *p, const bool *want, int elem_byte
     free(of);
     free(sp);
     return ok;
+}
+
+/* Are all reads of `target` in the expression of `node` (inlined below `root`) at root's flat
+ * index? `same`: node is evaluated at root's flat index. */
+bool plan_reads_same_index(const tg_graph *g, const bool *mat, int root, int node, int target, bool same) {
+    if (node == target) return same;
+    const tg_node *n = &g->nodes[node];
+    if (node != root && (mat[node] || cg_is_bound(n->op))) return true;
+    for (int k = 0; k < n->nsrc; k++)
+        if (!plan_reads_same_index(g, mat, root, n->src[k], target, same && cg_same_index(g, node, k))) return false;
+    return true;
+}
+
+bool plan_inplace(const tg_graph *g, const int *keep, int n_keep, const bool *mat, const int *alias, int after, int *inplace) {
+    int n = g->n;
+    for (int i = 0; i < n; i++) inplace[i] = -1;
+    int *last = tg_alloc(sizeof(int) * (size_t)(n + 1));
+    bool *kept = tg_alloc(sizeof(bool) * (size_t)(n + 1));
+    if (!last || !kept) {
+        free(last);
+        free(kept);
+        return false;
+    }
+    for (int k = 0; k < n_keep; k++)
+        if (keep[k] >= 0) kept[keep[k]] = true;
+    for (int k = 0; k < g->n_assigns; k++) kept[g->assigns[k].src] = true;
+    if (g->output >= 0 && g->output < n) kept[g->output] = true;
+    /* last[i]: the last node whose kernel reads i's buffer */
+    for (int i = 0; i < n; i++) last[i] = kept[i] ? n : i;
+    for (int i = n - 1; i >= 0; i--) {
+        int reader = mat[i] ? i : last[i];
+        for (int k = 0; k < g->nodes[i].nsrc; k++)
+            if (last[g->nodes[i].src[k]] < reader) last[g->nodes[i].src[k]] = reader;
+        if (alias[i] >= 0 && last[alias[i]] < last[i]) last[alias[i]] = last[i];
+    }
+    for (int k = 0; k < g->n_assigns; k++) {
+        int dst = g->assigns[k].dst, src = g->assigns[k].src;
+        const tg_node *ns = &g->nodes[src], *nd = &g->nodes[dst];
+        bool ok = mat[src] && alias[src] < 0 && fuse_pointwise(ns->op) && ns->numel == nd->numel && ns->dtype == nd->dtype &&
+                  src > after && (nd->op == OP_PARAM || nd->op == OP_STATE) && last[dst] <= src;
+        for (int j = 0; ok && j < n_keep; j++) ok = keep[j] != src;
+        for (int j = 0; ok && j < g->n_assigns; j++)
+            if (j != k) ok = g->assigns[j].src != src && g->assigns[j].dst != dst;
+        if (ok && plan_reads_same_index(g, mat, src, src, dst, true)) inplace[src] = dst;
+    }
+    free(last);
+    free(kept);
+    return true;
 }
 
 void plan_free(tg_plan *p) {

@@ -85,17 +85,6 @@ static int home_of(const tg_graph *g, const bool *mat, const int *alias, int id)
  *    optimizer state unchanged. */
 
 
-/* Are all reads of `target` in the expression of `node` (inlined below `root`) at root's flat
- * index? `same`: node is evaluated at root's flat index. */
-static bool reads_same_index(const tg_graph *g, const bool *mat, int root, int node, int target, bool same) {
-    if (node == target) return same;
-    const tg_node *n = &g->nodes[node];
-    if (node != root && (mat[node] || cg_is_bound(n->op))) return true;
-    for (int k = 0; k < n->nsrc; k++)
-        if (!reads_same_index(g, mat, root, n->src[k], target, same && cg_same_index(g, node, k))) return false;
-    return true;
-}
-
 enum { MM_REDUCE = 1, MM_IM2COL_B = 2, MM_COL2IM_C = 4, MM_BIAS_ROW = 8, MM_BIAS_COL = 16, MM_BF16 = 32, MM_RELU = 64 };   /* cpu_gemm.c k_matmul */
 
 /* Is the ADD node `add` a product (operand k, through views, node mm) plus a bias that the
@@ -169,13 +158,11 @@ static void absorb(const tg_graph *g, bool *mat, int *alias, int i) {
 void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *mat, int *alias, int *inplace) {
     int n = g->n;
     int *uses = tg_alloc(sizeof(int) * (size_t)(n + 1)), *user = tg_alloc(sizeof(int) * (size_t)(n + 1));
-    int *last = tg_alloc(sizeof(int) * (size_t)(n + 1));
     bool *kept = tg_alloc(sizeof(bool) * (size_t)(n + 1));
     for (int i = 0; i < n; i++) inplace[i] = -1;
-    if (!uses || !user || !last || !kept) {   /* the schedule stays unrefined; the caller sees the failure */
+    if (!uses || !user || !kept) {   /* the schedule stays unrefined; the caller sees the failure */
         free(uses);
         free(user);
-        free(last);
         free(kept);
         return;
     }
@@ -259,35 +246,21 @@ void codegen_c_refine(const tg_graph *g, const int *keep, int n_keep, bool *mat,
         if (ok) absorb(g, mat, alias, i);
     }
 
-    /* In-place write-backs. last[i]: the last node whose kernel reads i's buffer. */
-    for (int i = 0; i < n; i++) last[i] = kept[i] ? n : i;
-    for (int i = n - 1; i >= 0; i--) {
-        int reader = mat[i] ? i : last[i];
-        for (int k = 0; k < g->nodes[i].nsrc; k++)
-            if (last[g->nodes[i].src[k]] < reader) last[g->nodes[i].src[k]] = reader;
-        if (alias[i] >= 0 && last[alias[i]] < last[i]) last[alias[i]] = last[i];
-    }
+    /* In-place write-backs after the guard, not where a product kernel computes the add. */
     int guard = g->guard;
     bool guard_ok = g->n_assigns > 0 && guard >= 0 && guard < n && mat[guard] && alias[guard] < 0 &&
                     g->nodes[guard].numel == 1 && g->nodes[guard].dtype == TG_FLOAT32;
-    for (int k = 0; guard_ok && k < g->n_assigns; k++) {
-        int dst = g->assigns[k].dst, src = g->assigns[k].src;
-        const tg_node *ns = &g->nodes[src], *nd = &g->nodes[dst];
-        bool absorbs = false;   /* an add computed by a product kernel */
-        for (int q = 0; q < ns->nsrc && ns->op == OP_ADD; q++) {
-            int m = home_of(g, mat, alias, ns->src[q]);
-            absorbs |= !mat[m] && g->nodes[m].op == OP_MATMUL;
+    if (guard_ok && plan_inplace(g, keep, n_keep, mat, alias, guard, inplace)) {
+        for (int src = 0; src < n; src++) {
+            const tg_node *ns = &g->nodes[src];
+            for (int q = 0; inplace[src] >= 0 && q < ns->nsrc && ns->op == OP_ADD; q++) {
+                int m = home_of(g, mat, alias, ns->src[q]);
+                if (!mat[m] && g->nodes[m].op == OP_MATMUL) inplace[src] = -1;
+            }
         }
-        bool ok = !absorbs && mat[src] && alias[src] < 0 && fuse_pointwise(ns->op) && ns->numel == nd->numel &&
-                  ns->dtype == nd->dtype && src > guard && (nd->op == OP_PARAM || nd->op == OP_STATE) && last[dst] <= src;
-        for (int j = 0; ok && j < n_keep; j++) ok = keep[j] != src;
-        for (int j = 0; ok && j < g->n_assigns; j++)
-            if (j != k) ok = g->assigns[j].src != src && g->assigns[j].dst != dst;
-        if (ok && reads_same_index(g, mat, src, src, dst, true)) inplace[src] = dst;
     }
     free(uses);
     free(user);
-    free(last);
     free(kept);
 }
 

@@ -43,6 +43,11 @@ typedef struct {
     /* Every write-back source's kernel flags a value that is not finite itself (cuda_codegen.c,
      * WB_MARK): the step needs no pass of its own over them (tg_wb_check). */
     bool writebacks_checked;
+    /* Steps that replace parameters in place (codegen_cuda's inplace_ok): per node, the leaf its
+     * kernel replaced in place, or -1 (NULL: none); grads_checked: kcheck checks every gradient
+     * before the first such kernel, and no write-back value is checked. */
+    int *inplace;
+    bool grads_checked;
 } cuda_plan;
 /* The hyper scalars' slots on the device: the graph's, at least CUDA_HYPER_SLOTS (patch sites may
  * add more). The write-back flag is the slot after them. */
@@ -98,10 +103,12 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
 /* Does attention node id run on tensor cores (sm >= 80; bf16 with head sizes multiples of 16, tf32
  * and f32 (three tf32 products) multiples of 8)? */
 bool cuda_attention_mma(const tg_graph *g, int id, int sm);
-/* For a device of compute capability sm (90: 9.0). NULL when memory runs out, or with
- * *unsupported set to a node without a CUDA kernel (else -1). */
-char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches, int sm,
-                   int *unsupported);
+/* For a device of compute capability sm (90: 9.0). inplace_ok (NULL: none): plan_inplace's
+ * candidates, where every gradient has a buffer for kcheck to read; each pointwise kernel whose
+ * roots all are replaces their leaves in place. NULL when memory runs out, or with *unsupported
+ * set to a node without a CUDA kernel (else -1). */
+char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, const int *inplace_ok, cuda_plan *launches,
+                   int sm, int *unsupported);
 void cuda_plan_free(cuda_plan *p);
 
 

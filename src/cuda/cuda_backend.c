@@ -30,6 +30,7 @@
  * later our kernels are launched early (cuda_start); TG_CUDA_EARLY=0 launches them as usual.
  * "cuda-nvrtc" is a compile-only variant for tests on machines without a GPU: it generates and
  * NVRTC-compiles every kernel for sm_90 and runs nothing. */
+#include "compile/expr.h"
 #include "cuda/cuda.h"
 #include "cuda/cuda_api.h"
 #include "runtime/backend.h"
@@ -508,13 +509,13 @@ typedef struct {
     CUfunction *fn;          /* per launch (CL_KERNEL) */
     CUfunction writeback, wb_check;
     /* hyper_dev: the hyper scalars, then HYPER_EXTRA slots: the write-back flag (zeroed by the
-     * upload of every run, as the host's slot after the scalars is 0) and the report (the loss and
-     * the flag, read back in one copy) */
-    CUdeviceptr arena, table, hyper_dev, wb_table, wb_flag, wb_report;
-    /* Set by a step whose write-backs were skipped, so that the steps queued after it skip theirs
-     * too (tg_steps stops at a failed step). A step that is not queued behind others clears it
-     * first (in its graph); the first queued step of a call, before its graph. */
-    CUdeviceptr wb_poison;
+     * upload of every run, as the host's slot after the scalars is 0), the report (the loss and
+     * the flag, read back in one copy) and the poison: set by a step that changed nothing, so
+     * that the steps queued after it change nothing either (tg_steps stops at a failed step);
+     * cleared before the next step that is not queued behind it (poisoned: it may be set), and
+     * before the first queued step of a call. Generated kernels find them at H + flag_slot. */
+    CUdeviceptr arena, table, hyper_dev, wb_table, wb_flag, wb_report, wb_poison;
+    bool poisoned;
     queue_slot q[QUEUE_DEPTH];
     int q_head, q_count;
     void **bound;            /* host mirror of the device table of bound leaves */
@@ -524,7 +525,7 @@ typedef struct {
     float *loss_host;        /* pinned */
     CUgraphExec run_graph, step_graph;
     CUgraphExec dp_graph;    /* data parallel: the run, with the all-reduce captured after it when alone */
-    int n_wb;
+    int n_wb, n_inplace;     /* the step's write-backs copied by tg_writeback, and those replaced in place */
     /* TG_CUDA_PROFILE=1: every launch between two events, run eagerly; seconds per launch.
      * TG_CUDA_PROFILE=graph: each launch also timed alone, PROFILE_COPIES copies of it in a graph */
     double *profile;
@@ -549,7 +550,7 @@ typedef struct {
     CUfunction x3_sum;       /* and its split reductions' sum */
 } cuda_exec;
 
-#define HYPER_EXTRA 2     /* device slots past them: the write-back flag and the report */
+#define HYPER_EXTRA 3     /* device slots past them: the write-back flag, the report and the poison */
 
 /* Where the time went (profile_print): each launch as the op of the node it writes (a product's
  * operand roundings count as matmul; a memset as none). */
@@ -593,7 +594,6 @@ static void cuda_release(void *h) {
     if (e->table) cu.MemFree(e->table);
     if (e->hyper_dev) cu.MemFree(e->hyper_dev);
     if (e->wb_table) cu.MemFree(e->wb_table);
-    if (e->wb_poison) cu.MemFree(e->wb_poison);
     if (e->sums) cu.MemFree(e->sums);
     for (int k = 0; k < QUEUE_DEPTH; k++) {
         queue_slot *q = &e->q[k];
@@ -618,6 +618,30 @@ static void cuda_release(void *h) {
     free(e);
 }
 
+/* Parameters and optimizer state replaced in place (codegen_cuda): plan_inplace's candidates,
+ * updates after every gradient, where each gradient the optimizer reads has a buffer of the step's
+ * for kcheck; NULL (every write-back copied at the end, its values checked) otherwise, or with
+ * TG_CUDA_INPLACE=0 (A/B runs, tests of both). Data parallelism's update graph, whose gradients
+ * are leaves (the averaged buffers), keeps the copy: not yet run on two GPUs in place. */
+static int *inplace_candidates(const tg_graph *g, const tg_plan *plan, const int *keep, int n_keep, const bool *mat,
+                               const int *alias) {
+    const char *env = getenv("TG_CUDA_INPLACE");
+    if (g->n_assigns == 0 || !g->grad_of_param || !g->param_node || (env && env[0] == '0')) return NULL;
+    int after = -1;
+    for (int i = 0; i < g->n_params; i++) {
+        int gr = g->grad_of_param[i], h = gr >= 0 ? plan_home(plan, gr) : -1;
+        if (g->param_node[i] < 0 || gr < 0) continue;
+        if (g->nodes[gr].dtype != TG_FLOAT32 || cg_is_bound(g->nodes[h].op) || plan->offset[h] == PLAN_BOUND) return NULL;
+        if (gr > after) after = gr;
+    }
+    int *ok = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
+    if (ok && !plan_inplace(g, keep, n_keep, mat, alias, after, ok)) {
+        free(ok);
+        ok = NULL;
+    }
+    return ok;
+}
+
 /* Schedule, plan and generate; true with e->source set, false (err set) when memory runs out. */
 static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_keep, const char *arch, tg_error *err) {
     const char *small = getenv("TG_CUDA_SMALL_REDUCTIONS");   /* =0: none computed inline (tests) */
@@ -639,13 +663,15 @@ static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_kee
     }
     ok = ok && plan_build(g, keep, n_keep, mat, alias, runs, only, born, &e->plan);
     if (ok && g->precision != TG_PRECISION_F32) ok = plan_shadows(g, &e->plan, want, g->precision == TG_PRECISION_BF16 ? 2 : 4);
+    int *inplace_ok = ok ? inplace_candidates(g, &e->plan, keep, n_keep, mat, alias) : NULL;
     free(want);
     free(only);
     free(alias);
     free(runs);
     free(born);
     int unsupported = -1;
-    if (ok) e->source = codegen_cuda(g, mat, &e->plan, &e->launches, atoi(arch + 3), &unsupported);
+    if (ok) e->source = codegen_cuda(g, mat, &e->plan, inplace_ok, &e->launches, atoi(arch + 3), &unsupported);
+    free(inplace_ok);
     free(mat);
     if (unsupported >= 0)
         tg_seterr(err, "the CUDA backend has no kernel or buffer for op '%s' (node %d)", op_name(g->nodes[unsupported].op), unsupported);
@@ -719,8 +745,6 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
     }
     TRY(cu.ModuleGetFunction(&e->writeback, e->module[0], "tg_writeback"), "tg_writeback");   /* every part has them */
     TRY(cu.ModuleGetFunction(&e->wb_check, e->module[0], "tg_wb_check"), "tg_wb_check");
-    TRY(cu.MemAlloc(&e->wb_poison, sizeof(float)), "allocating the write-back flag");
-    TRY(cu.MemsetD32(e->wb_poison, 0, 1), "clearing the write-back flag");
     size_t floats = e->launches.scratch_end > e->plan.arena ? e->launches.scratch_end : e->plan.arena;
     TRY(cu.MemAlloc(&e->arena, (floats ? floats : 1) * 4), "allocating the arena");
     if (e->launches.scratch_end)   /* the sums' counters start at zero */
@@ -729,8 +753,10 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
     TRY(cu.MemAlloc(&e->table, sizeof(void *) * (size_t)(g->n + 1)), "allocating the buffer table");
     e->n_hyper = cuda_hyper_slots(g);
     TRY(cu.MemAlloc(&e->hyper_dev, sizeof(double) * (size_t)(e->n_hyper + HYPER_EXTRA)), "allocating hyper scalars");
+    TRY(cu.MemsetD32(e->hyper_dev, 0, 2 * (size_t)(e->n_hyper + HYPER_EXTRA)), "clearing hyper scalars");
     e->wb_flag = e->hyper_dev + sizeof(double) * (size_t)e->n_hyper;
     e->wb_report = e->wb_flag + sizeof(double);
+    e->wb_poison = e->wb_report + sizeof(double);
     TRY(cu.MemAllocHost((void **)&e->hyper_host, sizeof(double) * (size_t)(e->n_hyper + 1)), "allocating pinned memory");
     TRY(cu.MemAllocHost((void **)&e->loss_host, sizeof(float) * 2), "allocating pinned memory");
     memset(e->hyper_host, 0, sizeof(double) * (size_t)(e->n_hyper + 1));
@@ -765,6 +791,7 @@ static void cuda_bind(void *h, int node, void *buf) {
 static void *cuda_node_buf(void *h, int node) {
     cuda_exec *e = h;
     node = plan_home(&e->plan, node);
+    if (e->launches.inplace && e->launches.inplace[node] >= 0) node = e->launches.inplace[node];   /* replaced in place */
     if (e->bound[node]) return e->bound[node];
     return e->plan.offset[node] == PLAN_BOUND ? NULL : (void *)(e->arena + e->plan.offset[node] * 4);
 }
@@ -1114,24 +1141,29 @@ static bool cuda_run(void *h, const double *hyper, tg_error *err) {
     return launch_graph(e, e->run_graph, hyper, err);
 }
 
-typedef struct { int loss; bool queued; } step_ctx;
+typedef struct { int loss; } step_ctx;
 
-/* The end of a step's graph: write-backs guarded by the guard node (loss + 0 * every gradient),
- * then the loss and the guard into pinned memory. A small step is a few dozen microseconds, and
- * each node of the graph costs about two: the flag is zeroed by the run's hyper upload rather
- * than a memset, and the write-back kernel reports the loss and the flag side by side for one
- * copy rather than two (sin_mlp 0.055 ms a step with this tail as it was, 0.045 without any). */
+/* The end of a step's graph: the write-backs not replaced in place (codegen_cuda), copied only
+ * when the loss and the flag are finite, then the loss and the flag into pinned memory. A small
+ * step is a few dozen microseconds, and each node of the graph costs about two: the flag is
+ * zeroed by the run's hyper upload rather than a memset, the poison cleared outside the graph
+ * and only after a step may have set it (step_start), and the write-back kernel (or the kernels
+ * that replace leaves in place) reports the loss and the flag side by side for one copy rather
+ * than two (sin_mlp 0.055 ms a step with this tail as it was, 0.045 without any). */
 static bool step_tail(cuda_exec *e, void *ctx, tg_error *err) {
     const step_ctx *c = ctx;
     CUdeviceptr loss_ptr = node_ptr(e, c->loss), flag = e->wb_flag, poison = e->wb_poison, table = e->wb_table;
     CUdeviceptr report = e->wb_report;
-    if (!c->queued) TRY(cu.MemsetD32Async(poison, 0, 1, e->dev->stream), "the write-back flag");
+    if (e->n_wb == 0 && e->n_inplace > 0) {   /* the kernels that replaced leaves in place wrote the report */
+        TRY(cu.MemcpyDtoHAsync(e->loss_host, report, 2 * sizeof(float), e->dev->stream), "reading the loss");
+        return true;
+    }
     if (e->n_wb == 0) {   /* the flag stays 0, as does the host's copy of it */
         TRY(cu.MemcpyDtoHAsync(e->loss_host, loss_ptr, sizeof(float), e->dev->stream), "reading the loss");
         return true;
     }
     void *check[] = { &flag, &table }, *copy[] = { &loss_ptr, &flag, &poison, &table, &report };
-    if (!e->launches.writebacks_checked)
+    if (!e->launches.writebacks_checked && !e->launches.grads_checked)
         TRY(cu.LaunchKernel(e->wb_check, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, e->dev->stream, check, NULL),
             "write-back check");
     TRY(cu.LaunchKernel(e->writeback, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, e->dev->stream, copy, NULL), "write-backs");
@@ -1145,11 +1177,15 @@ fail:
 static bool writeback_table(cuda_exec *e, const tg_assign *wb, int n_wb, void *const *dst, tg_error *err) {
     wb_entry *t = tg_alloc(sizeof(wb_entry) * (size_t)(n_wb + 1));
     if (!t) { tg_seterr(err, "out of memory for the write-back table"); return false; }
-    for (int k = 0; k < n_wb; k++)
-        t[k] = (wb_entry){ (const float *)node_ptr(e, wb[k].src), dst[k], (long long)e->g->nodes[wb[k].src].numel };
-    e->n_wb = n_wb;
+    e->n_wb = e->n_inplace = 0;
+    for (int k = 0; k < n_wb; k++) {
+        const void *src = (const void *)node_ptr(e, wb[k].src);
+        if (src == dst[k]) e->n_inplace++;   /* its kernel replaced the leaf in place */
+        else t[e->n_wb++] = (wb_entry){ src, dst[k], (long long)e->g->nodes[wb[k].src].numel };
+    }
+    n_wb = e->n_wb;
     CUresult r = cu.MemAlloc(&e->wb_table, sizeof(wb_entry) * (size_t)(n_wb + 1));
-    if (!r) r = cu.MemcpyHtoD(e->wb_table, t, sizeof(wb_entry) * (size_t)n_wb);
+    if (!r && n_wb) r = cu.MemcpyHtoD(e->wb_table, t, sizeof(wb_entry) * (size_t)n_wb);
     free(t);
     if (r) { tg_seterr(err, "write-back table: %s", cu_error(r)); return false; }
     return true;
@@ -1161,21 +1197,27 @@ static bool step_capture(cuda_exec *e, int loss, const tg_assign *wb, int n_wb, 
     cu.CtxSetCurrent(e->dev->ctx);
     if (!sync_table(e, err)) return false;
     if (e->step_graph || e->profile) return true;
-    step_ctx ctx = { loss, false };
+    step_ctx ctx = { loss };
     return writeback_table(e, wb, n_wb, dst, err) && capture(e, &e->step_graph, step_tail, &ctx, err);
 }
 
 static bool step_start(cuda_exec *e, const double *hyper, int loss, const tg_assign *wb, int n_wb, void *const *dst,
                        tg_error *err) {
     if (!step_capture(e, loss, wb, n_wb, dst, err)) return false;
+    if (e->poisoned) {   /* a failed step, or a tg_steps call, before this one may have set it */
+        TRY(cu.MemsetD32Async(e->wb_poison, 0, 1, e->dev->stream), "clearing the poison");
+        e->poisoned = false;
+    }
     if (e->profile) {
-        step_ctx ctx = { loss, false };
+        step_ctx ctx = { loss };
         bool ok = writeback_table(e, wb, n_wb, dst, err) && run_eager(e, hyper, step_tail, &ctx, err);
         if (e->wb_table) cu.MemFree(e->wb_table);   /* rebuilt on the next step: profiling keeps no graph */
         e->wb_table = 0;
         return ok;
     }
     return start_graph(e, e->step_graph, hyper, err);
+fail:
+    return false;
 }
 
 /* A started step waited for: its loss, and the guard (non-finite when nothing was written). */
@@ -1184,6 +1226,7 @@ static bool step_finish(cuda_exec *e, double *loss_out, double *guard_out, tg_er
     TRY(cu.StreamSynchronize(e->dev->stream), "running the CUDA graph");
     *loss_out = e->loss_host[0];
     *guard_out = (double)e->loss_host[0] + e->loss_host[1];   /* the flag: 0 or NaN */
+    e->poisoned |= !isfinite(*guard_out);
     return true;
 fail:
     return false;
@@ -1214,7 +1257,7 @@ static bool slot_ready(cuda_exec *e, queue_slot *s, int loss, tg_error *err) {
     float *l = e->loss_host;
     e->hyper_host = s->hyper;
     e->loss_host = s->loss;
-    step_ctx ctx = { loss, true };
+    step_ctx ctx = { loss };
     bool ok = capture(e, &s->graph, step_tail, &ctx, err);
     e->hyper_host = h;
     e->loss_host = l;
@@ -1243,7 +1286,8 @@ static bool cuda_step_queue(void *h, const double *hyper, int loss, const tg_ass
         s->in_cap = s->inputs ? total : 0;
         if (!s->inputs) { tg_seterr(err, "tg_steps: out of pinned memory for %zu bytes of inputs", total); return false; }
     }
-    if (first) TRY(cu.MemsetD32Async(e->wb_poison, 0, 1, e->dev->stream), "clearing the write-back flag");
+    if (first) TRY(cu.MemsetD32Async(e->wb_poison, 0, 1, e->dev->stream), "clearing the poison");
+    e->poisoned = true;   /* for the next step that is not queued */
     size_t at = 0;
     for (int i = 0; i < n; i++) {
         memcpy(s->inputs + at, data[i], bytes[i]);
@@ -1366,11 +1410,13 @@ static bool locked_step_wait(void *h, double *loss_out, double *guard_out, tg_er
 static bool locked_dp_step(dp_replica *rep, int n, const dp_reduce *red, tg_error *err) LOCKED(bool, cuda_dp_step(rep, n, red, err))
 static bool locked_set_device(int d, tg_error *err) LOCKED(bool, device_at(d, err) != NULL)
 static const char *cuda_source(void *exec) { return ((cuda_exec *)exec)->source; }
-/* The launch list, the hyper-scalar upload, the write-back check (unless the kernels check) and
- * copy of a step, and (tf32, bf16) the operand roundings of the last captured step. */
+/* The launch list, the hyper-scalar upload, the write-backs' check (unless the kernels check)
+ * and copy where a step copies any (step_tail), and (tf32, bf16) the operand roundings of the last
+ * captured step. */
 static int cuda_launches(void *exec) {
     const cuda_exec *e = exec;
-    return e->launches.n + 2 + !e->launches.writebacks_checked + e->conversions;
+    bool copies = e->n_wb > 0, checks = copies && !e->launches.writebacks_checked && !e->launches.grads_checked;
+    return e->launches.n + 1 + copies + checks + e->conversions;
 }
 
 static tg_precision cuda_precision(tg_precision want) { return want; }

@@ -282,6 +282,104 @@ static void leaf_kernel(cg *c, cuda_plan *p) {
     free(decl.s);
 }
 
+/* ----- parameters replaced in place -----
+ * A training step replaces each parameter and optimizer state where it is (plan_inplace), not
+ * through a buffer of its own copied back at the end (a pass over all of them: 0.11 ms a step at
+ * char_gpt). A step whose loss or any gradient is not finite must change nothing, so kcheck reads
+ * every gradient first and sets the flag; each kernel that replaces leaves starts with the guard
+ * (guard_head) and returns when the loss, the flag or the poison of a failed step queued before
+ * it is not finite. */
+
+/* kcheck: every gradient optim_build updates from, a segment each (four values a thread where
+ * the length divides by four), the flag set where one is not finite. Emitted right before the
+ * first kernel that replaces a leaf (or last: the check is the step's contract either way). */
+static void grad_check_kernel(cg *c, cuda_plan *p) {
+    const tg_graph *g = c->g;
+    strbuf decl = { 0 }, code = { 0 };
+    strbuf *segs = tg_alloc(sizeof(strbuf) * (size_t)(g->n_params + 1));
+    int64_t *ends = tg_alloc(sizeof(int64_t) * (size_t)(g->n_params + 1)), total = 0;
+    int n = 0, first = -1;
+    c->grads_checked = true;
+    for (int i = 0; segs && ends && i < g->n_params; i++) {
+        int gr = g->grad_of_param[i];
+        if (g->param_node[i] < 0 || gr < 0) continue;
+        if (first < 0) first = gr;
+        pointer(c, &decl, gr, false);
+        const int64_t numel = N(c, gr)->numel, per = numel % 4 ? 1 : 4;
+        segs[n] = (strbuf){ 0 };
+        if (per == 4)
+            sb_printf(&segs[n], "    {\n        const float4 v = tgk_load4(P%d + (g - %lldll) * 4);\n"
+                                "        bad = !isfinite(v.x) || !isfinite(v.y) || !isfinite(v.z) || !isfinite(v.w);\n    }\n",
+                      gr, (long long)total);
+        else
+            sb_printf(&segs[n], "    bad = !isfinite(P%d[g - %lldll]);\n", gr, (long long)total);
+        total += numel / per;
+        ends[n++] = total;
+    }
+    if (n > 0) {
+        segment_tree(&code, segs, ends, 0, n);
+        sb_printf(c->out, "extern \"C\" __global__ void kcheck(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s"
+                          "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n    bool bad = false;\n"
+                          "    if (g < %lldll) {\n%s    }\n"
+                          "    if (__any_sync(0xffffffffu, bad) && threadIdx.x %% 32 == 0) *(float *)(H + %d) = NAN;\n}\n\n",
+                  sb_str(&decl), BLOCK, (long long)total, sb_str(&code), c->flag_slot);
+        kernel_launch(p, first, total, BLOCK);
+        snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "kcheck");
+    }
+    for (int k = 0; segs && k < n; k++) free(segs[k].s);
+    free(segs);
+    free(ends);
+    free(code.s);
+    free(decl.s);
+}
+
+/* May the roots of this pointwise kernel (segment k: roots[firsts[k] .. firsts[k + 1])) replace
+ * their leaves in place? All of them or none (the guard skips the whole kernel), and a root that
+ * reads another's leaf reads it at its own element in the same segment (the same thread, before
+ * that root's store). */
+static bool inplace_group(const cg *c, const int *roots, const int *firsts, int n_segs) {
+    const int n = firsts[n_segs];
+    for (int r = 0; r < n; r++)
+        if (!c->inplace || c->inplace_ok[roots[r]] < 0) return false;
+    for (int sr = 0; sr < n_segs; sr++)
+        for (int r = firsts[sr]; r < firsts[sr + 1]; r++)
+            for (int sq = 0; sq < n_segs; sq++)
+                for (int q = firsts[sq]; q < firsts[sq + 1]; q++) {
+                    int dst = c->inplace_ok[roots[r]];
+                    if (q == r || !cg_expr_reads(c, roots[q], roots[q], dst)) continue;
+                    if (sq != sr || !plan_reads_same_index(c->g, c->mat, roots[q], roots[q], dst, true)) return false;
+                }
+    return true;
+}
+
+/* The head and the end of a kernel that replaces leaves: block 0's first thread reports the loss
+ * and the flag beside each other (one copy for the host, as tg_writeback does), and in a failed
+ * step marks it (the poison, which the steps queued behind it read) before every thread leaves.
+ * The report is written last in a step that goes on. */
+static void guard_head(const cg *c, strbuf *head, strbuf *tail) {
+    const int f = c->flag_slot, loss = c->g->output;
+    sb_printf(head, "    const float tgk_loss = P%d[0], tgk_flag = *(const float *)(H + %d);\n"
+                    "    if (!isfinite(tgk_loss + tgk_flag + *(const float *)(H + %d))) {\n"
+                    "        if (blockIdx.x == 0 && threadIdx.x == 0) {\n"
+                    "            float *report = (float *)(H + %d);\n"
+                    "            report[0] = tgk_loss, report[1] = tgk_flag;\n"
+                    "            *(float *)(H + %d) = NAN;\n        }\n        return;\n    }\n",
+              loss, f, f + 2, f + 1, f + 2);
+    sb_printf(tail, "    if (blockIdx.x == 0 && threadIdx.x == 0) {\n        float *report = (float *)(H + %d);\n"
+                    "        report[0] = P%d[0], report[1] = *(const float *)(H + %d);\n    }\n", f + 1, loss, f);
+}
+
+/* The root replacing leaf `leaf` in place in the kernel of these roots (c->aliased), or -1. Under
+ * restrict the leaf's reads must go through a pointer based on the root's (its old value is read
+ * where the new one is stored). Declared without restrict instead, the two made every pointer of
+ * the kernel a possible alias: char_gpt's update loaded all of its 170 pointers up front, 255
+ * registers and spills, eleven times slower (90 registers so, 64 copying back). */
+static int replaced_by(const cg *c, const int *roots, int n_roots, int leaf) {
+    for (int r = 0; c->aliased && r < n_roots; r++)
+        if (c->inplace[roots[r]] == leaf) return roots[r];
+    return -1;
+}
+
 /* The kernel k<roots[0]>: pointer declarations for every buffer the body read (plus extra ones)
  * and for its outputs, then the head, the body, the tail. `threads`: a block size above 256 it is
  * launched with (the compiler must then fit a thread's registers to it, else the launch fails);
@@ -292,11 +390,14 @@ static void end_kernel_roots(cg *c, const int *roots, int n_roots, const int *ex
     for (int i = 0; i < n_extra; i++) c->used[extra[i]] = true;
     for (int r = 0; r < n_roots; r++) c->used[roots[r]] = false;
     for (int i = 0; i < c->g->n; i++)
-        if (c->used[i]) pointer(c, &decl, i, false);
+        if (c->used[i] && replaced_by(c, roots, n_roots, i) < 0) pointer(c, &decl, i, false);
     for (int r = 0; r < n_roots; r++) {
         if (!cg_unplaced(c, roots[r])) pointer(c, &decl, roots[r], true);
         shadow_pointer(c, &decl, roots[r]);
     }
+    for (int i = 0; i < c->g->n; i++)   /* a leaf read where a root replaces it: through the root's own pointer */
+        if (c->used[i] && replaced_by(c, roots, n_roots, i) >= 0)
+            sb_printf(&decl, "    const float *P%d = P%d;\n", i, replaced_by(c, roots, n_roots, i));
     char bounds[40] = "";
     if (threads) snprintf(bounds, sizeof bounds, "__launch_bounds__(%d) ", threads);
     sb_printf(c->out, "extern \"C\" __global__ void %sk%d(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s%s%s%s}\n\n",
@@ -537,6 +638,11 @@ static void lane_root(cg *c, int r, char *v) {
 
 /* "*(float4 *)(<p><id> + at) = make_float4(x0, x1, x2, x3);", or float2 of two, or one */
 static void store_floats(cg *c, char p, int id, const char *at, int lanes, char (*x)[NAME + 20]) {
+    if (lanes > 1 && p == 'P' && c->inplace_ok && c->inplace_ok[id] >= 0) {   /* maybe a leaf's (cg.inplace): unaligned */
+        if (lanes == 4) cg_line(c, "tgk_store4(P%d + %s, make_float4(%s, %s, %s, %s));", id, at, x[0], x[1], x[2], x[3]);
+        else cg_line(c, "tgk_store2(P%d + %s, make_float2(%s, %s));", id, at, x[0], x[1]);
+        return;
+    }
     if (lanes == 1) cg_line(c, "%c%d[%s] = %s;", p, id, at, x[0]);
     else if (lanes == 4) cg_line(c, "*(float4 *)(%c%d + %s) = make_float4(%s, %s, %s, %s);", p, id, at, x[0], x[1], x[2], x[3]);
     else cg_line(c, "*(float2 *)(%c%d + %s) = make_float2(%s, %s);", p, id, at, x[0], x[1]);
@@ -706,7 +812,20 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     sb_printf(&c->body, "%s", sb_str(&code));
     free(code.s);
     c->root = roots[0];
-    end_kernel_roots(c, roots, gr.n_roots, NULL, 0, head, exact ? "    }\n" : "", 0);
+    strbuf guarded = { 0 }, tail = { 0 };
+    const bool inplace = inplace_group(c, roots, firsts, n_segs);
+    sb_printf(&tail, "%s", exact ? "    }\n" : "");
+    if (inplace) {
+        if (!c->grads_checked) grad_check_kernel(c, p);
+        for (int r = 0; r < gr.n_roots; r++) c->inplace[roots[r]] = c->inplace_ok[roots[r]];
+        guard_head(c, &guarded, &tail);
+    }
+    sb_printf(&guarded, "%s", head);
+    c->aliased = inplace;
+    end_kernel_roots(c, roots, gr.n_roots, inplace ? &c->g->output : NULL, inplace, sb_str(&guarded), sb_str(&tail), 0);
+    c->aliased = false;
+    free(guarded.s);
+    free(tail.s);
     kernel_launch(p, roots[0], exact ? total / elems / lanes : threads, BLOCK);
     free(gr.seen);
     return q;
@@ -1752,6 +1871,12 @@ static const char DEVICE_KERNELS[] =
     "    return ((unsigned long long)p & 15) == 0 ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);\n}\n"
     "static __device__ inline float2 tgk_load2(const float *p) {\n"
     "    return ((unsigned long long)p & 7) == 0 ? *(const float2 *)p : make_float2(p[0], p[1]);\n}\n"
+    /* and stored so (a leaf replaced in place) */
+    "static __device__ inline void tgk_store4(float *p, float4 v) {\n"
+    "    if (((unsigned long long)p & 15) == 0) *(float4 *)p = v;\n"
+    "    else p[0] = v.x, p[1] = v.y, p[2] = v.z, p[3] = v.w;\n}\n"
+    "static __device__ inline void tgk_store2(float *p, float2 v) {\n"
+    "    if (((unsigned long long)p & 7) == 0) *(float2 *)p = v;\n    else p[0] = v.x, p[1] = v.y;\n}\n"
     /* Operands of a product rounded as the reference's precision_round rounds them: tf32 to
      * nearest, ties away (an f32 with 13 low bits clear); bf16 to nearest even. */
     "static __device__ inline float tgk_round_tf32(float x) {\n"
@@ -1850,8 +1975,8 @@ static bool writebacks_checked(const tg_graph *g, const char *source) {
     return all;
 }
 
-char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, cuda_plan *launches, int sm,
-                   int *unsupported) {
+char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *plan, const int *inplace_ok, cuda_plan *launches,
+                   int sm, int *unsupported) {
     strbuf out = { 0 };
     cg c;
     long failures = alloc_failures();   /* any allocation failing from here on voids the source */
@@ -1874,9 +1999,12 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     if (g->precision == TG_PRECISION_F32) sb_printf(&out, "%s", CUDA_PRODUCT3_SOURCE);
     launches->prelude = out.len;
     c.operand_round = g->precision == TG_PRECISION_BF16 ? "tgk_round_bf16_float" : g->precision == TG_PRECISION_TF32 ? "tgk_round_tf32" : NULL;
-    bool *wb_src = writeback_sources(g, plan);
+    bool *wb_src = inplace_ok ? NULL : writeback_sources(g, plan);   /* in place: the gradients are checked instead */
     c.wb_check = wb_src;
     c.flag_slot = cuda_hyper_slots(g);
+    c.inplace_ok = inplace_ok;
+    if (inplace_ok && (c.inplace = tg_alloc(sizeof(int) * (size_t)(g->n + 1))))
+        for (int i = 0; i < g->n; i++) c.inplace[i] = -1;
     leaf_kernel(&c, launches);
     int *order = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
     bool *done = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));   /* brought forward into an earlier kernel (sum_kernel) */
@@ -1899,6 +2027,9 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     }
     free(order);
     free(done);
+    if (inplace_ok && !c.grads_checked) grad_check_kernel(&c, launches);   /* no kernel replaced a leaf */
+    launches->inplace = c.inplace;
+    launches->grads_checked = inplace_ok != NULL;
     bool used[4] = { false }, used3[4] = { false };   /* our product kernels' instances (f32 and tf32 graphs; f32) */
     for (int i = 0; i < launches->n && g->precision != TG_PRECISION_BF16; i++) {
         const cuda_launch *l = &launches->launch[i];
@@ -1910,7 +2041,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     *unsupported = c.unsupported;
     cg_release(&c);
     free(wb_src);
-    launches->writebacks_checked = out.s && writebacks_checked(g, out.s);
+    launches->writebacks_checked = out.s && !inplace_ok && writebacks_checked(g, out.s);
     if (alloc_failures() != failures || *unsupported >= 0) {   /* placeholders or holes: not a program */
         free(out.s);
         cuda_plan_free(launches);
@@ -1925,5 +2056,6 @@ void cuda_plan_free(cuda_plan *p) {
         free(p->launch[i].boff);
     }
     free(p->launch);
+    free(p->inplace);
     memset(p, 0, sizeof *p);
 }

@@ -3,7 +3,7 @@
     python3 bench/cuda/timeline/timeline.py trace.txt kleaves [top]
 
 A step starts at each launch of the marker kernel (ours: kleaves, the first kernel of a step at
-tf32 and bf16; PyTorch under inductor: its embedding kernel, e.g. triton_poi_fused_embedding_0).
+tf32 and bf16, at f32 the step's first kernel by its exact name, e.g. 'k2$'; PyTorch under inductor: its embedding kernel, e.g. triton_poi_fused_embedding_0).
 Over the last five whole steps: the wall time a step, the kernels' exclusive time (each kernel's
 end less the later of its start and the previous kernel's end: a kernel launched early, while the
 one before it runs, counts from that one's end) and the idle time with no kernel running; then
@@ -28,7 +28,8 @@ def category(name):
 def main():
     ev, marker = load(sys.argv[1]), sys.argv[2]
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 30
-    starts = [i for i, e in enumerate(ev) if e[2].startswith(marker)]
+    exact = marker.endswith('$')   # 'k2$': that kernel's name only (f32 steps have no kleaves)
+    starts = [i for i, e in enumerate(ev) if (e[2] == marker[:-1] if exact else e[2].startswith(marker))]
     steps = list(zip(starts[-7:-2], starts[-6:-1]))
     if not steps: sys.exit('fewer than 3 steps marked by %s' % marker)
     names, cats = collections.defaultdict(float), collections.defaultdict(float)
