@@ -229,6 +229,21 @@ static void segment_tree(strbuf *out, const strbuf *segs, const int64_t *ends, i
     sb_printf(out, "    }\n");
 }
 
+/* Kernel `name` over n segments (a leaf or a gradient each: segment_tree finds thread g's), its
+ * pointers declared in decl, `head` and `tail` around the tree; `total` threads, launched under
+ * node `first`. */
+static void segments_kernel(cg *c, cuda_plan *p, const char *name, const strbuf *decl, const strbuf *segs, const int64_t *ends,
+                            int n, int first, int64_t total, const char *head, const char *tail) {
+    strbuf code = { 0 };
+    segment_tree(&code, segs, ends, 0, n);
+    sb_printf(c->out, "extern \"C\" __global__ void %s(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s"
+                      "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n%s%s%s}\n\n",
+              name, sb_str(decl), BLOCK, head, sb_str(&code), tail);
+    free(code.s);
+    kernel_launch(p, first, total, BLOCK);
+    snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "%s", name);
+}
+
 /* One leaf's segment of kleaves: thread g (from `start`) rounds four neighbouring values where
  * the leaf's length divides by four (16-byte loads where its pointer allows: a bound leaf need not
  * be aligned), else one. */
@@ -251,7 +266,7 @@ static void leaf_segment(const cg *c, strbuf *seg, int id, int64_t start) {
  * (the leaves of the product operands: parameters, and inputs fed straight to a product), found
  * by a tree of comparisons (segment_tree). */
 static void leaf_kernel(cg *c, cuda_plan *p) {
-    strbuf decl = { 0 }, code = { 0 };
+    strbuf decl = { 0 };
     int n_leaves = 0, first = -1;
     for (int i = 0; i < c->g->n; i++) n_leaves += cg_is_bound(N(c, i)->op) && has_shadow(c, i);
     strbuf *segs = tg_alloc(sizeof(strbuf) * (size_t)(n_leaves + 1));
@@ -268,17 +283,13 @@ static void leaf_kernel(cg *c, cuda_plan *p) {
         ends[k++] = total;
     }
     if (first >= 0 && segs && ends) {
-        segment_tree(&code, segs, ends, 0, n_leaves);
-        sb_printf(c->out, "extern \"C\" __global__ void kleaves(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s"
-                          "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n    if (g >= %lldll) return;\n%s}\n\n",
-                  sb_str(&decl), BLOCK, (long long)total, sb_str(&code));
-        kernel_launch(p, first, total, BLOCK);
-        snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "kleaves");
+        char head[80];
+        snprintf(head, sizeof head, "    if (g >= %lldll) return;\n", (long long)total);
+        segments_kernel(c, p, "kleaves", &decl, segs, ends, n_leaves, first, total, head, "");
     }
     for (int k = 0; segs && k < n_leaves; k++) free(segs[k].s);
     free(segs);
     free(ends);
-    free(code.s);
     free(decl.s);
 }
 
@@ -295,7 +306,7 @@ static void leaf_kernel(cg *c, cuda_plan *p) {
  * first kernel that replaces a leaf (or last: the check is the step's contract either way). */
 static void grad_check_kernel(cg *c, cuda_plan *p) {
     const tg_graph *g = c->g;
-    strbuf decl = { 0 }, code = { 0 };
+    strbuf decl = { 0 };
     strbuf *segs = tg_alloc(sizeof(strbuf) * (size_t)(g->n_params + 1));
     int64_t *ends = tg_alloc(sizeof(int64_t) * (size_t)(g->n_params + 1)), total = 0;
     int n = 0, first = -1;
@@ -317,19 +328,15 @@ static void grad_check_kernel(cg *c, cuda_plan *p) {
         ends[n++] = total;
     }
     if (n > 0) {
-        segment_tree(&code, segs, ends, 0, n);
-        sb_printf(c->out, "extern \"C\" __global__ void kcheck(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s"
-                          "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n    bool bad = false;\n"
-                          "    if (g < %lldll) {\n%s    }\n"
-                          "    if (__any_sync(0xffffffffu, bad) && threadIdx.x %% 32 == 0) *(float *)(H + %d) = NAN;\n}\n\n",
-                  sb_str(&decl), BLOCK, (long long)total, sb_str(&code), c->flag_slot);
-        kernel_launch(p, first, total, BLOCK);
-        snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "kcheck");
+        char head[80], tail[120];
+        snprintf(head, sizeof head, "    bool bad = false;\n    if (g < %lldll) {\n", (long long)total);
+        snprintf(tail, sizeof tail, "    }\n    if (__any_sync(0xffffffffu, bad) && threadIdx.x %% 32 == 0) *(float *)(H + %d) = NAN;\n",
+                 c->flag_slot);
+        segments_kernel(c, p, "kcheck", &decl, segs, ends, n, first, total, head, tail);
     }
     for (int k = 0; segs && k < n; k++) free(segs[k].s);
     free(segs);
     free(ends);
-    free(code.s);
     free(decl.s);
 }
 
