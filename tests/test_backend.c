@@ -949,10 +949,11 @@ static int inplace_outputs(const char *src, bool *guarded) {
  * (it may be launched early); the 18 values written back (six parameters, each with Adam's two
  * moments) replace their leaves in place, after kcheck found every gradient finite, and none of
  * them is checked (TG_CUDA_INPLACE=0: the kernels computing them check each value they store, so
- * the step's copy back needs no pass of its own over them). At f32 the layer norm's backward is one row kernel that keeps its centred
- * gradient in registers (with TG_CUDA_ROW_REGS=0 in a buffer); at tf32 and bf16 the input
- * gradient it makes of it is a kernel of its own here (a product reads it rounded), which reads
- * the centred gradient from memory: nothing may stay in registers then. Row kernels and column
+ * the step's copy back needs no pass of its own over them). At f32 the layer norm's backward is
+ * one row kernel that keeps its centred gradient in registers (with TG_CUDA_ROW_REGS=0 in a
+ * buffer); at tf32 and bf16 the input gradient it makes of it is a kernel of its own here (a
+ * product reads it rounded), which reads the centred gradient from memory: nothing may stay in
+ * registers then. Row kernels and column
  * sums read per-row values and the layer norm's weights at coordinates of their rows (row_lane),
  * dividing none out of an element's index, in 32-bit coordinates (every index fits); a row
  * kernel's own sums and statistics are read back from registers, not from the buffers they are
