@@ -62,11 +62,11 @@ typedef struct {
     int flag_slot;
     /* CUDA (NULL: off): per node, the PARAM or STATE leaf its kernel replaces in place (its values
      * are that leaf's buffer: cg_pointer), or -1; inplace_ok: which may (plan_inplace's
-     * candidates); grads_checked: the kernel that checks every gradient first (kcheck) is out;
+     * candidates); kcheck_out: the kernel that checks every gradient first (kcheck) is emitted;
      * aliased: the kernel being declared replaces leaves (cuda_codegen.c's replaced_by). */
     int *inplace;
     const int *inplace_ok;
-    bool grads_checked, aliased;
+    bool kcheck_out, aliased;
     /* CPU row runs (row 0: off): an element-wise loop nested as flat index i = o * row + u, u < row.
      * The coordinates of a value of that innermost size read at index i are u and functions of o
      * alone, which the compiler hoists out of the loop over u: a permuted or broadcast read is

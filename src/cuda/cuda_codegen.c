@@ -310,7 +310,7 @@ static void grad_check_kernel(cg *c, cuda_plan *p) {
     strbuf *segs = tg_alloc(sizeof(strbuf) * (size_t)(g->n_params + 1));
     int64_t *ends = tg_alloc(sizeof(int64_t) * (size_t)(g->n_params + 1)), total = 0;
     int n = 0, first = -1;
-    c->grads_checked = true;
+    c->kcheck_out = true;
     for (int i = 0; segs && ends && i < g->n_params; i++) {
         int gr = g->grad_of_param[i];
         if (g->param_node[i] < 0 || gr < 0) continue;
@@ -823,7 +823,7 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     const bool inplace = inplace_group(c, roots, firsts, n_segs);
     sb_printf(&tail, "%s", exact ? "    }\n" : "");
     if (inplace) {
-        if (!c->grads_checked) grad_check_kernel(c, p);
+        if (!c->kcheck_out) grad_check_kernel(c, p);
         for (int r = 0; r < gr.n_roots; r++) c->inplace[roots[r]] = c->inplace_ok[roots[r]];
         guard_head(c, &guarded, &tail);
     }
@@ -2034,7 +2034,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     }
     free(order);
     free(done);
-    if (inplace_ok && !c.grads_checked) grad_check_kernel(&c, launches);   /* no kernel replaced a leaf */
+    if (inplace_ok && !c.kcheck_out) grad_check_kernel(&c, launches);   /* no kernel replaced a leaf */
     launches->inplace = c.inplace;
     launches->grads_checked = inplace_ok != NULL;
     bool used[4] = { false }, used3[4] = { false };   /* our product kernels' instances (f32 and tf32 graphs; f32) */
