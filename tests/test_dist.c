@@ -373,6 +373,9 @@ static void cuda_compile_only(void) {
     tg_error err;
     tg_train *t = make(&n, m, (setup){ .backend = "cuda-nvrtc", .batch = 8, .n_dev = 2, .clip = 1 }, &err);
     CHECK(t != NULL, "cuda-nvrtc, 2 replicas: the grad and update graphs compile: %s", err.msg);
+    const char *update = t ? dist_update_source(t) : NULL;   /* reads the averaged gradients where they are */
+    CHECK(update && strstr(update, "void kcheck(") && strstr(update, "= (float *)B["),
+          "the update graph replaces parameters and state in place, after kcheck");
     tg_result r = t ? step_rows(t, 0, 8, 0, 8) : (tg_result){ 0 };
     CHECK(r.status == TG_FAILED && strstr(r.error, "runs nothing"), "cuda-nvrtc runs nothing: %s", r.error);
     tg_destroy(t);

@@ -284,6 +284,34 @@ static void single_process(const char *name, const char *dir) {
     tg_model_free(w.m);
 }
 
+/* A step whose averaged gradients are not finite (a NaN in the last GPU's rows) fails on every
+ * GPU and changes nothing: each GPU's update replaces its parameters in place only after kcheck
+ * found the averaged gradients finite; the next good step trains. */
+static void bad_step(void) {
+    workload w;
+    make(&w, "digits_cnn");
+    int global = n_gpus * w.per_gpu;
+    tg_error err;
+    tg_train *t = compile(&w, (setup){ .rows = global, .n_dev = n_gpus, .devices = all_gpus }, &err);
+    CHECK(t != NULL, "digits_cnn on GPUs 0..%d: %s", n_gpus - 1, err.msg);
+    if (t) {
+        CHECK(step(&w, t, 0, 0, global).status == TG_OK, "a good step");
+        uint64_t before = params_hash(t);
+        static float xf[MAX_GPUS * 32 * 64];
+        static int32_t y[MAX_GPUS * 32];
+        batch(&w, 1, 0, global, xf, NULL, y);
+        xf[(global - 1) * w.x_len + 5] = NAN;
+        tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", xf, (size_t)(global * w.x_len)), tg_i32("y", y, (size_t)global) }, 2);
+        CHECK(r.status == TG_FAILED && strstr(r.error, "unchanged"), "a NaN in the last GPU's rows fails the step: %s", r.error);
+        CHECK(params_hash(t) == before && replicas_identical(t), "the failed step changed no GPU's parameters");
+        CHECK(step(&w, t, 2, 0, global).status == TG_OK && params_hash(t) != before && replicas_identical(t),
+              "the next good step trains every GPU");
+        printf("test_dist_gpu: a NaN in one GPU's rows: %s\n", r.error);
+    }
+    tg_destroy(t);
+    tg_model_free(w.m);
+}
+
 /* ----- files of the multi-process runs ----- */
 
 static bool write_trace(const char *path, const trace *t) {
@@ -460,5 +488,6 @@ int main(int argc, char **argv) {
     if (!mkdtemp(dir)) return 1;
     single_process("char_gpt_small", dir);
     single_process("digits_cnn", dir);
+    bad_step();
     return check_report("test_dist_gpu");
 }

@@ -619,10 +619,10 @@ static void cuda_release(void *h) {
 }
 
 /* Parameters and optimizer state replaced in place (codegen_cuda): plan_inplace's candidates,
- * updates after every gradient, where each gradient the optimizer reads has a buffer of the step's
- * for kcheck; NULL (every write-back copied at the end, its values checked) otherwise, or with
- * TG_CUDA_INPLACE=0 (A/B runs, tests of both). Data parallelism's update graph, whose gradients
- * are leaves (the averaged buffers), keeps the copy: not yet run on two GPUs in place. */
+ * updates after every gradient, where kcheck can read each gradient the optimizer reads (f32, in
+ * a buffer of the step's or, in data parallelism's update graph, a bound leaf: the averaged
+ * values); NULL (every write-back copied at the end, its values checked) otherwise, or with
+ * TG_CUDA_INPLACE=0 (A/B runs, tests of both). */
 static int *inplace_candidates(const tg_graph *g, const tg_plan *plan, const int *keep, int n_keep, const bool *mat,
                                const int *alias) {
     const char *env = getenv("TG_CUDA_INPLACE");
@@ -631,7 +631,7 @@ static int *inplace_candidates(const tg_graph *g, const tg_plan *plan, const int
     for (int i = 0; i < g->n_params; i++) {
         int gr = g->grad_of_param[i], h = gr >= 0 ? plan_home(plan, gr) : -1;
         if (g->param_node[i] < 0 || gr < 0) continue;
-        if (g->nodes[gr].dtype != TG_FLOAT32 || cg_is_bound(g->nodes[h].op) || plan->offset[h] == PLAN_BOUND) return NULL;
+        if (g->nodes[gr].dtype != TG_FLOAT32 || (!cg_is_bound(g->nodes[h].op) && plan->offset[h] == PLAN_BOUND)) return NULL;
         if (gr > after) after = gr;
     }
     int *ok = tg_alloc(sizeof(int) * (size_t)(g->n + 1));

@@ -117,6 +117,8 @@ const tg_input_decl *dist_decls(const dist_state *d, int *n);   /* as declared (
 /* The update graph's share of tg_train_planned_bytes and tg_train_launch_count (replica 0's). */
 size_t dist_update_bytes(const dist_state *d);
 int dist_update_launches(const dist_state *d);
+/* Test hook: replica 0's update graph's generated kernels (NULL: none, or no such handle). */
+const char *dist_update_source(const tg_train *t);
 int dist_rank(const dist_state *d);
 int dist_replicas(const dist_state *d);
 /* Test hook: replica r's values of parameter `name` (n elements). */

@@ -53,6 +53,13 @@ struct dist_state {
     char broken[TG_ERROR_LEN]; /* replicas may differ (a local failure after the average) */
 };
 
+const char *dist_update_source(const tg_train *t) {
+    tg_train *l = rt_lock_train(t);
+    const char *src = l && l->dp && l->be->source ? l->be->source(l->dp->rep[0].update) : NULL;
+    if (l) rt_unlock(l);
+    return src;
+}
+
 int dist_rank(const dist_state *d) { return d->s.rank; }
 size_t dist_update_bytes(const dist_state *d) { return d->rep[0].be->planned_bytes(d->rep[0].update); }
 int dist_update_launches(const dist_state *d) {
