@@ -461,8 +461,9 @@ typedef tg_tensor (*tg_forward_fn)(const void *ctx, const tg_tensor *inputs);
  *         whose shape that makes faster than cuBLAS's f32 kernels (timed once per shape; an
  *         error of about 1e-6 of the sum of |a b|, where f32's own is 1e-7 and TF32's 1e-4).
  *   TF32  products and attention's products on TF32 tensor cores (operands rounded to a 10-bit
- *         mantissa, f32 sums); the probabilities and score gradients inside attention, and
- *         everything else, f32.
+ *         mantissa, f32 sums). Inside attention the forward's probabilities stay f32, while
+ *         the backward rounds the probabilities and score gradients it multiplies, as flash
+ *         attention's backward does (in BF16 too); everything else f32.
  *   BF16  mixed precision as torch.autocast(dtype=torch.bfloat16) does it: the operands of
  *         products and attention are rounded to bfloat16, sums stay f32; so are activations
  *         (the output of a product, and element-wise work on it such as a bias, GELU or ReLU,

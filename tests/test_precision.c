@@ -226,6 +226,96 @@ static void test_operations(void) {
         }
 }
 
+/* ----- attention's gradients at each precision against float64 ----- */
+
+static tg_tensor attention_weighted(const void *ctx, const tg_tensor *in) {
+    return tg_sum(tg_mul(tg_attention(in[0], in[1], in[2], 1, 0.4), in[3]), TG_ALL, 0);
+}
+
+/* The gradients of sum(attention(q, k, v) * w) (causal, scale 0.4, [B, T, D]) in float64, with q,
+ * k, v and w (the incoming gradient) rounded, and (round_p) the backward's p and ds rounded where
+ * they enter its products: g[0..2] = dq, dk, dv. */
+static void attention_grads(tg_precision prec, const ht *x, bool round_p, ht *g) {
+    const int64_t B = x[0].s.d[0], T = x[0].s.d[1], D = x[0].s.d[2];
+    double *p = calloc((size_t)T, sizeof(double)), *out = calloc((size_t)D, sizeof(double));
+    for (int i = 0; i < 3; i++) g[i] = ht_new(x[i].s);
+    for (int64_t b = 0; b < B && p && out; b++)
+        for (int64_t r = 0; r < T; r++) {
+            const double *q = x[0].v + (b * T + r) * D, *w = x[3].v + (b * T + r) * D;
+            double mx = -INFINITY, sum = 0, delta = 0;
+            for (int64_t c = 0; c <= r; c++) {
+                double dot = 0;
+                for (int64_t d = 0; d < D; d++) dot += q[d] * x[1].v[(b * T + c) * D + d];
+                p[c] = dot * 0.4;
+                mx = fmax(mx, p[c]);
+            }
+            for (int64_t c = 0; c <= r; c++) sum += exp(p[c] - mx);
+            for (int64_t c = 0; c <= r; c++) p[c] = exp(p[c] - mx) / sum;
+            for (int64_t d = 0; d < D; d++) {
+                out[d] = 0;
+                for (int64_t c = 0; c <= r; c++) out[d] += p[c] * x[2].v[(b * T + c) * D + d];
+                delta += w[d] * out[d];
+            }
+            for (int64_t c = 0; c <= r; c++) {
+                const double *k = x[1].v + (b * T + c) * D, *v = x[2].v + (b * T + c) * D;
+                double dp = 0;
+                for (int64_t d = 0; d < D; d++) dp += w[d] * v[d];
+                double ds = p[c] * (dp - delta) * 0.4, pc = p[c];
+                if (round_p && prec != TG_PRECISION_F32) ds = precision_round(prec, (float)ds), pc = precision_round(prec, (float)pc);
+                for (int64_t d = 0; d < D; d++) {
+                    g[0].v[(b * T + r) * D + d] += ds * k[d];
+                    g[1].v[(b * T + c) * D + d] += ds * q[d];
+                    g[2].v[(b * T + c) * D + d] += pc * w[d];
+                }
+            }
+        }
+    free(p);
+    free(out);
+}
+
+/* The reference's attention gradients are float64 over the rounded operands, the backward's p and
+ * ds rounded as its products' operands at tf32 and bf16 (and that rounding shows). */
+static void test_attention_gradients(void) {
+    inspec in[4] = { FIN("q", -2, 2, 2, 9, 8), FIN("k", -2, 2, 2, 9, 8), FIN("v", -2, 2, 2, 9, 8), FIN("w", -1, 1, 2, 9, 8) };
+    const tg_precision precisions[] = { TG_PRECISION_F32, TG_PRECISION_TF32, TG_PRECISION_BF16 };
+    for (int pi = 0; pi < 3; pi++) {
+        tg_precision p = precisions[pi];
+        tg_model *m = tg_model_new(1);
+        host_case h;
+        host_case_fill(&h, m, 4, in);
+        ht rx[4], want[3], plain[3];
+        for (int i = 0; i < 4; i++) {
+            rx[i] = ht_new(h.x[i].s);
+            memcpy(rx[i].v, h.x[i].v, sizeof(double) * (size_t)nel(h.x[i].s));
+        }
+        round_all(p, rx, 4);
+        attention_grads(p, rx, true, want);
+        attention_grads(p, rx, false, plain);
+        tg_error err;
+        tg_probe *pr = tg_probe_new_at("reference-f64", p, m, attention_weighted, NULL, h.decl, 4, true, &err);
+        CHECK(pr != NULL, "attention gradients: probe: %s", pr ? "" : err.msg);
+        for (int i = 0; pr && i < 4; i++) memcpy(tg_probe_input(pr, i), h.x[i].v, sizeof(double) * (size_t)nel(h.x[i].s));
+        CHECK(pr && tg_probe_run(pr), "attention gradients: run");
+        for (int i = 0; pr && i < 3; i++) {
+            double worst = 0, diff = 0;
+            for (int64_t e = 0; e < nel(want[i].s); e++) {
+                worst = fmax(worst, fabs(tg_probe_input_grad(pr, i)[e] - want[i].v[e]) / fmax(1, fabs(want[i].v[e])));
+                diff = fmax(diff, fabs(plain[i].v[e] - want[i].v[e]));
+            }
+            CHECK(worst <= 1e-12, "attention's gradient of input %d at %s: the reference differs from float64 by %.3g", i,
+                  tg_precision_name(p), worst);
+            if (p != TG_PRECISION_F32)
+                CHECK(diff > 1e-6, "attention's gradient of input %d at %s: rounding p and ds changes it by %.3g", i,
+                      tg_precision_name(p), diff);
+        }
+        tg_probe_free(pr);
+        for (int i = 0; i < 4; i++) free(rx[i].v);
+        for (int i = 0; i < 3; i++) free(want[i].v), free(plain[i].v);
+        host_case_free(&h);
+        tg_model_free(m);
+    }
+}
+
 /* ----- the CPU's floating-point mode ----- */
 
 #if defined(__x86_64__) && defined(__SSE__)
@@ -425,6 +515,7 @@ int main(int argc, char **argv) {
     example_dir_init(argv[0]);
     test_rounding();
     test_operations();
+    test_attention_gradients();
     test_denormals();
     test_api();
     test_quality("reference");

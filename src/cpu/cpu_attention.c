@@ -22,9 +22,10 @@
 
 /* a = {batch, T, S, D, E, causal, scale as the bits of a double, the heads interleaved in the
  * operands (graph.h: attn_row), bf16, (backward) out's heads}. bf16: q, k, v and d_out are
- * rounded to bf16 as operands (a graph of bf16 precision), as the reference does; the products
- * then run in f32 on the rounded copies (p is not rounded, so the p v product has no bf16 operand
- * pair for vdpbf16ps: the same arithmetic as f32, a copy's cost more). */
+ * rounded to bf16 as operands (a graph of bf16 precision), as the reference does, and so are the
+ * backward's p and ds; the products then run in f32 on the rounded copies (the forward's p is not
+ * rounded, so the p v product has no bf16 operand pair for vdpbf16ps: the same arithmetic as f32,
+ * a copy's cost more). */
 typedef struct { int64_t batch, T, S, D, E, heads, out_heads; bool causal, bf16; float scale; } attn;
 
 static attn attn_of(const int64_t *a, bool backward) {
@@ -155,6 +156,14 @@ static void zero_rows(float *x, int64_t n, int64_t W, int64_t ld) {
     for (int64_t i = 0; x && i < n; i++) memset(x + i * ld, 0, sizeof(float) * (size_t)W);
 }
 
+/* p and ds enter the backward's products as bf16 operands, as the reference rounds them. */
+static void round_bf16_row(float *p, float *ds, int64_t n) {
+    for (int64_t c = 0; c < n; c++) {
+        p[c] = precision_round(TG_PRECISION_BF16, p[c]);
+        ds[c] = precision_round(TG_PRECISION_BF16, ds[c]);
+    }
+}
+
 /* One head (operands and gradients offset to it, the gradients' rows ld apart as their operands'
  * in memory; out's rows attn_stride(E, out_heads) apart), a block of query rows at a time: with
  * p_c = exp(s_c - lse_r) and delta_r = d_out_r . out_r, dp = d_out vᵀ, ds = scale p (dp - delta);
@@ -179,6 +188,7 @@ static void backward_head(const attn *A, exp_sub_fn exp_sub, rows q, rows k, row
             exp_sub(pi, n, lse[r]);
             #pragma omp simd
             for (int64_t c = 0; c < n; c++) di[c] = A->scale * pi[c] * (di[c] - delta);
+            if (A->bf16) round_bf16_row(pi, di, n);
             for (int64_t c = n; c < cols; c++) pi[c] = di[c] = 0;
         }
         if (dq) kernel_gemm(0, 0, n_rows, A->D, cols, ds, A->S, k.p, k.ld, dq + r0 * ldd, ldd, 0);

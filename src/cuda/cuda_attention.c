@@ -18,8 +18,12 @@
  * p = exp(score - lse); dq is added to (zeroed) memory with atomics, one tile at a time.
  *
  * tf32 and bf16 precision (RND): q, k, v and the incoming gradient are rounded as they are
- * loaded, as the reference rounds them; scores, softmax and every sum stay f32. The output and
- * dk, dv also store their rounded copies where products read them (tga_shadow).
+ * loaded, as the reference rounds them; in the backward so are the probabilities and the score
+ * gradients where they enter products (dv += pᵀ d_out, dk += dsᵀ q, dq += ds k), as
+ * FlashAttention's and cuDNN's kernels round them; scores, softmax, the forward's probabilities
+ * (unnormalised in the online softmax, so no rounding of them could match the reference's) and
+ * every sum stay f32. The output and dk, dv also store their rounded copies where products read
+ * them (tga_shadow).
  *
  * Operands may hold the heads interleaved (template parameter H > 1, graph.h's attn_row: rows of
  * one head H * width apart), as a model's splits of heads leave them: every row address goes
@@ -43,6 +47,10 @@ const char CUDA_ATTENTION_SOURCE[] =
     "static __device__ void tga_shadow(void *s, long long i, float v) {\n"
     "    if (RND == 2 && s) ((unsigned short *)s)[i] = tgk_round_bf16(v);\n"
     "    if (RND == 1 && s) ((float *)s)[i] = tgk_round_tf32(v);\n}\n"
+    /* v rounded as an operand of the graph's precision RND (0 f32, 1 tf32, 2 bf16; the prelude's
+     * roundings) */
+    "template <int RND>\n"
+    "static __device__ float tga_round(float v) { return RND == 2 ? tgk_round_bf16_float(v) : RND == 1 ? tgk_round_tf32(v) : v; }\n"
     "static __device__ float tga_max16(float x) {\n"
     "    for (int o = 8; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));\n"
     "    return x;\n}\n"
@@ -50,14 +58,13 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    for (int o = 8; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);\n"
     "    return x;\n}\n"
     /* rows [r0, r0 + 64) of src [n, W] (rows G apart) into dst with row stride P, zeros past n,
-     * rounded as operands of the graph's precision RND (0 f32, 1 tf32, 2 bf16; the prelude's
-     * roundings) */
+     * rounded as operands (tga_round) */
     "template <int W, int P, int RND, int G>\n"
     "static __device__ void tga_load(float *dst, const float *__restrict__ src, int r0, int n) {\n"
     "    for (int x = threadIdx.x; x < TGA_T * W; x += blockDim.x) {\n"
     "        const int r = x / W, c = x % W;\n"
     "        const float v = r0 + r < n ? src[(long long)(r0 + r) * G + c] : 0.0f;\n"
-    "        dst[r * P + c] = RND == 2 ? tgk_round_bf16_float(v) : RND == 1 ? tgk_round_tf32(v) : v;\n"
+    "        dst[r * P + c] = tga_round<RND>(v);\n"
     "    }\n}\n"
     /* acc[i][j] += row ty + 16 i of a . row tx + 16 j of b, over W columns (tiles of row stride
      * W + 1): the 4 x 4 share of one thread in a 64 x 64 product of two tiles' rows */
@@ -204,7 +211,7 @@ const char CUDA_ATTENTION_SOURCE[] =
     "                const int r = r0 + ty + 16 * i, c = c0 + tx + 16 * j;\n"
     "                const bool keep = r < T && c < S && (!CAUSAL || c <= r);\n"
     "                p[i][j] = keep ? exp2f(p[i][j] * scale * LOG2E - Ls[ty + 16 * i]) : 0.0f;\n"
-    "                Ps[(ty + 16 * i) * (TGA_T + 1) + tx + 16 * j] = p[i][j];\n"
+    "                Ps[(ty + 16 * i) * (TGA_T + 1) + tx + 16 * j] = tga_round<RND>(p[i][j]);\n"
     "            }\n"
     "        __syncthreads();\n"
     "        if (dv) {   /* dv_c += sum_r p_rc d_out_r: this thread's key rows c = ty + 16 i */\n"
@@ -226,7 +233,7 @@ const char CUDA_ATTENTION_SOURCE[] =
     "        for (int i = 0; i < 4; i++)\n"
     "#pragma unroll\n"
     "            for (int j = 0; j < 4; j++)\n"
-    "                Ps[(ty + 16 * i) * (TGA_T + 1) + tx + 16 * j] = p[i][j] * (dp[i][j] - Dl[ty + 16 * i]) * scale;\n"
+    "                Ps[(ty + 16 * i) * (TGA_T + 1) + tx + 16 * j] = tga_round<RND>(p[i][j] * (dp[i][j] - Dl[ty + 16 * i]) * scale);\n"
     "        __syncthreads();\n"
     "        if (dk) {   /* dk_c += sum_r ds_rc q_r */\n"
     "#pragma unroll 4\n"
@@ -290,10 +297,11 @@ const char CUDA_ATTENTION_SOURCE[] =
  * tf32 (m16n8k8, multiples of 8), and at f32 as three tf32 products (tgm_madd). q, k, v and the
  * incoming gradient arrive as the rounded copies their kernels wrote (cuda_codegen.c's shadows;
  * the reference rounds them the same way), or in f32, so tiles move into shared memory by
- * cp.async, untouched, while the previous tile is worked on (two stages). The probabilities and
- * the score gradients, which the reference keeps in f32, enter the second products as two rounded
- * halves, hi = round(x) and lo = round(x - hi): the pair carries 16 (bf16) or 22 (tf32) bits of
- * mantissa, and costs one more product on units otherwise idle.
+ * cp.async, untouched, while the previous tile is worked on (two stages). The forward's
+ * probabilities, which the reference keeps in f32, enter the p v product as two rounded halves,
+ * hi = round(x) and lo = round(x - hi): the pair carries 16 (bf16) or 22 (tf32) bits of mantissa,
+ * and costs one more product. The backward's enter rounded (the reference rounds them there
+ * too), one product each (gemm_t's LO); at f32 everything is split (tgm_f32x3).
  *
  * The kernels are written once over an element policy M (tgm_bf16, tgm_tf32, tgm_f32x3): its
  * element type E, the k of one mma (KS), the rows' padding, and how a lane's fragments are found.
@@ -372,7 +380,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     /* c[N / 8][4] += A (K / 16 fragments, hi parts a and rests ar) times B, B's rows as they lie
      * (b + k * ld + n): ldmatrix.trans gives four 8 x 8 tiles transposed (lane l the address of
      * row l % 8 of tile l / 8), two n tiles at a time */
-    "    template <int K, int N>\n"
+    "    template <int K, int N, bool LO>\n"
     "    static __device__ void gemm_t(float (*c)[4], const unsigned (*a)[4], const unsigned (*ar)[4], const E *b, int ld) {\n"
     "        const int lane = threadIdx.x & 31, row = (lane & 7) + 8 * ((lane >> 3) & 1), col = 8 * (lane >> 4);\n"
     "#pragma unroll\n"
@@ -383,8 +391,8 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "                const unsigned s = (unsigned)__cvta_generic_to_shared(b + (16 * ks + row) * ld + 16 * np + col);\n"
     "                asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
     "                             : \"=r\"(f[0]), \"=r\"(f[1]), \"=r\"(f[2]), \"=r\"(f[3]) : \"r\"(s));\n"
-    "                tgm_madd<tgm_bf16, true>(c[2 * np], a[ks], ar[ks], f[0], f[1]);\n"
-    "                tgm_madd<tgm_bf16, true>(c[2 * np + 1], a[ks], ar[ks], f[2], f[3]);\n"
+    "                tgm_madd<tgm_bf16, LO>(c[2 * np], a[ks], ar[ks], f[0], f[1]);\n"
+    "                tgm_madd<tgm_bf16, LO>(c[2 * np + 1], a[ks], ar[ks], f[2], f[3]);\n"
     "            }\n    }\n"
     "};\n"
     /* tf32 (P: tgm_tf32) and f32 as three tf32 products (tgm_f32x3) */
@@ -408,7 +416,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "                     : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
     "                     : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n    }\n"
     /* as bf16's, A in pcol's order: logical rows t and t + 4 of B are its rows 2t and 2t + 1 */
-    "    template <int K, int N>\n"
+    "    template <int K, int N, bool LO>\n"
     "    static __device__ void gemm_t(float (*c)[4], const unsigned (*a)[4], const unsigned (*ar)[4], const E *b, int ld) {\n"
     "        const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;\n"
     "#pragma unroll\n"
@@ -417,7 +425,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "            for (int nt = 0; nt < N / 8; nt++) {\n"
     "                const E *p = b + (8 * ks + 2 * t) * ld + 8 * nt + g;\n"
     "                const unsigned b0 = __float_as_uint(p[0]), b1 = __float_as_uint(p[ld]);\n"
-    "                tgm_madd<P, true>(c[nt], a[ks], ar[ks], b0, b1);\n"
+    "                tgm_madd<P, LO>(c[nt], a[ks], ar[ks], b0, b1);\n"
     "            }\n    }\n"
     "};\n"
     /* RND: how an output's rounded copy is rounded (tga_shadow's; f32 has none) */
@@ -553,7 +561,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "        if (OUT) {\n"
     "            unsigned pa[64 / M::KS][4], pr[64 / M::KS][4];\n"
     "            tgm_as_a<M>(s, pa, pr);\n"
-    "            M::template gemm_t<64, E>(acc, pa, pr, Vs, LV);\n"
+    "            M::template gemm_t<64, E, true>(acc, pa, pr, Vs, LV);\n"
     "        }\n"
     "    }\n"
     "#pragma unroll\n"
@@ -652,13 +660,13 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "        else tgm_probs<true, CAUSAL, T, S, LS>(st_, dpt, Ls, Dl, Ds, cw, r0, scale);\n"
     "        unsigned pa[64 / M::KS][4], pr[64 / M::KS][4];\n"
     "        tgm_as_a<M>(st_, pa, pr);\n"
-    "        M::template gemm_t<64, E>(dva, pa, pr, Gs, LV);\n"
+    "        M::template gemm_t<64, E, M::X3>(dva, pa, pr, Gs, LV);\n"
     "        tgm_as_a<M>(dpt, pa, pr);\n"
-    "        M::template gemm_t<64, D>(dka, pa, pr, Qs, LK);\n"
+    "        M::template gemm_t<64, D, M::X3>(dka, pa, pr, Qs, LK);\n"
     "        __syncthreads();   /* ds in */\n"
     "        tgm_as_a_shared<M>(Ds, LS, 16 * w, pa, pr, g, t);\n"
     "        float dqa[D / 8][4] = {};\n"
-    "        M::template gemm_t<64, D>(dqa, pa, pr, Ks, LK);\n"
+    "        M::template gemm_t<64, D, M::X3>(dqa, pa, pr, Ks, LK);\n"
     "#pragma unroll\n"
     "        for (int nd = 0; nd < D / 8; nd++)\n"
     "#pragma unroll\n"

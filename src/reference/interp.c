@@ -710,14 +710,14 @@ static void maxpool2d(const tg_node *n, const tg_node *x, bool bwd, double *rest
  * and so on: heads interleaved, graph.h's iarg[3]), batch by batch
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct { int64_t batch, T, S, D, E, heads, out_heads; bool causal; double scale; } attn_dims;
+typedef struct { int64_t batch, T, S, D, E, heads, out_heads; bool causal; double scale; tg_precision prec; } attn_dims;
 
 static attn_dims attn_dims_of(const tg_graph *g, const tg_node *n)
 {
     const int rows = n->iarg[3] > 0 ? 3 : 2;   /* interleaved heads: [.., T, H, D] (graph.h) */
     tg_shape q = g->nodes[n->src[0]].shape, v = g->nodes[n->src[2 < n->nsrc ? 2 : 1]].shape;
     attn_dims a = { 1, q.d[q.ndim - rows], g->nodes[n->src[1]].shape.d[q.ndim - rows], q.d[q.ndim - 1], v.d[v.ndim - 1],
-                    n->iarg[3], n->op == OP_ATTENTION_BWD ? n->iarg[2] : 0, n->iarg[0] != 0, n->farg };
+                    n->iarg[3], n->op == OP_ATTENTION_BWD ? n->iarg[2] : 0, n->iarg[0] != 0, n->farg, g->precision };
     a.batch = shape_numel(q) / (a.T * a.D);
     return a;
 }
@@ -781,9 +781,18 @@ static void attention(const attn_dims *a, const double *q, const double *k, cons
     }
 }
 
+/* x as an operand of a product at the graph's precision: rounded at tf32 and bf16, as is at f32
+ * (where the interpreter keeps double). */
+static double operand_round(tg_precision p, double x)
+{
+    return p == TG_PRECISION_TF32 || p == TG_PRECISION_BF16 ? precision_round(p, (float)x) : x;
+}
+
 /* ATTENTION_BWD: with p_c = exp(s_c - lse_r) and delta_r = d_out_r . out_r (= sum_c p_c dp_c):
- * dp_c = d_out_r . v_c, ds_c = p_c (dp_c - delta_r); dq_r = scale sum_c ds_c k_c, dk_c +=
- * scale ds_c q_r, dv_c += p_c d_out_r. `which` picks the one written. */
+ * dp_c = d_out_r . v_c, ds_c = scale p_c (dp_c - delta_r); dq_r = sum_c ds_c k_c, dk_c += ds_c
+ * q_r, dv_c += p_c d_out_r, where p_c and ds_c enter those products as operands, rounded at tf32
+ * and bf16 (as flash attention's backward rounds them; ds_c from the unrounded p_c). `which`
+ * picks the one written. */
 static void attention_backward(const attn_dims *a, int which, double *const *in, double *grad)
 {
     const double *q = in[0], *k = in[1], *v = in[2], *o = in[3], *dout = in[4], *lse = in[5];
@@ -802,7 +811,8 @@ static void attention_backward(const attn_dims *a, int which, double *const *in,
                 double p = exp(attn_score(a, q, k, b, r, c) - lse[b * a->T + r]), dp = 0;
                 for (int64_t e = 0; e < a->E; e++)
                     dp += gr[e] * vc[e];
-                double ds = p * (dp - delta) * a->scale;
+                double ds = operand_round(a->prec, p * (dp - delta) * a->scale);
+                p = operand_round(a->prec, p);
                 double *dr = grad + attn_at(a, b, rows, cols, which == 0 ? r : c);
                 if (which == 0)
                     for (int64_t d = 0; d < a->D; d++)
@@ -916,7 +926,8 @@ void ref_eval_node(const tg_graph *g, int id, double *const *bufs, const double 
         maxpool2d(n, s0, n->op == OP_MAXPOOL2D_BWD, out, in0, in1);
         break;
     case OP_ATTENTION: case OP_ATTENTION_LSE: case OP_ATTENTION_BWD: {
-        /* tf32, bf16: q, k, v (and the incoming gradient) rounded; scores, softmax and sums f32 */
+        /* tf32, bf16: q, k, v (and the incoming gradient) rounded; the backward rounds p and ds as
+         * it uses them; scores, softmax and sums f32 */
         attn_dims a = attn_dims_of(g, n);
         tg_precision p = g->precision;
         double *srcs[6], *copies[6] = { NULL };
