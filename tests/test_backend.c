@@ -1081,8 +1081,9 @@ static void nvrtc_own_products(void) {
 
 /* Which leaves the first kernel rounds (kleaves' shadow pointers): the product operands, and at
  * bf16 the first layer's bias too, which cuBLASLt adds to its product (cuda_fold_addends); not the
- * second layer's, whose sum softmax reads from memory, nor any at tf32 (no fold). So at bf16 x, W1,
- * b1 and W2 (4), at tf32 x, W1 and W2 (3); a fold that stopped happening drops bf16 to 3. */
+ * second layer's, whose sum softmax reads from memory, nor any at tf32 (a bias the epilogue adds
+ * there is f32). So at bf16 x, W1, b1 and W2 (4), at tf32 x, W1 and W2 (3); a fold that stopped
+ * happening drops bf16 to 3. */
 static void nvrtc_bias_folds(void) {
     static const struct { tg_precision precision; int leaves; } runs[] = { { TG_PRECISION_BF16, 4 }, { TG_PRECISION_TF32, 3 } };
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
@@ -1184,20 +1185,21 @@ static void cuda_precisions(void) {
            worst_seen[TG_PRECISION_F32], worst_seen[TG_PRECISION_TF32], worst_seen[TG_PRECISION_BF16]);
     /* The cases' products are small: the CUDA schedule computes them inside the kernels that read
      * them. Through cuBLAS too, as larger ones go: in f32 through cublasGemmEx (where cuBLASLt has
-     * no algorithm for a product), in bf16 through cuBLASLt as the others (a product's bias by its
-     * epilogue, a product's sum with another's by beta = 1: cuda_fold_addends), and those cases at
-     * bf16 through cublasGemmEx (its f32 sums, then the addend added and the sum rounded:
-     * tg_add_addend). */
+     * no algorithm for a product), in tf32 and bf16 through cuBLASLt as the others (a product's
+     * bias by its epilogue, at bf16 a product's sum with another's by beta = 1: cuda_fold_addends),
+     * and those cases through cublasGemmEx (its f32 sums, then the addend added, and at bf16 the
+     * sum rounded: tg_add_addend). */
+    static const char *const lt_label[4] = { "", "cuda, cublasGemmEx", "cuda tf32, cuBLASLt", "cuda bf16, cuBLASLt" };
+    static const char *const ex_label[4] = { "", "", "cuda tf32, cublasGemmEx", "cuda bf16, cublasGemmEx" };
     setenv("TG_CUDA_SMALL_REDUCTIONS", "0", 1);
-    for (tg_precision p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p += TG_PRECISION_BF16 - TG_PRECISION_F32) {
+    for (tg_precision p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++) {
         setenv("TG_CUDA_LT", p == TG_PRECISION_F32 ? "0" : "1", 1);
-        for (int i = 0; i < N_CASES; i++)
-            compare_case("cuda", p, &CASES[i], p == TG_PRECISION_F32 ? "cuda, cublasGemmEx" : "cuda bf16, cuBLASLt");
+        for (int i = 0; i < N_CASES; i++) compare_case("cuda", p, &CASES[i], lt_label[p]);
     }
     setenv("TG_CUDA_LT", "0", 1);
-    for (int i = 0; i < N_CASES; i++)
-        if (strstr(CASES[i].name, "bias") || strstr(CASES[i].name, "products summed"))
-            compare_case("cuda", TG_PRECISION_BF16, &CASES[i], "cuda bf16, cublasGemmEx");
+    for (tg_precision p = TG_PRECISION_TF32; p <= TG_PRECISION_BF16; p++)
+        for (int i = 0; i < N_CASES; i++)
+            if (strstr(CASES[i].name, "bias") || strstr(CASES[i].name, "products summed")) compare_case("cuda", p, &CASES[i], ex_label[p]);
     unsetenv("TG_CUDA_LT");
     unsetenv("TG_CUDA_SMALL_REDUCTIONS");
 }

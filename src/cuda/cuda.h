@@ -95,8 +95,8 @@ void cuda_kernel_runs(const tg_graph *g, const bool *materialized, const int *al
 void cuda_sums_early(const tg_graph *g, const bool *materialized, const int *alias, int *born);
 /* tf32 and bf16: the nodes whose rounded copies the products read (plan_shadows' `want`): the
  * homes (alias: fuse_schedule's) of product operands that a pointwise or row kernel computes,
- * and leaves, and every operand of attention on tensor cores (cuda_attention_mma) on a device
- * of compute capability sm; `only`: those of them that nothing but products and such attention
+ * and leaves, and at bf16 every operand of attention on tensor cores (cuda_attention_mma) on a
+ * device of compute capability sm (at tf32 it rounds them as it loads them); `only`: those of them that nothing but products and such attention
  * reads, and whose kernel writes the copy, which need no f32 buffer (plan_build's `unplaced`). */
 void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, const int *alias, const int *keep, int n_keep,
                         bool *want, bool *only);

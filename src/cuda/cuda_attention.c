@@ -295,9 +295,12 @@ const char CUDA_ATTENTION_SOURCE[] =
 
 /* Tensor cores (mma.sync, f32 sums) at bf16 precision (m16n8k16, head sizes multiples of 16), at
  * tf32 (m16n8k8, multiples of 8), and at f32 as three tf32 products (tgm_madd). q, k, v and the
- * incoming gradient arrive as the rounded copies their kernels wrote (cuda_codegen.c's shadows;
- * the reference rounds them the same way), or in f32, so tiles move into shared memory by
- * cp.async, untouched, while the previous tile is worked on (two stages). The forward's
+ * incoming gradient arrive at bf16 as the rounded copies their kernels wrote (cuda_codegen.c's
+ * shadows; the reference rounds them the same way), at tf32 and f32 in f32, so tiles move into
+ * shared memory by cp.async, untouched, while the previous tile is worked on (two stages); at tf32
+ * each thread rounds what it copied once it has landed (tgm_round_own), and the fragments read
+ * from memory as it loads them (M::LOADS): no kernel before writes a rounded copy for attention,
+ * so a product may add its bias as it stores q, k or v. The forward's
  * probabilities, which the reference keeps in f32, enter the p v product as two rounded halves,
  * hi = round(x) and lo = round(x - hi): the pair carries 16 (bf16) or 22 (tf32) bits of mantissa,
  * and costs one more product. The backward's enter rounded (the reference rounds them there
@@ -349,6 +352,18 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    unsigned u;\n"
     "    asm(\"cvt.rna.tf32.f32 %0, %1;\" : \"=r\"(u) : \"f\"(x));\n"
     "    return u;\n}\n"
+    /* M::LOADS (tf32, whose operands arrive in f32): the 16-byte pieces of a tile [64][LD] of
+     * rows of W values that this thread copied (tgm_tile's, landed) rounded in place, before the
+     * __syncthreads that shows them to the block */
+    "template <class M, int W, int LD>\n"
+    "static __device__ void tgm_round_own(typename M::E *dst) {\n"
+    "    if constexpr (M::LOADS)\n"
+    "        for (int x = threadIdx.x; x < 16 * W; x += blockDim.x) {\n"
+    "            float4 *p = (float4 *)(dst + x / (W / 4) * LD + 4 * (x % (W / 4)));\n"
+    "            const float4 v = *p;\n"
+    "            *p = make_float4(__uint_as_float(tgm_round_tf32(v.x)), __uint_as_float(tgm_round_tf32(v.y)),\n"
+    "                             __uint_as_float(tgm_round_tf32(v.z)), __uint_as_float(tgm_round_tf32(v.w)));\n"
+    "        }\n}\n"
     /* c += A B as policy M counts it: A's rounded part hi (and its rest lo when LO) times B; with
      * M::X3 (f32 operands) B split too, and its rest times hi: three tf32 products, which carry
      * f32's precision (CUTLASS's OpMultiplyAddFastF32, which PyTorch's f32 attention runs) */
@@ -364,7 +379,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    if constexpr (M::X3) M::mma(c, hi, r0, r1);\n}\n"
     "struct tgm_bf16 {\n"
     "    typedef unsigned short E;\n"
-    "    enum { KS = 16, PAD = 8, X3 = 0, RND = 2 };\n"
+    "    enum { KS = 16, PAD = 8, X3 = 0, RND = 2, LOADS = 0 };\n"
     "    static __device__ float value(E x) { return __uint_as_float((unsigned)x << 16); }\n"
     "    static __device__ unsigned ld(const E *p) { return *(const unsigned *)p; }\n"
     "    static __device__ int acol(int ks, int t, int h) { return 16 * ks + 2 * t + 8 * (h >> 1); }\n"
@@ -401,7 +416,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    typedef float E;\n"
     "    enum { KS = 8, PAD = 4 };\n"
     "    static __device__ float value(E x) { return x; }\n"
-    "    static __device__ unsigned ld(const E *p) { return __float_as_uint(*p); }\n"
+    "    static __device__ unsigned ld(const E *p) { return P::LOADS ? tgm_round_tf32(*p) : __float_as_uint(*p); }\n"
     "    static __device__ int acol(int ks, int t, int h) { return 8 * ks + t + 4 * (h >> 1); }\n"
     "    static __device__ int pcol(int ks, int t, int h) { return 8 * ks + 2 * t + (h >> 1); }\n"
     /* f32 (X3): as the products' operands; tf32: both parts rounded as the reference rounds them */
@@ -429,8 +444,8 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "            }\n    }\n"
     "};\n"
     /* RND: how an output's rounded copy is rounded (tga_shadow's; f32 has none) */
-    "struct tgm_tf32 : tgm_tf32_base<tgm_tf32> { enum { X3 = 0, RND = 1 }; };\n"
-    "struct tgm_f32x3 : tgm_tf32_base<tgm_f32x3> { enum { X3 = 1, RND = 0 }; };\n"
+    "struct tgm_tf32 : tgm_tf32_base<tgm_tf32> { enum { X3 = 0, RND = 1, LOADS = 1 }; };\n"
+    "struct tgm_f32x3 : tgm_tf32_base<tgm_f32x3> { enum { X3 = 1, RND = 0, LOADS = 0 }; };\n"
     /* A fragments of rows [r0, r0 + 16) of src [n, W] (in memory, rows G apart): a[W / KS][4], zeros
      * past n */
     "template <class M, int W, int G>\n"
@@ -527,6 +542,8 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    if (OUT) tgm_tile<X, E, LV, H * E>(sm + 64 * LK, v, 0, S);\n"
     "    for (int c0 = 0, st = 0; c0 < c_end; c0 += 64, st ^= 1) {\n"
     "        tgm_landed();\n"
+    "        tgm_round_own<M, D, LK>(sm + st * STAGE);\n"
+    "        if (OUT) tgm_round_own<M, E, LV>(sm + st * STAGE + 64 * LK);\n"
     "        __syncthreads();   /* this tile in; every warp done with the other stage */\n"
     "        if (c0 + 64 < c_end) {\n"
     "            tgm_tile<X, D, LK, H * D>(sm + (st ^ 1) * STAGE, k, c0 + 64, S);\n"
@@ -634,6 +651,9 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    }\n"
     "    for (int r0 = r_first, st = 0; r0 < T; r0 += 64, st ^= 1) {\n"
     "        tgm_landed();\n"
+    "        tgm_round_own<M, D, LK>(Qg + st * STAGE);\n"
+    "        tgm_round_own<M, E, LV>(Qg + st * STAGE + 64 * LK);\n"
+    "        if (r0 == r_first) tgm_round_own<M, D, LK>(Ks);\n"
     "        __syncthreads();   /* this query tile in; every warp done with the other stage and ds */\n"
     "        const X *Qs = Qg + st * STAGE, *Gs = Qs + 64 * LK;\n"
     "        if (r0 + 64 < T) {\n"

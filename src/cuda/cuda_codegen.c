@@ -90,8 +90,16 @@ bool cuda_attention_mma(const tg_graph *g, int id, int sm) {
     return sm >= 80 && a[3] % k == 0 && a[4] % k == 0;
 }
 
-/* The sources of attention node n that enter its products (q, k, v; d_out in the backward): on
- * tensor cores, they are read as rounded copies. Returns how many (their src indices in ops). */
+static bool is_attention(tg_op op) { return op == OP_ATTENTION || op == OP_ATTENTION_LSE || op == OP_ATTENTION_BWD; }
+
+/* Does attention node i read its operands as rounded copies (on tensor cores at bf16; at tf32
+ * it rounds them as it loads them, at f32 it splits them)? */
+static bool attention_reads_copies(const tg_graph *g, int i, int sm) {
+    return g->precision == TG_PRECISION_BF16 && is_attention(g->nodes[i].op) && cuda_attention_mma(g, i, sm);
+}
+
+/* The sources of attention node n that enter its products (q, k, v; d_out in the backward), read
+ * as rounded copies where attention_reads_copies. Returns how many (their src indices in ops). */
 static int attention_operands(const tg_node *n, int *ops) {
     static const int fwd[] = { 0, 1, 2 }, lse[] = { 0, 1 }, bwd[] = { 0, 1, 2, 4 };
     const int *o = n->op == OP_ATTENTION ? fwd : n->op == OP_ATTENTION_LSE ? lse : bwd;
@@ -106,7 +114,6 @@ static bool on_cublas(const tg_graph *g, const bool *materialized, int id) {
     return g->nodes[id].op == OP_MATMUL && materialized[id];
 }
 
-static bool is_attention(tg_op op) { return op == OP_ATTENTION || op == OP_ATTENTION_LSE || op == OP_ATTENTION_BWD; }
 
 /* The source of sum `id` past the sums it absorbed (cuda_refine), and the axes they span. */
 static int sum_source(const tg_graph *g, const bool *materialized, int id, int *lo, int *hi) {
@@ -141,11 +148,12 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
         if (!materialized[i]) continue;
         int ops[4], n_ops = 0;
         if (on_cublas(g, materialized, i)) {   /* operands that no kernel of ours computes go through a slot; so does an addend */
-            for (int k = 0; k < n->nsrc; k++) {
+            for (int k = 0; k < n->nsrc; k++) {   /* an addend is added in f32 at tf32 (cuda_fold_addends) */
                 int h = home_of(alias, n->src[k]);
-                if (writes_shadow(g, materialized, h) || fills_shadow(g, materialized, h)) ops[n_ops++] = k;
+                if ((k < 2 || g->precision == TG_PRECISION_BF16) && (writes_shadow(g, materialized, h) || fills_shadow(g, materialized, h)))
+                    ops[n_ops++] = k;
             }
-        } else if (is_attention(n->op) && cuda_attention_mma(g, i, sm)) {   /* all: attention_kernel fills the others */
+        } else if (attention_reads_copies(g, i, sm)) {   /* all: attention_kernel fills the others */
             n_ops = attention_operands(n, ops);
         }
         for (int k = 0; k < n_ops; k++) {
@@ -183,11 +191,11 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
         bool own = prev >= 0 && sums_its_source(g, materialized, prev, i);   /* reads its source from a register */
         if (materialized[i] && alias[i] < 0) prev = i;
         if (!live[i] || alias[i] >= 0 || on_cublas(g, materialized, i)) continue;   /* relabels, and cuBLAS's products: they read copies */
-        bool mma = is_attention(n->op) && cuda_attention_mma(g, i, sm);
+        bool mma = attention_reads_copies(g, i, sm);
         bool expr = !materialized[i] || fuse_pointwise(n->op) || n->op == OP_SUM;   /* reads through cg_value */
         for (int k = 0; k < n->nsrc; k++) {
             int h = home_of(alias, n->src[k]);
-            if ((!mma || (k == 3 || k == 5)) && !(own && k == 0) && !(expr && bf16 && bf16[h]))   /* tensor-core attention reads out and lse as f32 */
+            if ((!mma || (k == 3 || k == 5)) && !(own && k == 0) && !(expr && bf16 && bf16[h]))   /* such attention reads out and lse as f32 */
                 only[h] = false;
         }
     }
@@ -501,10 +509,11 @@ static bool read_as_bf16(const tg_graph *g, int id, int depth) {
     return true;
 }
 
-/* Would graph_product_addend's add `id` (of product p and addend b) be folded: a product cuBLAS
- * runs (not one computed inline), over one batch, neither kept, the sum read as bf16 values; a
- * bias a leaf (kleaves rounds it), a matrix another product that cuBLAS writes in bf16 (`nodes`:
- * the graph's so far, a folded sum among them)? */
+/* Would the add `id` of product p and addend b (graph_product_addend's at bf16, graph_product_bias's
+ * at tf32) be folded: a product cuBLAS runs (not one computed inline), over one batch, neither
+ * kept; a bias a leaf (at bf16 kleaves rounds it); at bf16 also a matrix that another product
+ * cuBLAS writes in bf16 (`nodes`: the graph's so far, a folded sum among them), and the sum read
+ * as bf16 values? */
 static bool foldable(const tg_graph *g, const tg_node *nodes, int id, int p, int b, const int *keep, int n_keep,
                      bool inline_small) {
     for (int k = 0; k < n_keep; k++)
@@ -512,21 +521,28 @@ static bool foldable(const tg_graph *g, const tg_node *nodes, int id, int p, int
     cg_gemm m = cg_gemm_of(g, p);
     free(m.aoff);
     free(m.boff);
-    bool bias = g->nodes[b].numel < g->nodes[id].numel;
+    const bool bf = g->precision == TG_PRECISION_BF16, bias = g->nodes[b].numel < g->nodes[id].numel;
     bool addend_ok = bias ? cg_is_bound(g->nodes[b].op)
-                          : nodes[b].op == OP_MATMUL && (nodes[b].nsrc > 2 || !(inline_small && fuse_small_reduction(g, b)));
-    return m.batch == 1 && !(inline_small && fuse_small_reduction(g, p)) && addend_ok && read_as_bf16(g, id, 0);
+                          : bf && nodes[b].op == OP_MATMUL && (nodes[b].nsrc > 2 || !(inline_small && fuse_small_reduction(g, b)));
+    return m.batch == 1 && !(inline_small && fuse_small_reduction(g, p)) && addend_ok && (!bf || read_as_bf16(g, id, 0));
 }
 
+/* At bf16 the products whose sums are bf16 activations (graph_product_addend); at tf32 those whose
+ * only reader adds a bias (f32 sums: the epilogue computes what the add did); f32 products may
+ * run in our own kernels, which add nothing. */
 tg_graph *cuda_fold_addends(const tg_graph *g, const int *keep, int n_keep, bool inline_small) {
+    const bool bf = g->precision == TG_PRECISION_BF16;
     bool *bf16 = NULL;
-    if (g->precision != TG_PRECISION_BF16 || !graph_bf16_values(g, &bf16) || !bf16) return NULL;
+    int *uses = NULL;
+    if (bf ? !graph_bf16_values(g, &bf16) || !bf16 : g->precision != TG_PRECISION_TF32) return NULL;
+    if (!bf && (uses = tg_alloc(sizeof(int) * (size_t)(g->n + 1)))) graph_uses(g, uses);
     tg_graph *f = tg_alloc(sizeof *f);
     tg_node *nodes = tg_alloc(sizeof(tg_node) * (size_t)(g->n + 1));
     int folded = 0;
-    for (int i = 0; f && nodes && i < g->n; i++) {
+    for (int i = 0; f && nodes && (bf || uses) && i < g->n; i++) {
         nodes[i] = g->nodes[i];
-        int p = graph_product_addend(g, bf16, i), b = p < 0 ? -1 : g->nodes[i].src[g->nodes[i].src[0] == p];
+        int p = bf ? graph_product_addend(g, bf16, i) : graph_product_bias(g, uses, i);
+        int b = p < 0 ? -1 : g->nodes[i].src[g->nodes[i].src[0] == p];
         if (p < 0 || !foldable(g, nodes, i, p, b, keep, n_keep, inline_small)) continue;
         tg_node *n = &nodes[i];   /* the add's node, shape and name; the product's sources and transposes */
         n->op = OP_MATMUL;
@@ -538,21 +554,24 @@ tg_graph *cuda_fold_addends(const tg_graph *g, const int *keep, int n_keep, bool
         n->axis = g->nodes[p].axis;
         folded++;
     }
-    bool *after = NULL;
-    if (folded && f && nodes) {   /* each folded product is a bf16 activation, as the add was (not one only sums read) */
+    free(uses);
+    bool *after = NULL, kept = folded && f && nodes;
+    if (kept && bf) {   /* each folded product is a bf16 activation, as the add was (not one only sums read) */
         *f = *g;
         f->nodes = nodes;
-        if (graph_bf16_values(f, &after) && after)
-            for (int i = 0; i < g->n; i++)
-                if (nodes[i].op != g->nodes[i].op && !after[i]) nodes[i] = g->nodes[i];
+        kept = graph_bf16_values(f, &after) && after;
+        for (int i = 0; kept && i < g->n; i++)
+            if (nodes[i].op != g->nodes[i].op && !after[i]) nodes[i] = g->nodes[i];
     }
     free(bf16);
-    if (!after) {   /* nothing folded, or out of memory: g as it is */
+    free(after);
+    if (!kept) {   /* nothing folded, or out of memory: g as it is */
         free(nodes);
         free(f);
         return NULL;
     }
-    free(after);
+    *f = *g;
+    f->nodes = nodes;
     return f;
 }
 
@@ -1511,7 +1530,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     const tg_precision prec = c->g->precision;
     const bool bf = prec == TG_PRECISION_BF16, f32 = prec == TG_PRECISION_F32, bwd = n->op == OP_ATTENTION_BWD;
     const bool fwd = n->op == OP_ATTENTION;   /* else ATTENTION_LSE alone: no output rows */
-    const bool mma = cuda_attention_mma(c->g, id, p->sm);   /* tensor cores: operands read as rounded copies */
+    const bool mma = cuda_attention_mma(c->g, id, p->sm);   /* tensor cores: operands read as rounded copies at bf16 */
     const char *policy = !mma ? "" : bf ? "tgm_bf16, " : f32 ? "tgm_f32x3, " : "tgm_tf32, ";
     const char *rnd = mma ? "" : bf ? ", 2" : f32 ? ", 0" : ", 1";   /* SIMT: operands rounded on load */
     const long long pad = bf ? 8 : 4, elem = bf ? 2 : 4;   /* the policy's row padding and element bytes */
@@ -1521,7 +1540,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
      * (out, lse forward; dq, dk, dv backward); operands of tensor cores as rounded copies. */
     cuda_kernel_args args = { .scale = (float)(bwd ? scale : scale * 1.4426950408889634) };
     bool rounded[11] = { false };
-    int ops[4], n_ops = mma && !f32 ? attention_operands(n, ops) : 0;
+    int ops[4], n_ops = attention_reads_copies(c->g, id, p->sm) ? attention_operands(n, ops) : 0;
     for (int k = 0; k < 11; k++) args.at[k] = -1;
     for (int o = 0; o < n_ops; o++) rounded[ops[o]] = true;
     for (int k = 0; k < n->nsrc; k++) args.at[k] = buffer_at(c, n->src[k], rounded[k]);

@@ -701,9 +701,9 @@ static int own_try(lt_product *p, const lt_device *d, const lt_ours *ours, doubl
     return best;
 }
 
-/* The bias epilogue (s->bias): bf16 values, as the operands and C. */
+/* The bias epilogue (s->bias): values of C's type (bf16, or f32 at tf32). */
 static bool describe_bias(lt_product *p, const lt_shape *s, const void *bias) {
-    int32_t epilogue = LT_EPILOGUE_BIAS, type = LT_R_16BF;
+    int32_t epilogue = LT_EPILOGUE_BIAS, type = s->c_bf16 ? LT_R_16BF : LT_R_32F;
     return !s->bias || (lt.DescSetAttribute(p->desc, LT_DESC_EPILOGUE, &epilogue, sizeof epilogue) == 0 &&
                         lt.DescSetAttribute(p->desc, LT_DESC_BIAS_POINTER, &bias, sizeof bias) == 0 &&
                         lt.DescSetAttribute(p->desc, LT_DESC_BIAS_TYPE, &type, sizeof type) == 0);

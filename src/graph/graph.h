@@ -155,6 +155,12 @@ bool graph_rounds(const tg_graph *g, const bool *bf16, int id);
  * epilogue computes it, and bf16(x W + c) as a product with beta = 1 does. graph_product_addend:
  * for such an ADD node id, the product (the other source is the addend), else -1. */
 int graph_product_addend(const tg_graph *g, const bool *bf16, int id);
+/* Readers of each node (uses[g->n]), the graph's output, write-backs, captures and patch sites
+ * counting as readers too. graph_product_bias: for an ADD node id that adds a bias to a product
+ * whose only reader it is, that product (at f32 and tf32 one product with a bias epilogue computes
+ * the sum exactly), else -1. */
+void graph_uses(const tg_graph *g, int *uses);
+int graph_product_bias(const tg_graph *g, const int *uses, int id);
 
 /* The hyper slot every graph reserves for its per-call random seed (RANDN, DROPOUT). */
 #define HYPER_SEED 0

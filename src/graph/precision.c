@@ -61,7 +61,8 @@ static void f32_products(const tg_graph *g, bool *f32, int *stack) {
 }
 
 /* Is source k of ADD node `add` a product, the other source its addend (graph_product_addend):
- * a vector along the sum's last axis (a bias), or a bf16 activation of the sum's shape? */
+ * a vector along the sum's last axis (a bias), or a bf16 activation of the sum's shape (bf16 NULL:
+ * a bias only)? */
 static bool product_and_addend(const tg_graph *g, const bool *bf16, const tg_node *add, int k) {
     const tg_node *p = &g->nodes[add->src[k]], *b = &g->nodes[add->src[1 - k]];
     int r = add->shape.ndim;
@@ -69,12 +70,11 @@ static bool product_and_addend(const tg_graph *g, const bool *bf16, const tg_nod
         p->numel != add->numel || r < 2 || add->src[0] == add->src[1])
         return false;
     bool bias = b->shape.ndim >= 1 && b->shape.d[b->shape.ndim - 1] == add->shape.d[r - 1] && b->numel == add->shape.d[r - 1];
-    return bias || (b->numel == add->numel && bf16[add->src[1 - k]]);
+    return bias || (bf16 && b->numel == add->numel && bf16[add->src[1 - k]]);
 }
 
-/* Readers of each node, counting the graph's output, write-backs, captures and patch sites as
- * readers too (a value the caller sees keeps its rounding). */
-static void count_uses(const tg_graph *g, int *uses) {
+/* A value the caller sees keeps its rounding: it counts as read twice. */
+void graph_uses(const tg_graph *g, int *uses) {
     for (int i = 0; i < g->n; i++) uses[i] = 0;
     for (int i = 0; i < g->n; i++)
         for (int k = 0; k < g->nodes[i].nsrc; k++) uses[g->nodes[i].src[k]]++;
@@ -89,6 +89,13 @@ int graph_product_addend(const tg_graph *g, const bool *bf16, int id) {
     if (!bf16 || !bf16[id] || n->op != OP_ADD) return -1;
     for (int k = 0; k < 2; k++)
         if (product_and_addend(g, bf16, n, k) && !bf16[n->src[k]]) return n->src[k];   /* an f32 product's sum is never bf16 */
+    return -1;
+}
+
+int graph_product_bias(const tg_graph *g, const int *uses, int id) {
+    const tg_node *n = &g->nodes[id];
+    for (int k = 0; k < 2 && n->op == OP_ADD; k++)
+        if (product_and_addend(g, NULL, n, k) && uses[n->src[k]] == 1) return n->src[k];
     return -1;
 }
 
@@ -112,7 +119,7 @@ bool graph_bf16_values(const tg_graph *g, bool **out) {
         else if (moves(n->op)) bf16[i] = bf16[n->src[0]];
         else if (arithmetic(n->op)) bf16[i] = follows(g, n, bf16);
     }
-    count_uses(g, stack);   /* products whose only reader adds their bias (or a bf16 value): rounded once, with it */
+    graph_uses(g, stack);   /* products whose only reader adds their bias (or a bf16 value): rounded once, with it */
     for (int i = 0; i < g->n; i++)
         for (int k = 0; k < 2 && bf16[i]; k++) {
             int p = g->nodes[i].src[k];
