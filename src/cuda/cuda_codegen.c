@@ -114,7 +114,6 @@ static bool on_cublas(const tg_graph *g, const bool *materialized, int id) {
     return g->nodes[id].op == OP_MATMUL && materialized[id];
 }
 
-
 /* The source of sum `id` past the sums it absorbed (cuda_refine), and the axes they span. */
 static int sum_source(const tg_graph *g, const bool *materialized, int id, int *lo, int *hi) {
     int x = g->nodes[id].src[0];
