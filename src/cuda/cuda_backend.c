@@ -943,7 +943,8 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
         if (!product_buffers(e, l, &A, &B, &C, &es, &cs, err)) return false;
         bool addend_bf16;
         const void *addend = addend_at(e, l, &addend_bf16);
-        const bool tf32_bias = e->g->precision == TG_PRECISION_TF32 && cs == 4 && !addend_bf16 && e->g->nodes[l->addend].numel == l->N;
+        const bool tf32_bias = addend && e->g->precision == TG_PRECISION_TF32 && cs == 4 && !addend_bf16 &&
+                               e->g->nodes[l->addend].numel == l->N;
         if (addend && !(cs == 2 && addend_bf16) && !tf32_bias) continue;   /* cuBLASLt adds bf16 to bf16, a bias to tf32's f32; else tg_add_addend */
         lt_shape s = product_shape(e, l, A, B, C, es, cs);
         const lt_ours ours = { e->own[l->ta * 2 + l->tb], e->x3[l->ta * 2 + l->tb], e->x3_sum };
