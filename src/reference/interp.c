@@ -422,6 +422,13 @@ static void matmul_one(double *restrict c, const double *restrict a, const doubl
     }
 }
 
+/* x as an operand of a product at the graph's precision: rounded at tf32 and bf16, as is at f32
+ * (where the interpreter keeps double). */
+static double operand_round(tg_precision p, double x)
+{
+    return p == TG_PRECISION_TF32 || p == TG_PRECISION_BF16 ? precision_round(p, (float)x) : x;
+}
+
 /* A copy of n values rounded as operands of a product at precision p (precision_round), or NULL
  * when p rounds nothing (f32), or when there is no memory for the copy: the interpreter is the
  * tests' oracle and would then compute unrounded, which the tests' tolerances expose. */
@@ -431,7 +438,7 @@ static double *rounded(tg_precision p, const double *v, int64_t n)
         return NULL;
     double *r = tg_alloc((size_t)(n > 0 ? n : 1) * sizeof *r);
     for (int64_t i = 0; r && i < n; i++)
-        r[i] = precision_round(p, (float)v[i]);
+        r[i] = operand_round(p, v[i]);
     return r;
 }
 
@@ -779,13 +786,6 @@ static void attention(const attn_dims *a, const double *q, const double *k, cons
             }
         }
     }
-}
-
-/* x as an operand of a product at the graph's precision: rounded at tf32 and bf16, as is at f32
- * (where the interpreter keeps double). */
-static double operand_round(tg_precision p, double x)
-{
-    return p == TG_PRECISION_TF32 || p == TG_PRECISION_BF16 ? precision_round(p, (float)x) : x;
 }
 
 /* ATTENTION_BWD: with p_c = exp(s_c - lse_r) and delta_r = d_out_r . out_r (= sum_c p_c dp_c):
