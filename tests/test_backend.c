@@ -3,7 +3,8 @@
  * CPU backend, fused and unfused (and on the library kernels' portable paths, and on the
  * portable kernels exported files carry), on the same random inputs; outputs and gradients must
  * agree to 1e-4 relative. Then the kernel cache (miss, hit, corrupt file), compiler failures, and whole
- * training runs compared step by step. */
+ * training runs compared step by step. TG_TEST_CASES=a,b runs only the cases whose names contain
+ * a or b (a device run's extra passes). */
 #include "check.h"
 #include "internal.h"
 
@@ -21,7 +22,7 @@ enum {
     NARROW, CONCAT3, STACK, SPLIT, SOFTMAX_CAUSAL, WHERE_CAUSAL, STOP_GRADIENT, DROPOUT, RANDN, CONV2D,
     CONV2D_S2, CONV2D_BIG, CONV2D_BIAS, CONV2D_P2, CONV2D_P0, CONV2D_BIAS_RELU, CONV_BLOCK, LINEAR, LINEAR_RELU, LINEAR_GELU, PRODUCTS_SUMMED,
     MAXPOOL, MAXPOOL_PAD, MAXPOOL_RELU, MAXPOOL_PAD_RELU,
-    UPSAMPLE, LAYERNORM_CHAIN, ATTENTION, SCALAR_CHAIN, FUSED_ATTN, FUSED_ATTN_CAUSAL, MERGED_ATTN, SPLIT_ATTN, SPLIT_ATTN_CAUSAL, QKV_BIAS, SOFTMAX_BIAS, CE_BIAS,
+    UPSAMPLE, LAYERNORM_CHAIN, ATTENTION, SCALAR_CHAIN, FUSED_ATTN, FUSED_ATTN_CAUSAL, MERGED_ATTN, SPLIT_ATTN, SPLIT_ATTN_CAUSAL, QKV_BIAS, PROJ_ATTN, SOFTMAX_BIAS, CE_BIAS,
 };
 
 typedef struct {
@@ -146,6 +147,10 @@ static tg_tensor op_fwd(const bcase *c, const tg_tensor *in) {
         tg_split(z, (int64_t[]){ 16, 16, 16 }, 3, 0, b);
         for (int k = 0; k < 3; k++) h[k] = tg_split_heads(tg_add(tg_matmul(x, w[k]), b[k]), 2);
         return tg_merge_heads(tg_attention(h[0], h[1], h[2], 1, 0.25));
+    }
+    case PROJ_ATTN: {   /* attention reads a biased projection: on CUDA the bias is the product's (cuda_fold_addends) */
+        tg_tensor h = tg_split_heads(tg_add(tg_matmul(x, y), z), 2);   /* entries ~20: a small scale keeps softmax soft */
+        return tg_merge_heads(tg_attention(h, h, h, 1, 1e-3));
     }
     }
     return x;
@@ -319,6 +324,9 @@ static const bcase CASES[] = {
      * at bf16 on CUDA against f32) */
     { "q, k, v projections with biases into attention", QKV_BIAS, 3, { F("x", 8, 64, 16), F("w", 16, 48), F("b", 48) }, 0, false, true },
     { "q, k, v projections, 20 rows", QKV_BIAS, 3, { F("x", 4, 5, 16), F("w", 16, 48), F("b", 48) }, 0, false, true },
+    /* 128 rows and a reduction of 256: our tensor-core product kernel splits it in two, and its
+     * parts' sum adds the bias (cuda_products.c; cuda_precisions folds it with TG_CUDA_FOLD=all) */
+    { "attention of a projection with a bias", PROJ_ATTN, 3, { F("x", 2, 64, 256), F("w", 256, 32), F("b", 32) }, 0, false, true },
 };
 #define N_CASES ((int)(sizeof CASES / sizeof CASES[0]))
 
@@ -400,12 +408,24 @@ static bool matches(const tg_graph *g, double worst, int64_t past, int64_t n) {
 /* The worst error seen per precision, for the summary line. */
 static double worst_seen[4];
 
+/* Is the case named `name` among TG_TEST_CASES's comma-separated parts of names (all without it)? */
+static bool case_chosen(const char *name) {
+    const char *only = getenv("TG_TEST_CASES");
+    char part[64];
+    for (const char *s = only; s && *s; s += strcspn(s, ",") + (s[strcspn(s, ",")] == ',')) {
+        snprintf(part, sizeof part, "%.*s", (int)strcspn(s, ","), s);
+        if (part[0] && strstr(name, part)) return true;
+    }
+    return !only;
+}
+
 /* Compare one case on a backend with the reference at precision p: forward, then every input
  * gradient. */
 static void compare_case(const char *backend, tg_precision p, const bcase *c, const char *label) {
     /* Products of products' results through attention: at tf32 and bf16, values that land near a
      * rounding boundary round apart on the two sides more often than matches() allows */
-    if (c->op == QKV_BIAS && p != TG_PRECISION_F32) return;
+    if ((c->op == QKV_BIAS || c->op == PROJ_ATTN) && p != TG_PRECISION_F32) return;
+    if (!case_chosen(c->name)) return;
     tg_model *m = tg_model_new(1);
     tg_error err;
     fwd_ctx plain = { c, false };
@@ -802,20 +822,42 @@ static void cuda_padded_products(void) {
                   (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, MODEL_WIDE_HEAD);
 }
 
+static int count_text(const char *s, const char *what) {
+    int n = 0;
+    for (; s && (s = strstr(s, what)); s++) n++;
+    return n;
+}
+
+/* The q, k and v step's kernels, TG_CUDA_FOLD set to `fold` (NULL: the default). */
+static int qkv_kernels(tg_precision p, const char *fold) {
+    if (fold) setenv("TG_CUDA_FOLD", fold, 1);
+    tg_model *m = tg_model_new(5);
+    for (int k = 0; k < 3; k++) qkv[k] = tg_linear_new(m, (const char *[]){ "q", "k", "v" }[k], 32, 32, NULL);
+    tg_error err = { { 0 } };
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = qkv_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
+                                               .precision = p, .inputs = (tg_input_decl[]){ TG_F32("x", 8, 64, 32) }, .n_inputs = 1 },
+                             &err);
+    const char *src = t ? tg_train_kernel_source(t) : NULL;
+    CHECK(src && strstr(src, "double acc0 = 0, acc1 = 0, acc2 = 0;"), "%s, TG_CUDA_FOLD=%s: the q, k and v bias gradients summed in "
+          "one kernel (%s)", tg_precision_name(p), fold ? fold : "", err.msg);
+    int n = count_text(src, "__global__");
+    tg_destroy(t);
+    tg_model_free(m);
+    unsetenv("TG_CUDA_FOLD");
+    return n;
+}
+
+/* The three projections' biases, which attention reads from memory, are added by their products
+ * (cuda_fold_addends: cuBLASLt's epilogue or our product kernels'), not by three kernels of their
+ * own: at bf16 always, at f32 and tf32 where a product has a wave of tiles (FOLD_FULL_OUTPUTS; these
+ * 512 x 32 do not), or with TG_CUDA_FOLD=all. */
 static void nvrtc_qkv_sums(void) {
-    for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++) {
-        tg_model *m = tg_model_new(5);
-        for (int k = 0; k < 3; k++) qkv[k] = tg_linear_new(m, (const char *[]){ "q", "k", "v" }[k], 32, 32, NULL);
-        tg_error err = { { 0 } };
-        tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = qkv_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
-                                                   .precision = (tg_precision)p,
-                                                   .inputs = (tg_input_decl[]){ TG_F32("x", 8, 64, 32) }, .n_inputs = 1 },
-                                 &err);
-        const char *src = t ? tg_train_kernel_source(t) : NULL;
-        CHECK(src && strstr(src, "double acc0 = 0, acc1 = 0, acc2 = 0;"), "%s: the q, k and v bias gradients summed in one kernel (%s)",
-              tg_precision_name((tg_precision)p), err.msg);
-        tg_destroy(t);
-        tg_model_free(m);
+    for (tg_precision p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++) {
+        int plain = qkv_kernels(p, "0"), by_rule = qkv_kernels(p, NULL), all = qkv_kernels(p, "all");
+        int want = p == TG_PRECISION_BF16 ? 3 : 0;
+        CHECK(plain > 0 && plain - by_rule == want && plain - all == 3, "%s: folding the q, k and v biases into their products "
+              "saves %d kernels of %d (expected %d), %d with TG_CUDA_FOLD=all (expected 3)", tg_precision_name(p), plain - by_rule,
+              plain, want, plain - all);
     }
 }
 
@@ -1114,6 +1156,7 @@ static void test_isa_paths(void) {
         snprintf(label, sizeof label, "%s kernels", cpu_isa_name((cpu_isa)isa));
         setenv("TG_CPU_ISA", cpu_isa_name((cpu_isa)isa), 1);
         for (int i = 0; i < N_CASES; i++) {
+            if (!case_chosen(CASES[i].name)) continue;
             compare_case("cpu", TG_PRECISION_F32, &CASES[i], label);
             CHECK(cpu_kernels_isa() == (cpu_isa)isa, "%s %s: ran the %s kernels", CASES[i].name, label,
                   cpu_isa_name(cpu_kernels_isa()));
@@ -1184,23 +1227,26 @@ static void cuda_precisions(void) {
     printf("test_backend: cuda against the reference, worst rel err: f32 %.3g, tf32 %.3g, bf16 %.3g\n",
            worst_seen[TG_PRECISION_F32], worst_seen[TG_PRECISION_TF32], worst_seen[TG_PRECISION_BF16]);
     /* The cases' products are small: the CUDA schedule computes them inside the kernels that read
-     * them. Through cuBLAS too, as larger ones go: in f32 through cublasGemmEx (where cuBLASLt has
-     * no algorithm for a product), in tf32 and bf16 through cuBLASLt as the others (a product's
-     * bias by its epilogue, at bf16 a product's sum with another's by beta = 1: cuda_fold_addends),
-     * and those cases through cublasGemmEx (its f32 sums, then the addend added, and at bf16 the
+     * them. Through cuBLAS too, as larger ones go: through cuBLASLt or our product kernels
+     * (tests/run_gpu.sh forces ours: TG_CUDA_X3, TG_CUDA_OWN_GEMM), a product's bias by their
+     * epilogue and at bf16 a product's sum with another's by beta = 1 (cuda_fold_addends); then
+     * every case at f32 through cublasGemmEx (where cuBLASLt has no algorithm for a product), and
+     * the cases with addends at tf32 and bf16 (its f32 sums, then the addend added, and at bf16 the
      * sum rounded: tg_add_addend). */
-    static const char *const lt_label[4] = { "", "cuda, cublasGemmEx", "cuda tf32, cuBLASLt", "cuda bf16, cuBLASLt" };
-    static const char *const ex_label[4] = { "", "", "cuda tf32, cublasGemmEx", "cuda bf16, cublasGemmEx" };
+    static const char *const lt_label[4] = { "", "cuda, cuBLASLt", "cuda tf32, cuBLASLt", "cuda bf16, cuBLASLt" };
+    static const char *const ex_label[4] = { "", "cuda, cublasGemmEx", "cuda tf32, cublasGemmEx", "cuda bf16, cublasGemmEx" };
     setenv("TG_CUDA_SMALL_REDUCTIONS", "0", 1);
-    for (tg_precision p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++) {
-        setenv("TG_CUDA_LT", p == TG_PRECISION_F32 ? "0" : "1", 1);
+    setenv("TG_CUDA_FOLD", "all", 1);   /* at f32 and tf32 too: the cases' products are far smaller than a wave */
+    setenv("TG_CUDA_LT", "1", 1);
+    for (tg_precision p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++)
         for (int i = 0; i < N_CASES; i++) compare_case("cuda", p, &CASES[i], lt_label[p]);
-    }
     setenv("TG_CUDA_LT", "0", 1);
-    for (tg_precision p = TG_PRECISION_TF32; p <= TG_PRECISION_BF16; p++)
+    for (tg_precision p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++)
         for (int i = 0; i < N_CASES; i++)
-            if (strstr(CASES[i].name, "bias") || strstr(CASES[i].name, "products summed")) compare_case("cuda", p, &CASES[i], ex_label[p]);
+            if (p == TG_PRECISION_F32 || strstr(CASES[i].name, "bias") || strstr(CASES[i].name, "products summed"))
+                compare_case("cuda", p, &CASES[i], ex_label[p]);
     unsetenv("TG_CUDA_LT");
+    unsetenv("TG_CUDA_FOLD");
     unsetenv("TG_CUDA_SMALL_REDUCTIONS");
 }
 

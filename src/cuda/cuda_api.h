@@ -97,7 +97,7 @@ typedef struct {
     int32_t ta, tb, bf16, tf32;   /* bf16 operands; f32 operands on TF32 tensor cores */
     uint32_t align[3];            /* bytes that every address of A, B and C is a multiple of (<= 256) */
     uint32_t c_bf16;              /* C in bf16 (a bf16 activation: graph_bf16_values) */
-    uint32_t bias;                /* bf16 operands and C: plus a bf16 bias per column (cuBLASLt's BIAS epilogue), */
+    uint32_t bias;                /* plus a bias per column of C's type (cuBLASLt's BIAS epilogue, or ours), */
     uint32_t accumulate;          /* or plus a bf16 matrix of C's shape (beta = 1; the struct has no padding bytes) */
 } lt_shape;
 typedef struct { uint64_t data[8]; } lt_algo;   /* cublasLtMatmulAlgo_t */
@@ -110,6 +110,7 @@ typedef struct {
     int own_warps;                /* in blocks of this many warps; OWN_X3: tgk_gemm3 (three TF32 products), */
     CUfunction own_sum;           /* its split reduction's parts added by tg_gemm3_sum */
     const void *addend;           /* shape.accumulate: the matrix every run adds (C; the result goes to D) */
+    const void *bias;             /* shape.bias: the vector every run adds (the epilogue's, or our kernels') */
 } lt_product;
 #define OWN_X3 1
 typedef struct { CUfunction small, x3, x3_sum; } lt_ours;   /* our kernels for a product's transposes (NULL: none) */

@@ -739,11 +739,11 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
         const char *fn = g->precision == TG_PRECISION_BF16 ? "tg_to_bf16" : "tg_to_tf32";
         size_t bytes = most * (g->precision == TG_PRECISION_BF16 ? 2 : 4);
         TRY(cu.ModuleGetFunction(&e->to_rounded, e->module[0], fn), fn);
-        TRY(cu.ModuleGetFunction(&e->add_addend, e->module[0], "tg_add_addend"), "tg_add_addend");
         TRY(cu.MemAlloc(&e->slot[0], bytes), "allocating rounded operands");
         TRY(cu.MemAlloc(&e->slot[1], bytes), "allocating rounded operands");
     }
     TRY(cu.ModuleGetFunction(&e->writeback, e->module[0], "tg_writeback"), "tg_writeback");   /* every part has them */
+    TRY(cu.ModuleGetFunction(&e->add_addend, e->module[0], "tg_add_addend"), "tg_add_addend");
     TRY(cu.ModuleGetFunction(&e->wb_check, e->module[0], "tg_wb_check"), "tg_wb_check");
     size_t floats = e->launches.scratch_end > e->plan.arena ? e->launches.scratch_end : e->plan.arena;
     TRY(cu.MemAlloc(&e->arena, (floats ? floats : 1) * 4), "allocating the arena");
@@ -943,9 +943,9 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
         if (!product_buffers(e, l, &A, &B, &C, &es, &cs, err)) return false;
         bool addend_bf16;
         const void *addend = addend_at(e, l, &addend_bf16);
-        const bool tf32_bias = addend && e->g->precision == TG_PRECISION_TF32 && cs == 4 && !addend_bf16 &&
-                               e->g->nodes[l->addend].numel == l->N;
-        if (addend && !(cs == 2 && addend_bf16) && !tf32_bias) continue;   /* cuBLASLt adds bf16 to bf16, a bias to tf32's f32; else tg_add_addend */
+        const bool f32_bias = addend && e->g->precision != TG_PRECISION_BF16 && cs == 4 && !addend_bf16 &&
+                              e->g->nodes[l->addend].numel == l->N;
+        if (addend && !(cs == 2 && addend_bf16) && !f32_bias) continue;   /* cuBLASLt adds bf16 to bf16, an f32 bias to f32; else tg_add_addend */
         lt_shape s = product_shape(e, l, A, B, C, es, cs);
         const lt_ours ours = { e->own[l->ta * 2 + l->tb], e->x3[l->ta * 2 + l->tb], e->x3_sum };
         lt_product_init(&e->lt[i], &e->dev->lt, &s, ours, A + l->aoff[0] * es, B + l->boff[0] * es, C, addend);   /* else cublasGemmEx */

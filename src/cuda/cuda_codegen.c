@@ -491,6 +491,11 @@ void cuda_refine(const tg_graph *g, const int *keep, int n_keep, bool *materiali
     free(uses);
 }
 
+/* Ops whose readers read their source where it lies (a view, not a kernel of their own). */
+static bool views(tg_op op) {
+    return op == OP_RESHAPE || op == OP_PERMUTE || op == OP_EXPAND || op == OP_SLICE || op == OP_IDENTITY;
+}
+
 /* Do the readers of node id, through reshapes, permutes and slices, take its value as a bf16
  * activation: element-wise kernels and sums (through the expression engine), products and
  * attention (through its rounded copy)? Not softmax, which reads its source's f32 buffer (or
@@ -500,21 +505,43 @@ static bool read_as_bf16(const tg_graph *g, int id, int depth) {
         for (int k = 0; k < g->nodes[i].nsrc; k++) {
             if (g->nodes[i].src[k] != id) continue;
             tg_op op = g->nodes[i].op;
-            bool move = op == OP_RESHAPE || op == OP_PERMUTE || op == OP_EXPAND || op == OP_SLICE || op == OP_IDENTITY;
-            if (move ? depth > 8 || !read_as_bf16(g, i, depth + 1)
+            if (views(op) ? depth > 8 || !read_as_bf16(g, i, depth + 1)
                      : !(fuse_pointwise(op) || op == OP_SUM || op == OP_MATMUL || is_attention(op)))
                 return false;
         }
     return true;
 }
 
+/* Is node id, through reshapes, permutes and slices, an operand of a product or of attention,
+ * which read their operands from memory: does the value need a kernel that writes it? (Where
+ * element-wise kernels and row kernels alone read a product's sum plus its bias, they add the
+ * bias themselves, and an epilogue would only cost the product time.) */
+static bool read_from_memory(const tg_graph *g, int id, int depth) {
+    for (int i = id + 1; i < g->n; i++)
+        for (int k = 0; k < g->nodes[i].nsrc; k++) {
+            if (g->nodes[i].src[k] != id) continue;
+            tg_op op = g->nodes[i].op;
+            if (views(op) ? depth < 8 && read_from_memory(g, i, depth + 1) : op == OP_MATMUL || is_attention(op)) return true;
+        }
+    return false;
+}
+
+/* The outputs an f32 or tf32 product needs for its bias to be folded: about a wave of 128 x 128
+ * tiles (128 of them). cuBLASLt has no split-reduction algorithm with a bias epilogue, and a
+ * product with fewer tiles than the GPU has SMs runs faster split (two H200 calls, one binary,
+ * TG_CUDA_FOLD=0 against the default: char_gpt_small's q, k and v, [1024 x 128] outputs, 0.394 ->
+ * 0.402 ms a step at f32 and 0.345 -> 0.347 at tf32 when folded; char_gpt's, [16384 x 384],
+ * 22.29 -> 22.17 and 10.10 -> 9.87). */
+#define FOLD_FULL_OUTPUTS (128 * 128 * 128)
+
 /* Would the add `id` of product p and addend b (graph_product_addend's at bf16, graph_product_bias's
- * at tf32) be folded: a product cuBLAS runs (not one computed inline), over one batch, neither
- * kept; a bias a leaf (at bf16 kleaves rounds it); at bf16 also a matrix that another product
- * cuBLAS writes in bf16 (`nodes`: the graph's so far, a folded sum among them), and the sum read
- * as bf16 values? */
+ * at f32 and tf32) be folded: a product cuBLAS or our product kernels run (not one computed
+ * inline), over one batch, neither kept; a bias a leaf (at bf16 kleaves rounds it); at bf16 also a
+ * matrix that another product cuBLAS writes in bf16 (`nodes`: the graph's so far, a folded sum
+ * among them), and the sum read as bf16 values; at f32 and tf32 a sum that a product or attention
+ * reads, of `full` outputs or more? */
 static bool foldable(const tg_graph *g, const tg_node *nodes, int id, int p, int b, const int *keep, int n_keep,
-                     bool inline_small) {
+                     bool inline_small, int64_t full) {
     for (int k = 0; k < n_keep; k++)
         if (keep[k] == p || keep[k] == id) return false;
     cg_gemm m = cg_gemm_of(g, p);
@@ -523,17 +550,21 @@ static bool foldable(const tg_graph *g, const tg_node *nodes, int id, int p, int
     const bool bf = g->precision == TG_PRECISION_BF16, bias = g->nodes[b].numel < g->nodes[id].numel;
     bool addend_ok = bias ? cg_is_bound(g->nodes[b].op)
                           : bf && nodes[b].op == OP_MATMUL && (nodes[b].nsrc > 2 || !(inline_small && fuse_small_reduction(g, b)));
-    return m.batch == 1 && !(inline_small && fuse_small_reduction(g, p)) && addend_ok && (!bf || read_as_bf16(g, id, 0));
+    return m.batch == 1 && !(inline_small && fuse_small_reduction(g, p)) && addend_ok &&
+           (bf ? read_as_bf16(g, id, 0) : m.M * m.N >= full && read_from_memory(g, id, 0));
 }
 
-/* At bf16 the products whose sums are bf16 activations (graph_product_addend); at tf32 those whose
- * only reader adds a bias (f32 sums: the epilogue computes what the add did); f32 products may
- * run in our own kernels, which add nothing. */
+/* At bf16 the products whose sums are bf16 activations (graph_product_addend); at f32 and tf32
+ * those whose only reader adds a bias (f32 sums: the epilogue, cuBLASLt's or our product
+ * kernels', computes what the add did). TG_CUDA_FOLD=0 folds nothing (A/B runs, tests), =all
+ * every such product whatever its size (tests, whose products are small). */
 tg_graph *cuda_fold_addends(const tg_graph *g, const int *keep, int n_keep, bool inline_small) {
     const bool bf = g->precision == TG_PRECISION_BF16;
+    const char *fold = getenv("TG_CUDA_FOLD");
+    const int64_t full = fold && strcmp(fold, "all") == 0 ? 0 : FOLD_FULL_OUTPUTS;
     bool *bf16 = NULL;
     int *uses = NULL;
-    if (bf ? !graph_bf16_values(g, &bf16) || !bf16 : g->precision != TG_PRECISION_TF32) return NULL;
+    if ((fold && fold[0] == '0') || (bf && (!graph_bf16_values(g, &bf16) || !bf16))) return NULL;
     if (!bf && (uses = tg_alloc(sizeof(int) * (size_t)(g->n + 1)))) graph_uses(g, uses);
     tg_graph *f = tg_alloc(sizeof *f);
     tg_node *nodes = tg_alloc(sizeof(tg_node) * (size_t)(g->n + 1));
@@ -542,7 +573,7 @@ tg_graph *cuda_fold_addends(const tg_graph *g, const int *keep, int n_keep, bool
         nodes[i] = g->nodes[i];
         int p = bf ? graph_product_addend(g, bf16, i) : graph_product_bias(g, uses, i);
         int b = p < 0 ? -1 : g->nodes[i].src[g->nodes[i].src[0] == p];
-        if (p < 0 || !foldable(g, nodes, i, p, b, keep, n_keep, inline_small)) continue;
+        if (p < 0 || !foldable(g, nodes, i, p, b, keep, n_keep, inline_small, full)) continue;
         tg_node *n = &nodes[i];   /* the add's node, shape and name; the product's sources and transposes */
         n->op = OP_MATMUL;
         n->nsrc = 3;

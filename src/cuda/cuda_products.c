@@ -154,18 +154,24 @@ const char CUDA_PRODUCT_SOURCE[] =
     "    }\n}\n";
 
 /* A product template's four instances, by transposes ta * 2 + tb: kernels `prefix`_nn, _nt, _tn
- * and _tt calling fn<ta, tb>, with `more` parameters after the shape's (passed on as `pass`) */
+ * and _tt calling fn<ta, tb>, with the bias pointer where `bias` is ", bias" (every instance takes
+ * it: own_run passes the same arguments to each) and `more` parameters after the shape's (passed
+ * on as `pass`) */
 #define GEMM_NAMES(prefix) { prefix "_nn", prefix "_nt", prefix "_tn", prefix "_tt" }
-#define GEMM_INSTANCE(bounds, fn, name, ta, tb, more, pass)                                                            \
+#define GEMM_INSTANCE(bounds, fn, name, ta, tb, bias, more, pass)                                                      \
     "extern \"C\" __global__ void __launch_bounds__(" bounds ") " name                                                 \
-    "(const float *A, const float *B, float *C, int M, int N, int K, int64_t sa, int64_t sb" more ") {\n"              \
-    "    tgk_prior();\n    " fn "<" #ta ", " #tb ">(A, B, C, M, N, K, sa, sb" pass ");\n}\n"
-#define GEMM_INSTANCES(bounds, fn, prefix, more, pass)                                                                 \
-    { GEMM_INSTANCE(bounds, fn, prefix "_nn", 0, 0, more, pass), GEMM_INSTANCE(bounds, fn, prefix "_nt", 0, 1, more, pass), \
-      GEMM_INSTANCE(bounds, fn, prefix "_tn", 1, 0, more, pass), GEMM_INSTANCE(bounds, fn, prefix "_tt", 1, 1, more, pass) }
+    "(const float *A, const float *B, float *C, const float *bias, int M, int N, int K, int64_t sa, int64_t sb" more \
+    ") {\n    tgk_prior();\n    " fn "<" #ta ", " #tb ">(A, B, C" bias ", M, N, K, sa, sb" pass ");\n}\n"
+#define GEMM_INSTANCES(bounds, fn, prefix, bias, more, pass)                                                           \
+    { GEMM_INSTANCE(bounds, fn, prefix "_nn", 0, 0, bias, more, pass), GEMM_INSTANCE(bounds, fn, prefix "_nt", 0, 1, bias, more, pass), \
+      GEMM_INSTANCE(bounds, fn, prefix "_tn", 1, 0, bias, more, pass), GEMM_INSTANCE(bounds, fn, prefix "_tt", 1, 1, bias, more, pass) }
 
+/* The small kernel adds no bias: a product whose bias is folded has a wave of output tiles
+ * (cuda_fold_addends), past the small kernel's sizes but for the shallowest reductions. (While it
+ * had one, together with the tensor-core kernel's, cifar_cnn's f32 step, which runs it, took 0.254
+ * ms against 0.244 on one H200 with the same algorithms chosen; the two were not told apart.) */
 const char *const CUDA_PRODUCT_NAMES[4] = GEMM_NAMES("tg_gemm");
-const char *const CUDA_PRODUCT_KERNELS[4] = GEMM_INSTANCES("512", "tgk_gemm", "tg_gemm", "", "");
+const char *const CUDA_PRODUCT_KERNELS[4] = GEMM_INSTANCES("512", "tgk_gemm", "tg_gemm", "", "", "");
 
 /* ----- our kernel for f32 products on tensor cores -----
  *
@@ -226,7 +232,8 @@ const char CUDA_PRODUCT3_SOURCE[] =
     "#pragma unroll\n"
     "        for (int q = 0; q < 4; q++) b[q] = __float_as_uint(s[(k + t + 4 * (q & 1)) * TG3_KS + n + 8 * (q >> 1) + g]);\n}\n"
     "template <int TA, int TB>\n"
-    "static __device__ void tgk_gemm3(const float *A, const float *B, float *C, int M, int N, int K, int64_t sa, int64_t sb, int S) {\n"
+    "static __device__ void tgk_gemm3(const float *A, const float *B, float *C, const float *bias, int M, int N, int K, int64_t sa,\n"
+    "                                 int64_t sb, int S) {\n"
     "    extern __shared__ __align__(16) float tg3_sm[];\n"
     "    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, wm = 64 * (warp >> 1), wn = 64 * (warp & 1);\n"
     "    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128, part = blockIdx.z % S;\n"
@@ -292,12 +299,14 @@ const char CUDA_PRODUCT3_SOURCE[] =
     "        for (int j = 0; j < 8; j++) {\n"
     "            const int r = m0 + wm + 16 * i + g, c = n0 + wn + 8 * j + 2 * t;\n"
     "            if (c >= N) continue;\n"
-    "            if (r < M) *(float2 *)(C + (int64_t)r * N + c) = make_float2(acc[i][j][0], acc[i][j][1]);\n"
-    "            if (r + 8 < M) *(float2 *)(C + (int64_t)(r + 8) * N + c) = make_float2(acc[i][j][2], acc[i][j][3]);\n"
+    "            const float b0 = bias ? bias[c] : -0.0f, b1 = bias ? bias[c + 1] : -0.0f;\n"   /* x + -0 is x, -0 included */
+    "            if (r < M) *(float2 *)(C + (int64_t)r * N + c) = make_float2(acc[i][j][0] + b0, acc[i][j][1] + b1);\n"
+    "            if (r + 8 < M) *(float2 *)(C + (int64_t)(r + 8) * N + c) = make_float2(acc[i][j][2] + b0, acc[i][j][3] + b1);\n"
     "        }\n}\n"
-    /* C = the sum of the S parts P[z][0..S) of each of the batch's products, in order, four values
-     * a thread (n4 = M N / 4 a product) */
-    "extern \"C\" __global__ void __launch_bounds__(256) " CUDA_PRODUCT3_SUM "(const float4 *P, float4 *C, int64_t n4, int S, int64_t total4) {\n"
+    /* C = the sum of the S parts P[z][0..S) of each of the batch's products, in order, plus the
+     * bias of the column (N of them; none where NULL), four values a thread (n4 = M N / 4 a product) */
+    "extern \"C\" __global__ void __launch_bounds__(256) " CUDA_PRODUCT3_SUM "(const float4 *P, float4 *C, int64_t n4, int S, int64_t total4,\n"
+    "                                                                     const float *bias, int N) {\n"
     "    tgk_prior();\n"
     "    for (int64_t e = (int64_t)blockIdx.x * 256 + threadIdx.x; e < total4; e += (int64_t)gridDim.x * 256) {\n"
     "        const float4 *p = P + e / n4 * S * n4 + e % n4;\n"
@@ -306,11 +315,15 @@ const char CUDA_PRODUCT3_SOURCE[] =
     "            const float4 x = p[q * n4];\n"
     "            s.x += x.x, s.y += x.y, s.z += x.z, s.w += x.w;\n"
     "        }\n"
+    "        if (bias) {\n"   /* single floats: a bias need not be 16-byte aligned */
+    "            const float *b = bias + e % n4 % (N / 4) * 4;\n"
+    "            s.x += b[0], s.y += b[1], s.z += b[2], s.w += b[3];\n"
+    "        }\n"
     "        C[e] = s;\n"
     "    }\n}\n";
 
 const char *const CUDA_PRODUCT3_NAMES[4] = GEMM_NAMES("tg_gemm3");
-const char *const CUDA_PRODUCT3_KERNELS[4] = GEMM_INSTANCES("128, 2", "tgk_gemm3", "tg_gemm3", ", int S", ", S");
+const char *const CUDA_PRODUCT3_KERNELS[4] = GEMM_INSTANCES("128, 2", "tgk_gemm3", "tg_gemm3", ", bias", ", int S", ", S");
 
 bool cuda_x3_product(int64_t M, int64_t N, int64_t K, int64_t batch) {
     return M >= 1 && N >= 1 && K >= 1 && M % 4 == 0 && N % 4 == 0 && K % 4 == 0 && batch >= 1 && batch <= 65535 &&
@@ -371,8 +384,8 @@ static bool own_launch(const lt_shape *s, const lt_device *d, int warps, unsigne
     return true;
 }
 
-/* Our kernel's run of p; a split reduction's parts go to the workspace, and tg_gemm3_sum adds
- * them into C. */
+/* Our kernel's run of p, its bias (the tensor-core kernel's only) added where it stores C; a split
+ * reduction's parts go to the workspace, and tg_gemm3_sum adds them and the bias into C. */
 static int own_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C, bool early) {
     const lt_shape *s = &p->shape;
     unsigned grid[3], block, shared;
@@ -381,12 +394,13 @@ static int own_run(const lt_product *p, const lt_device *d, const void *A, const
     int M = (int)s->M, N = (int)s->N, K = (int)s->K;
     int64_t sa = s->a_stride, sb = s->b_stride;
     void *to = parts > 1 ? (void *)d->workspace : C;
-    void *args[] = { &A, &B, &to, &M, &N, &K, &sa, &sb, &parts };
+    const void *bias = parts > 1 ? NULL : p->bias;   /* a split reduction's bias: its parts' sum adds it */
+    void *args[] = { &A, &B, &to, &bias, &M, &N, &K, &sa, &sb, &parts };
     CUresult r = cuda_start(p->own, grid, block, shared, d->stream, args, early);
     if (r || parts == 1) return r;
     int64_t n4 = s->M * s->N / 4, total4 = n4 * s->batch;
     const unsigned sum_grid[3] = { (unsigned)least((total4 + 255) / 256, 4 * (int64_t)d->sms), 1, 1 };
-    void *sum_args[] = { &to, &C, &n4, &parts, &total4 };
+    void *sum_args[] = { &to, &C, &n4, &parts, &total4, (void *)&p->bias, &N };
     return cuda_start(p->own_sum, sum_grid, 256, 0, d->stream, sum_args, early);
 }
 
@@ -701,7 +715,7 @@ static int own_try(lt_product *p, const lt_device *d, const lt_ours *ours, doubl
     return best;
 }
 
-/* The bias epilogue (s->bias): values of C's type (bf16, or f32 at tf32). */
+/* The bias epilogue (s->bias): values of C's type (bf16, or f32 at f32 and tf32). */
 static bool describe_bias(lt_product *p, const lt_shape *s, const void *bias) {
     int32_t epilogue = LT_EPILOGUE_BIAS, type = s->c_bf16 ? LT_R_16BF : LT_R_32F;
     return !s->bias || (lt.DescSetAttribute(p->desc, LT_DESC_EPILOGUE, &epilogue, sizeof epilogue) == 0 &&
@@ -717,8 +731,10 @@ bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, lt_ou
     int mode = own_mode(), x3 = x3_mode(), parts;
     if (mode == 0 || !own_launch(s, d, mode > 0 ? mode : OWN_CHOICES[0], grid, &block, &shared, &parts)) ours.small = NULL;
     if (x3 == 0 || !ours.x3_sum || !own_launch(s, d, OWN_X3, grid, &block, &shared, &parts)) ours.x3 = NULL;
-    if (s->bias || s->accumulate) ours.small = ours.x3 = NULL;   /* ours add nothing to a product */
+    if (s->accumulate) ours.small = ours.x3 = NULL;   /* ours add no matrix; */
+    if (s->bias) ours.small = NULL;                     /* the tensor-core one adds a bias */
     p->addend = s->accumulate ? addend : NULL;
+    p->bias = s->bias ? addend : NULL;
     if (!lt_available() || !d->handle || !describe(p, s) || !describe_bias(p, s, addend)) goto fail;
     const int forced = ours.x3 && x3 == 1 ? OWN_X3 : ours.small && mode > 0 ? mode : 0;
     if (forced) {   /* not remembered, so that a timed choice is not displaced */
