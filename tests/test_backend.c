@@ -1228,8 +1228,9 @@ static void cuda_precisions(void) {
            worst_seen[TG_PRECISION_F32], worst_seen[TG_PRECISION_TF32], worst_seen[TG_PRECISION_BF16]);
     /* The cases' products are small: the CUDA schedule computes them inside the kernels that read
      * them. Through cuBLAS too, as larger ones go: through cuBLASLt or our product kernels
-     * (tests/run_gpu.sh forces ours: TG_CUDA_X3, TG_CUDA_OWN_GEMM), a product's bias by their
-     * epilogue and at bf16 a product's sum with another's by beta = 1 (cuda_fold_addends); then
+     * (tests/run_gpu.sh forces ours: TG_CUDA_X3, TG_CUDA_OWN_GEMM), a product's bias by cuBLASLt's
+     * epilogue or our tensor-core kernel's store, at bf16 a product's sum with another's by beta =
+     * 1 (cuda_fold_addends; the small kernel takes neither); then
      * every case at f32 through cublasGemmEx (where cuBLASLt has no algorithm for a product), and
      * the cases with addends at tf32 and bf16 (its f32 sums, then the addend added, and at bf16 the
      * sum rounded: tg_add_addend). */
