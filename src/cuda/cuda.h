@@ -96,8 +96,9 @@ void cuda_sums_early(const tg_graph *g, const bool *materialized, const int *ali
 /* tf32 and bf16: the nodes whose rounded copies the products read (plan_shadows' `want`): the
  * homes (alias: fuse_schedule's) of product operands that a pointwise or row kernel computes,
  * and leaves, and at bf16 every operand of attention on tensor cores (cuda_attention_mma) on a
- * device of compute capability sm (at tf32 it rounds them as it loads them); `only`: those of them that nothing but products and such attention
- * reads, and whose kernel writes the copy, which need no f32 buffer (plan_build's `unplaced`). */
+ * device of compute capability sm (at tf32 it rounds them as it loads them); `only`: those of
+ * them that nothing but products and such attention reads, and whose kernel writes the copy,
+ * which need no f32 buffer (plan_build's `unplaced`). */
 void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, const int *alias, const int *keep, int n_keep,
                         bool *want, bool *only);
 /* Does attention node id run on tensor cores (sm >= 80; bf16 with head sizes multiples of 16, tf32

@@ -528,10 +528,10 @@ static bool read_from_memory(const tg_graph *g, int id, int depth) {
 
 /* The outputs an f32 or tf32 product needs for its bias to be folded: about a wave of 128 x 128
  * tiles (128 of them). cuBLASLt has no split-reduction algorithm with a bias epilogue, and a
- * product with fewer tiles than the GPU has SMs runs faster split (one H200, one binary, alternating,
- * TG_CUDA_FOLD=0 against the default: char_gpt_small's q, k and v, [1024 x 128] outputs, 0.394 ->
- * 0.402 ms a step at f32 and 0.345 -> 0.347 at tf32 when folded; char_gpt's, [16384 x 384],
- * 22.29 -> 22.17 and 10.10 -> 9.87). */
+ * product with fewer tiles than the GPU has SMs runs faster split (one H200, one binary,
+ * alternating, TG_CUDA_FOLD=0 against the default: char_gpt_small's q, k and v, [1024 x 128]
+ * outputs, 0.394 -> 0.402 ms a step at f32 and 0.345 -> 0.347 at tf32 when folded; char_gpt's,
+ * [16384 x 384], 22.29 -> 22.17 and 10.10 -> 9.87). */
 #define FOLD_FULL_OUTPUTS (128 * 128 * 128)
 
 /* Would the add `id` of product p and addend b (graph_product_addend's at bf16, graph_product_bias's
