@@ -4,7 +4,9 @@
  * portable kernels exported files carry), on the same random inputs; outputs and gradients must
  * agree to 1e-4 relative. Then the kernel cache (miss, hit, corrupt file), compiler failures, and whole
  * training runs compared step by step. TG_TEST_CASES=a,b runs only the cases whose names contain
- * a or b (a device run's extra passes). */
+ * a or b (a device run's extra passes), TG_TEST_SHARD=k/n the k-th of n shares of them (n
+ * processes at once). TG_TEST_CUDA_ONLY runs only what a GPU machine adds: every case and the
+ * trained models on CUDA at each precision, the CPU's bf16 path. */
 #include "check.h"
 #include "internal.h"
 
@@ -408,9 +410,16 @@ static bool matches(const tg_graph *g, double worst, int64_t past, int64_t n) {
 /* The worst error seen per precision, for the summary line. */
 static double worst_seen[4];
 
-/* Is the case named `name` among TG_TEST_CASES's comma-separated parts of names (all without it)? */
+/* Is the case named `name` among TG_TEST_CASES's comma-separated parts of names (all without it),
+ * and in TG_TEST_SHARD's share (k/n: several processes run the cases between them)? */
 static bool case_chosen(const char *name) {
-    const char *only = getenv("TG_TEST_CASES");
+    const char *only = getenv("TG_TEST_CASES"), *shard = getenv("TG_TEST_SHARD");
+    int k = 0, n = 1;
+    if (shard && sscanf(shard, "%d/%d", &k, &n) == 2 && n > 1) {   /* k/n: the cases whose name hashes to k mod n */
+        unsigned h = 5381;
+        for (const char *c = name; *c; c++) h = h * 33 + (unsigned char)*c;
+        if ((int)(h % (unsigned)n) != k) return false;
+    }
     char part[64];
     for (const char *s = only; s && *s; s += strcspn(s, ",") + (s[strcspn(s, ",")] == ',')) {
         snprintf(part, sizeof part, "%.*s", (int)strcspn(s, ","), s);
@@ -1047,6 +1056,40 @@ static void nvrtc_generated_kernels(void) {
     unsetenv("TG_CUDA_ROW_REGS");
 }
 
+/* An optimizer's update, one kernel with a segment per parameter (or per run of parameters of
+ * one size), calls one function from the segments whose code is the same but for the buffers
+ * (cuda_codegen.c, share_segments): NVRTC then compiles that code once. Every function is
+ * defined after the mark that keeps it in the part with its kernel, and called at least twice;
+ * a segment not alike any other stays inline. NVRTC compiling the step in parts (as many as this
+ * machine's processors) checks that each part has the functions its kernels call. */
+static void nvrtc_shared_segments(void) {
+    for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++) {
+        tg_model *m;
+        tg_error err = { { 0 } };
+        tg_train *t = ln_step(&m, (tg_precision)p, &err);
+        const char *src = t ? tg_train_kernel_source(t) : NULL, *prec = tg_precision_name((tg_precision)p);
+        CHECK(src != NULL, "%s: NVRTC compiles the layer-norm step: %s", prec, err.msg);
+        int defs = 0, calls = 0, unmarked = 0, once = 0;
+        for (const char *d = src ? strstr(src, "__noinline__ void tgs") : NULL; d; d = strstr(d + 1, "__noinline__ void tgs")) {
+            char name[40], call[64];
+            sscanf(d + strlen("__noinline__ void "), "%39[a-z0-9_]", name);
+            snprintf(call, sizeof call, "        %s(H, ", name);
+            int n = 0;
+            for (const char *c = strstr(src, call); c; c = strstr(c + 1, call)) n++;
+            const char *mark = strstr(src, "// functions of the kernel below\n"), *last = NULL;
+            for (; mark && mark < d; mark = strstr(mark + 1, "// functions of the kernel below\n")) last = mark;
+            unmarked += !last || strstr(last, "__global__") < d;
+            once += n < 2;
+            calls += n;
+            defs++;
+        }
+        CHECK(defs >= 1 && unmarked == 0 && once == 0, "%s: %d functions shared by the update's segments (%d after no mark of "
+              "their kernel, %d called fewer than twice; %d calls)", prec, defs, unmarked, once, calls);
+        tg_destroy(t);
+        tg_model_free(m);
+    }
+}
+
 /* The most lanes a column sum of `src` takes (its head: "oc = (... + y) * L;"), and a large
  * element-wise kernel ("g = (... + threadIdx.x) * L;") */
 static int lanes_in(const char *src, const char *head) {
@@ -1251,6 +1294,19 @@ static void cuda_precisions(void) {
     unsetenv("TG_CUDA_SMALL_REDUCTIONS");
 }
 
+/* Whole models trained on `backend` beside the reference, step by step (the models' names are
+ * cases of TG_TEST_CASES too). */
+static void train_models(const char *backend) {
+    if (case_chosen("mlp+gelu+dropout, adamw, clipping"))
+        train_compare(backend, "mlp+gelu+dropout, adamw, clipping", mlp_loss, (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) },
+                      MODEL_MLP);
+    if (case_chosen("cnn"))
+        train_compare(backend, "cnn", cnn_loss, (tg_input_decl[]){ TG_F32("x", 3, 2, 6, 6), TG_I32("y", 3) }, MODEL_CNN);
+    if (case_chosen("mlp with a 300-wide head, padded products"))
+        train_compare(backend, "mlp with a 300-wide head, padded products", mlp_loss,
+                      (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, MODEL_WIDE_HEAD);
+}
+
 int main(void) {
     char dir[] = "/tmp/tg_test_backend_XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -1260,6 +1316,7 @@ int main(void) {
         if (tg_backend_available("cuda", NULL, 0)) {
             cuda_precisions();
             cuda_padded_products();
+            train_models("cuda");
         }
         return check_report("test_backend");
     }
@@ -1295,11 +1352,7 @@ int main(void) {
     const char *backends[2] = { "cpu", "cuda" };
     for (int b = 0; b < (cuda ? 2 : 1); b++) {
         if (b) cuda_precisions();
-        train_compare(backends[b], "mlp+gelu+dropout, adamw, clipping", mlp_loss,
-                      (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, MODEL_MLP);
-        train_compare(backends[b], "cnn", cnn_loss, (tg_input_decl[]){ TG_F32("x", 3, 2, 6, 6), TG_I32("y", 3) }, MODEL_CNN);
-        train_compare(backends[b], "mlp with a 300-wide head, padded products", mlp_loss,
-                      (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, MODEL_WIDE_HEAD);
+        train_models(backends[b]);
     }
     if (!cuda) {
         /* Without a GPU: a reason, and a compile that fails cleanly with it. */
@@ -1318,6 +1371,7 @@ int main(void) {
             nvrtc_bias_folds();
             nvrtc_qkv_sums();
             nvrtc_generated_kernels();
+            nvrtc_shared_segments();
         }
     }
     char cmd[100];

@@ -49,6 +49,9 @@ typedef struct {
     int *inplace;
     bool grads_checked;
 } cuda_plan;
+/* Written before the device functions that only the kernel after them calls (segments that
+ * share their code): the backend compiles that text with the kernel, in the same part. */
+#define CUDA_FUNCTIONS_MARK "// functions of the kernel below\n"
 /* The hyper scalars' slots on the device: the graph's, at least CUDA_HYPER_SLOTS (patch sites may
  * add more). The write-back flag is the slot after them. */
 #define CUDA_HYPER_SLOTS 8

@@ -320,11 +320,9 @@ static void *compile_cubin(const char *source, const char *arch, size_t *len, tg
 /* ----- compiling in parallel -----
  * NVRTC compiles a program on one thread, and a step's kernels are independent: the source is cut
  * into parts (the shared prelude, then a share of the kernels each), compiled on threads of their
- * own (each part through the cache) and loaded as modules of their own. A kernel costs NVRTC about
- * as much as its text is long, and an attention kernel (templates instantiated) as much as a few
- * dozen pointwise ones; the costliest go first, each to the part with the least so far, so that
- * one long kernel (a whole optimizer update: a segment per parameter) does not make its part
- * the last to finish. */
+ * own (each part through the cache) and loaded as modules of their own. The costliest kernels go
+ * first, each to the part with the least so far, so that the part that takes longest is not much
+ * longer than its longest kernel. */
 #define MAX_PARTS 16   /* parts compile at once where the machine has the processors */
 
 typedef struct {
@@ -345,8 +343,19 @@ static void parts_free(cuda_part *parts, int n) {
 
 typedef struct { const char *at; int len, cost; } kernel_text;
 
-/* What a kernel's text costs NVRTC, roughly: a unit per 2 KB, 25 for an attention kernel. */
-static int kernel_cost(const char *k, int len) { return 1 + len / 2048 + (memmem(k, (size_t)len, "tgk_attention", 13) ? 25 : 0); }
+/* What a kernel's text costs NVRTC, in hundredths of a second (NVRTC 13.0 on a 2-core VM: the
+ * prelude alone 0.21 s, a generated kernel 0.03 s for 14 KB, a whole optimizer update 0.3 s for
+ * 73 KB): a unit per 2 KB, and an instance of a library template by what it measured, the
+ * f32 attention backward (three TF32 products a product) 1.6 s, the other attention kernels and
+ * our products 0.2 to 0.6 s. */
+static int kernel_cost(const char *k, int len) {
+    static const struct { const char *calls; int cost; } TEMPLATES[] = {
+        { "tgk_attention_bwd_mma<tgm_f32x3", 160 }, { "tgk_attention", 50 }, { "tgk_gemm", 50 },
+    };
+    for (size_t t = 0; t < sizeof TEMPLATES / sizeof *TEMPLATES; t++)
+        if (memmem(k, (size_t)len, TEMPLATES[t].calls, strlen(TEMPLATES[t].calls))) return TEMPLATES[t].cost;
+    return 1 + len / 2048;
+}
 
 static int by_cost(const void *a, const void *b) {
     const kernel_text *x = a, *y = b;
@@ -360,25 +369,37 @@ static void *compile_part(void *arg) {
     return NULL;
 }
 
+static const char KERNEL[] = "extern \"C\" __global__ void ";
+
+/* Where the text of the first kernel at or after `from` begins: at the functions only it calls
+ * (CUDA_FUNCTIONS_MARK), else at the kernel itself; NULL past the last. */
+static const char *kernel_start(const char *from) {
+    const char *k = strstr(from, KERNEL), *f = strstr(from, CUDA_FUNCTIONS_MARK);
+    return f && (!k || f < k) ? f : k;
+}
+
+/* The kernel whose text begins at `at`: its length, to the next one's start. */
+static int kernel_len(const char *at) {
+    const char *next = kernel_start(strstr(at, KERNEL) + 1);
+    return (int)(next ? next - at : (long)strlen(at));
+}
+
 /* The kernels after the prelude shared out (see above); then every part compiled, on threads.
  * The number of parts (returned; 0 with err set on failure) grows with the cost, up to the
  * machine's processors. */
 static int compile_parts(const char *source, size_t prelude, const char *arch, cuda_part *parts, tg_error *err) {
-    static const char KERNEL[] = "extern \"C\" __global__ void ";
     int total = 0, n_k = 0;
-    for (const char *k = strstr(source + prelude, KERNEL); k; k = strstr(k + 1, KERNEL)) n_k++;
+    for (const char *k = kernel_start(source + prelude); k; k = kernel_start(k + kernel_len(k))) n_k++;
     kernel_text *ks = tg_alloc(sizeof *ks * (size_t)(n_k + 1));
     if (!ks) {
         tg_seterr(err, "out of memory cutting the CUDA source into parts");
         return 0;
     }
     n_k = 0;
-    for (const char *k = strstr(source + prelude, KERNEL); k;) {
-        const char *next = strstr(k + 1, KERNEL);
-        int len = (int)(next ? next - k : (long)strlen(k));
+    for (const char *k = kernel_start(source + prelude); k; k = kernel_start(k + kernel_len(k))) {
+        int len = kernel_len(k);
         ks[n_k] = (kernel_text){ k, len, kernel_cost(k, len) };
         total += ks[n_k++].cost;
-        k = next;
     }
     qsort(ks, (size_t)n_k, sizeof *ks, by_cost);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);

@@ -748,9 +748,9 @@ static const char *roots_index_type(const cg *c, const int *roots, int n, int64_
 }
 
 /* The body of a pointwise kernel's segment (its roots chosen) again, for `lanes` consecutive
- * elements a thread from index i = `first`: each lane computes every root in turn, then each root
- * and its rounded copy are stored as vectors. */
-static strbuf lane_body(cg *c, const int *roots, int n_roots, int lanes, const char *first) {
+ * elements a thread from index i: each lane computes every root in turn, then each root and its
+ * rounded copy are stored as vectors. */
+static strbuf lane_body(cg *c, const int *roots, int n_roots, int lanes) {
     const char *it = roots_index_type(c, roots, n_roots, N(c, roots[0])->numel);
     char (*v)[4][NAME] = tg_alloc(sizeof *v * (size_t)n_roots);
     strbuf code = { 0 };
@@ -764,8 +764,122 @@ static strbuf lane_body(cg *c, const int *roots, int n_roots, int lanes, const c
     c->lanes = 0;
     for (int r = 0; r < n_roots; r++) lane_stores(c, roots[r], v[r], lanes, "i");
     free(v);
-    sb_printf(&code, "    {\n        const %s i = (%s)(%s);\n%s    }\n", it, it, first, sb_str(&c->body));
+    sb_printf(&code, "%s", sb_str(&c->body));
     return code;
+}
+
+/* ----- segments that share their code -----
+ * An optimizer's update is one kernel with a segment per parameter (pointwise_kernel), and the
+ * segments differ only in the buffers they name. Inlined, char_gpt's 77 segments were 508 KB of
+ * source that NVRTC took 4.1 s over, the longest wait of its cold compile (compile_parts runs the
+ * parts in parallel, but a kernel is compiled whole). Segments alike call one function instead:
+ * a template over their pointers' types, not inlined, so compiled once: 73 KB, 0.3 s. Its
+ * pointers are not __restrict__: an update in place reads and writes one buffer through two. */
+
+typedef struct { char (*name)[NAME]; int n, cap; } names;
+
+/* The index of s[0..len) in l, added if new; -1 when memory runs out. */
+static int name_index(names *l, const char *s, int len) {
+    for (int i = 0; i < l->n; i++)
+        if (strncmp(l->name[i], s, (size_t)len) == 0 && l->name[i][len] == 0) return i;
+    if (len >= NAME) return -1;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        char (*grown)[NAME] = tg_realloc(l->name, sizeof *grown * (size_t)cap);
+        if (!grown) return -1;
+        l->name = grown;
+        l->cap = cap;
+    }
+    memcpy(l->name[l->n], s, (size_t)len);
+    l->name[l->n][len] = 0;
+    return l->n++;
+}
+
+static bool ident_char(char x) { return (x >= 'a' && x <= 'z') || (x >= 'A' && x <= 'Z') || (x >= '0' && x <= '9') || x == '_'; }
+
+/* A segment's code with its pointers (P or S and a number: the kernel's buffers) renamed p0, p1,
+ * ... in order of first use, their names kept in *ptrs, and its temporaries (another letter and a
+ * number) renamed alike: segments whose canonical code is the same compute the same thing on other
+ * buffers. False where the code names the kernel's own variables (A, B, g, tgk_ values of its
+ * head), which a function would not see, or memory ran out. */
+static bool canonical(const char *code, strbuf *out, names *ptrs) {
+    names temps = { 0 };
+    bool ok = true;
+    const char *s = code, *copied = code;
+    while (*s && ok) {
+        if (!ident_char(*s)) {
+            s++;
+            continue;
+        }
+        const char *t = s;
+        while (ident_char(*s)) s++;
+        const int len = (int)(s - t);
+        if (t[0] >= '0' && t[0] <= '9') continue;   /* a number, suffix and all (6240ll) */
+        int digits = 1;
+        while (digits < len && t[digits] >= '0' && t[digits] <= '9') digits++;
+        if ((len == 1 && (t[0] == 'A' || t[0] == 'B' || t[0] == 'g')) || (strncmp(t, "tgk_", 4) == 0 && *s != '(')) ok = false;
+        if (len == 1 || digits < len) continue;   /* i, H, a function's name */
+        sb_printf(out, "%.*s", (int)(t - copied), copied);
+        const bool ptr = t[0] == 'P' || t[0] == 'S';
+        const int at = name_index(ptr ? ptrs : &temps, t, len);
+        ok = at >= 0;
+        if (ptr) sb_printf(out, "p%d", at);
+        else sb_printf(out, "%c_%d", t[0], at);
+        copied = s;
+    }
+    sb_printf(out, "%s", copied);
+    free(temps.name);
+    return ok && !out->oom;
+}
+
+/* Segment k's code from its body (i: its first element, of type its[k], from first[k]), for
+ * kernel k<kernel>: the body in a block of its own, or, where another segment's body is the same
+ * but for its names (canonical), a call of the function they share, defined in *fns. */
+static void share_segments(int kernel, strbuf *segs, const char **its, char (*first)[60], int n, strbuf *fns) {
+    strbuf *canon = tg_alloc(sizeof *canon * (size_t)n);
+    names *ptrs = tg_alloc(sizeof *ptrs * (size_t)n);
+    int *same = tg_alloc(sizeof *same * (size_t)n), *uses = tg_alloc(sizeof *uses * (size_t)n), *fn = tg_alloc(sizeof *fn * (size_t)n);
+    bool *ok = tg_alloc(sizeof *ok * (size_t)n);
+    const bool mem = canon && ptrs && same && uses && fn && ok;   /* else each inlined */
+    int n_fns = 0;
+    for (int k = 0; k < n && mem; k++) {
+        ok[k] = canonical(sb_str(&segs[k]), &canon[k], &ptrs[k]);
+        same[k] = k;
+        for (int j = 0; j < k && ok[k] && same[k] == k; j++)
+            if (ok[j] && same[j] == j && strcmp(its[j], its[k]) == 0 && strcmp(sb_str(&canon[j]), sb_str(&canon[k])) == 0) same[k] = j;
+        uses[same[k]]++;
+    }
+    for (int k = 0; k < n; k++) {
+        strbuf body = segs[k];
+        segs[k] = (strbuf){ 0 };
+        const int r = mem && ok[k] ? same[k] : -1;
+        if (r >= 0 && uses[r] > 1) {
+            if (r == k) {
+                fn[k] = n_fns++;
+                sb_printf(fns, "template <");
+                for (int q = 0; q < ptrs[k].n; q++) sb_printf(fns, "%sclass T%d", q ? ", " : "", q);
+                sb_printf(fns, "> static __device__ __noinline__ void tgs%d_%d(const double *H, %s i", kernel, fn[k], its[k]);
+                for (int q = 0; q < ptrs[k].n; q++) sb_printf(fns, ", T%d p%d", q, q);
+                sb_printf(fns, ") {\n%s}\n", sb_str(&canon[k]));
+            }
+            sb_printf(&segs[k], "        tgs%d_%d(H, (%s)(%s)", kernel, fn[r], its[k], first[k]);
+            for (int q = 0; q < ptrs[k].n; q++) sb_printf(&segs[k], ", %s", ptrs[k].name[q]);
+            sb_printf(&segs[k], ");\n");
+        } else {
+            sb_printf(&segs[k], "    {\n        const %s i = (%s)(%s);\n%s    }\n", its[k], its[k], first[k], sb_str(&body));
+        }
+        free(body.s);
+    }
+    for (int k = 0; k < n && mem; k++) {
+        free(canon[k].s);
+        free(ptrs[k].name);
+    }
+    free(canon);
+    free(ptrs);
+    free(same);
+    free(uses);
+    free(fn);
+    free(ok);
 }
 
 /* One kernel for the pointwise node order[0] and as many of the pointwise nodes after it in
@@ -830,23 +944,22 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     if (one && want > 1 && want <= 16 && total % (BLOCK * want) == 0) elems = want;
     if (one && wide && total % (BLOCK * elems * want_lanes) == 0) lanes = want_lanes;
     int64_t threads = 0;   /* thread g's segment: the first k with g < ends[k] */
-    for (int k = 0; k < n_segs; k++) {
+    char (*first)[60] = tg_alloc(sizeof *first * (size_t)(n_segs + 1));
+    strbuf fns = { 0 };   /* functions segments share */
+    for (int k = 0; k < n_segs && first; k++) {
         /* its first element: g (one segment: the head makes g a group's first) or from the segment's first thread */
         int l = lanes > 1 ? lanes : wide && !one && sizes[k] % want_lanes == 0 ? want_lanes : 1;
-        char first[60] = "g";
-        if (lanes == 1) snprintf(first, sizeof first, l > 1 ? "(g - %lldll) * %d" : "g - %lldll", (long long)threads, l);
+        snprintf(first[k], sizeof first[k], "g");
+        if (lanes == 1) snprintf(first[k], sizeof first[k], l > 1 ? "(g - %lldll) * %d" : "g - %lldll", (long long)threads, l);
         if (l > 1) {
             free(segs[k].s);
-            segs[k] = lane_body(c, roots + firsts[k], firsts[k + 1] - firsts[k], l, first);
-        } else {
-            strbuf body = segs[k];
-            segs[k] = (strbuf){ 0 };
-            sb_printf(&segs[k], "    {\n        const %s i = (%s)(%s);\n%s    }\n", its[k], its[k], first, sb_str(&body));
-            free(body.s);
+            segs[k] = lane_body(c, roots + firsts[k], firsts[k + 1] - firsts[k], l);
         }
         threads += sizes[k] / l;
         ends[k] = threads;
     }
+    if (first) share_segments(roots[0], segs, its, first, n_segs, &fns);   /* else out of memory: discarded */
+    free(first);
     const bool exact = elems * lanes > 1;   /* the launch covers every element once: no bound to test, and the
                                              * compiler may move each group's loads ahead of the others' work */
     if (!exact) sb_printf(&code, "    if (g < %lldll) {\n", (long long)threads);
@@ -878,6 +991,8 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     }
     sb_printf(&guarded, "%s", head);
     c->aliased = inplace;
+    if (fns.len) sb_printf(c->out, "%s%s\n", CUDA_FUNCTIONS_MARK, fns.s);
+    free(fns.s);
     end_kernel_roots(c, roots, gr.n_roots, inplace ? &c->g->output : NULL, inplace, sb_str(&guarded), sb_str(&tail), 0);
     c->aliased = false;
     free(guarded.s);
