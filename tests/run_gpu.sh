@@ -23,18 +23,26 @@ export LD_LIBRARY_PATH="$PWD/.devlibs/lib:${LD_LIBRARY_PATH:-}"
 export TG_CACHE_DIR=/tmp/tg_gpu_cache OMP_WAIT_POLICY=PASSIVE NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 run() { echo "== $*"; "$@" 2>&1 | tee -a "$out/log.txt" | grep -E "FAIL|passed|accuracy|cuda" | tail -n 25; }
+# test_backend's CUDA-only pass with the settings given, in three shards at once (TG_TEST_SHARD):
+# NVRTC compiles each case on the CPU, which one process leaves mostly idle.
+cuda_shards() {
+    echo "== test_backend CUDA-only, $*"
+    for k in 0 1 2; do env "$@" TG_TEST_SHARD=$k/3 TG_TEST_CUDA_ONLY=1 build/tests/test_backend > "$out/shard_$k.txt" 2>&1 & done
+    wait
+    cat "$out"/shard_?.txt | tee -a "$out/log.txt" | grep -E "FAIL|passed|cuda" | tail -n 25
+}
 if [ "$what" = tests ] || [ "$what" = all ]; then
     run build/tests/test_backend
     for l in 1 2 4; do   # each vector-lane path on every shape that allows it (the default picks by size)
-        TG_CUDA_LANES=$l TG_TEST_CUDA_ONLY=1 run build/tests/test_backend
+        cuda_shards TG_CUDA_LANES=$l
     done
-    TG_CUDA_EARLY=0 TG_TEST_CUDA_ONLY=1 run build/tests/test_backend      # kernels launched as usual, not early
-    TG_CUDA_ROW_REGS=0 TG_TEST_CUDA_ONLY=1 run build/tests/test_backend   # row kernels with every member in memory
+    cuda_shards TG_CUDA_EARLY=0      # kernels launched as usual, not early
+    cuda_shards TG_CUDA_ROW_REGS=0   # row kernels with every member in memory
     for w in 4 8 16; do   # every small f32/tf32 product through our kernel (cuda_products.c), each block size
-        TG_CUDA_OWN_GEMM=$w TG_TEST_CUDA_ONLY=1 run build/tests/test_backend
+        cuda_shards TG_CUDA_OWN_GEMM=$w
     done
-    TG_CUDA_X3=1 TG_TEST_CUDA_ONLY=1 run build/tests/test_backend   # every f32 product it takes as three TF32 products
-    TG_CUDA_INPLACE=0 TG_TEST_CUDA_ONLY=1 run build/tests/test_backend   # every write-back copied at the step's end
+    cuda_shards TG_CUDA_X3=1       # every f32 product it takes as three TF32 products
+    cuda_shards TG_CUDA_INPLACE=0  # every write-back copied at the step's end
     run build/tests/test_attention   # fused attention on CUDA: causal or not, odd T, head sizes, bf16 tensor cores
     run build/tests/test_models
     TG_SESSION_BACKENDS=cuda run build/tests/test_session
