@@ -343,11 +343,11 @@ static void parts_free(cuda_part *parts, int n) {
 
 typedef struct { const char *at; int len, cost; } kernel_text;
 
-/* What a kernel's text costs NVRTC, in hundredths of a second (NVRTC 13.0 on a 2-core VM: the
- * prelude alone 0.21 s, a generated kernel 0.03 s for 14 KB, a whole optimizer update 0.3 s for
- * 73 KB): a unit per 2 KB, and an instance of a library template by what it measured, the
- * f32 attention backward (three TF32 products a product) 1.6 s, the other attention kernels and
- * our products 0.2 to 0.6 s. */
+/* What a kernel's text costs NVRTC, roughly, in hundredths of a second (NVRTC 13.0 on a 2-core VM;
+ * the prelude alone 0.21 s): a generated kernel a unit per 2 KB (14 KB took 0.03 s, kcheck's 28 KB
+ * 0.25, a whole optimizer update's 73 KB 0.32), an instance of a library template what it took,
+ * the f32 attention backward (three TF32 products a product) 1.6 s, the other attention kernels
+ * and our products 0.2 to 0.6 s. */
 static int kernel_cost(const char *k, int len) {
     static const struct { const char *calls; int cost; } TEMPLATES[] = {
         { "tgk_attention_bwd_mma<tgm_f32x3", 160 }, { "tgk_attention", 50 }, { "tgk_gemm", 50 },

@@ -167,9 +167,7 @@ const char CUDA_PRODUCT_SOURCE[] =
       GEMM_INSTANCE(bounds, fn, prefix "_tn", 1, 0, bias, more, pass), GEMM_INSTANCE(bounds, fn, prefix "_tt", 1, 1, bias, more, pass) }
 
 /* The small kernel adds no bias: a product whose bias is folded has a wave of output tiles
- * (cuda_fold_addends), past the small kernel's sizes but for the shallowest reductions. (While it
- * had one, together with the tensor-core kernel's, cifar_cnn's f32 step, which runs it, took 0.254
- * ms against 0.244 on one H200 with the same algorithms chosen; the two were not told apart.) */
+ * (cuda_fold_addends), past the small kernel's sizes but for the shallowest reductions. */
 const char *const CUDA_PRODUCT_NAMES[4] = GEMM_NAMES("tg_gemm");
 const char *const CUDA_PRODUCT_KERNELS[4] = GEMM_INSTANCES("512", "tgk_gemm", "tg_gemm", "", "", "");
 
