@@ -42,6 +42,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
         cuda_shards TG_CUDA_OWN_GEMM=$w
     done
     cuda_shards TG_CUDA_X3=1       # every f32 product it takes as three TF32 products
+    cuda_shards TG_CUDA_TRANSPOSED=1   # every tf32 forward product X W from W's transposed copy
     cuda_shards TG_CUDA_INPLACE=0  # every write-back copied at the step's end
     run build/tests/test_attention   # fused attention on CUDA: causal or not, odd T, head sizes, bf16 tensor cores
     run build/tests/test_models

@@ -1090,6 +1090,36 @@ static void nvrtc_shared_segments(void) {
     }
 }
 
+/* At tf32 kleaves also writes a transposed copy of a weight whose forward product has 2^31
+ * multiply-adds or more, which that product reads (cuda_codegen.c's reads_leaf_transposed): the
+ * wide MLP's first layer at 8192 rows ([8192 x 1024] x [1024 x 4096]), not its second (2^29), nor
+ * any at 128 rows unless TG_CUDA_TRANSPOSED=1 (then both), nor any at f32 or bf16. A copy's tile is
+ * read along the weight's rows (4096 apart) and written along the copy's (1024 apart). */
+static void nvrtc_transposed_leaves(void) {
+    static const struct { tg_precision precision; int rows; const char *env; int copies; } runs[] = {
+        { TG_PRECISION_TF32, 8192, NULL, 1 }, { TG_PRECISION_TF32, 128, NULL, 0 }, { TG_PRECISION_TF32, 128, "1", 2 },
+        { TG_PRECISION_TF32, 8192, "0", 0 }, { TG_PRECISION_F32, 8192, NULL, 0 }, { TG_PRECISION_BF16, 8192, "1", 0 },
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        if (runs[r].env) setenv("TG_CUDA_TRANSPOSED", runs[r].env, 1);
+        else unsetenv("TG_CUDA_TRANSPOSED");
+        tg_model *m;
+        tg_error err = { { 0 } };
+        tg_train *t = wide_step(&m, runs[r].precision, runs[r].rows, &err);
+        const char *src = t ? tg_train_kernel_source(t) : NULL, *prec = tg_precision_name(runs[r].precision);
+        CHECK(src != NULL, "%s, %d rows: NVRTC compiles the step: %s", prec, runs[r].rows, err.msg);
+        int copies = 0, first = 0;
+        for (const char *d = src ? strstr(src, "] = tgT[x][y];") : NULL; d; d = strstr(d + 1, "] = tgT[x][y];")) copies++;
+        if (src && strstr(src, "[(r0 + y) * 4096ll + j0 + x]") && strstr(src, "[(j0 + y) * 1024ll + r0 + x] = tgT[x][y];")) first = 1;
+        CHECK(copies == runs[r].copies && first == (runs[r].copies > 0), "%s, %d rows, TG_CUDA_TRANSPOSED=%s: kleaves writes %d "
+              "transposed weights (expected %d; the first layer's %s)", prec, runs[r].rows, runs[r].env ? runs[r].env : "(unset)",
+              copies, runs[r].copies, first ? "among them" : "not");
+        tg_destroy(t);
+        tg_model_free(m);
+    }
+    unsetenv("TG_CUDA_TRANSPOSED");
+}
+
 /* The most lanes a column sum of `src` takes (its head: "oc = (... + y) * L;"), and a large
  * element-wise kernel ("g = (... + threadIdx.x) * L;") */
 static int lanes_in(const char *src, const char *head) {
@@ -1372,6 +1402,7 @@ int main(void) {
             nvrtc_qkv_sums();
             nvrtc_generated_kernels();
             nvrtc_shared_segments();
+            nvrtc_transposed_leaves();
         }
     }
     char cmd[100];

@@ -17,6 +17,7 @@ typedef struct {
     int *alias;         /* per node: the node whose buffer it shares (no kernel of its own), or -1 */
     int *last;          /* per node: the step (node index) of its buffer's last reader; n: kept */
     size_t *shadow;     /* NULL, or per node: the offset of its rounded copy (plan_shadows), or PLAN_BOUND */
+    size_t *tshadow;    /* NULL, or per node: the offset of a leaf matrix's rounded copy transposed, or PLAN_BOUND */
     int *born;          /* NULL, or per node: the step its buffer is first written (plan_build's `born`) */
 } tg_plan;
 /* False (nothing allocated) when memory runs out or the arena would pass PLAN_MAX_ARENA.
@@ -36,9 +37,11 @@ bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *mate
  * after the arena (which grows to hold them) with lifetimes of their own: a leaf's from the start
  * (a kernel rounds the leaves first), any other node's from its own step, each to its node's
  * last reader. The kernel that computes a node writes its shadow beside it (tf32 and bf16
- * products read shadows instead of rounding their operands in a pass of their own). False when
- * memory runs out or the arena would pass PLAN_MAX_ARENA (p->shadow may be set: plan_free). */
-bool plan_shadows(const tg_graph *g, tg_plan *p, const bool *want, int elem_bytes);
+ * products read shadows instead of rounding their operands in a pass of their own). `want_t`
+ * (NULL: none) marks leaf matrices [R, C] that also get a rounded copy transposed, [C, R]
+ * (tshadow), as long-lived as their shadows. False when memory runs out or the arena would pass
+ * PLAN_MAX_ARENA (p->shadow may be set: plan_free). */
+bool plan_shadows(const tg_graph *g, tg_plan *p, const bool *want, const bool *want_t, int elem_bytes);
 /* The node whose buffer holds node id's values (itself unless it is an alias). */
 static inline int plan_home(const tg_plan *p, int id) { return p->alias && p->alias[id] >= 0 ? p->alias[id] : id; }
 void plan_free(tg_plan *p);

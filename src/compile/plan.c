@@ -112,7 +112,7 @@ bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *mate
     out->offset = tg_alloc(sizeof(size_t) * (size_t)(n + 1));
     out->alias = tg_alloc(sizeof(int) * (size_t)(n + 1));
     out->born = tg_alloc(sizeof(int) * (size_t)(n + 1));
-    out->shadow = NULL;
+    out->shadow = out->tshadow = NULL;
     out->arena = 0;
     int *seq = NULL;
     for (int i = 0; out->born && i < n; i++) out->born[i] = born && born[i] >= 0 && born[i] < i ? born[i] : i;
@@ -161,24 +161,27 @@ bool plan_build(const tg_graph *g, const int *keep, int n_keep, const bool *mate
     return ok;
 }
 
-bool plan_shadows(const tg_graph *g, tg_plan *p, const bool *want, int elem_bytes) {
-    int n = g->n, *seq = birth_order(p->born, n), *of = tg_alloc(sizeof(int) * (size_t)(n + 1)), n_sp = 0;
-    span *sp = tg_alloc(sizeof(span) * (size_t)(n + 1));
+bool plan_shadows(const tg_graph *g, tg_plan *p, const bool *want, const bool *want_t, int elem_bytes) {
+    int n = g->n, *seq = birth_order(p->born, n), *of = tg_alloc(sizeof(int) * (size_t)(2 * n + 1)), n_sp = 0;
+    span *sp = tg_alloc(sizeof(span) * (size_t)(2 * n + 1));
     p->shadow = tg_alloc(sizeof(size_t) * (size_t)(n + 1));
-    bool ok = seq && of && sp && p->shadow;
+    p->tshadow = tg_alloc(sizeof(size_t) * (size_t)(n + 1));
+    bool ok = seq && of && sp && p->shadow && p->tshadow;
     for (int pass = 0; ok && pass < 2; pass++)   /* leaves first: they are rounded before the first kernel */
         for (int s = 0; s < n; s++) {
             int i = seq[s];
             if (is_bound(g->nodes[i].op) != (pass == 0)) continue;
-            p->shadow[i] = PLAN_BOUND;
-            if (!want[i]) continue;
-            of[n_sp] = i;
-            sp[n_sp++] = (span){ aligned(((size_t)g->nodes[i].numel * (size_t)elem_bytes + 3) / 4), 0, pass ? p->born[i] : 0,
-                                 p->last[i] };
+            p->shadow[i] = p->tshadow[i] = PLAN_BOUND;
+            size_t size = aligned(((size_t)g->nodes[i].numel * (size_t)elem_bytes + 3) / 4);
+            for (int t = 0; t < 2; t++) {   /* of[k] >= n: node of[k] - n's transposed copy */
+                if (!(t ? pass == 0 && want_t && want_t[i] : want[i])) continue;
+                of[n_sp] = i + t * n;
+                sp[n_sp++] = (span){ size, 0, pass ? p->born[i] : 0, p->last[i] };
+            }
         }
     size_t top = 0, base = p->arena;
     ok = ok && place_all(sp, n_sp, &top) && base <= PLAN_MAX_ARENA - top;
-    for (int k = 0; ok && k < n_sp; k++) p->shadow[of[k]] = base + sp[k].off;
+    for (int k = 0; ok && k < n_sp; k++) *(of[k] < n ? &p->shadow[of[k]] : &p->tshadow[of[k] - n]) = base + sp[k].off;
     if (ok) p->arena = base + top;
     free(seq);
     free(of);
@@ -239,10 +242,11 @@ void plan_free(tg_plan *p) {
     free(p->alias);
     free(p->last);
     free(p->shadow);
+    free(p->tshadow);
     free(p->born);
     p->born = NULL;
     p->offset = NULL;
     p->alias = NULL;
     p->last = NULL;
-    p->shadow = NULL;
+    p->shadow = p->tshadow = NULL;
 }

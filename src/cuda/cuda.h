@@ -26,6 +26,7 @@ typedef struct {
     bool takes_args;                 /* CL_KERNEL: args is its fourth parameter */
     cuda_kernel_args args;
     int ta, tb, a, b;                /* CL_GEMM: operands' nodes */
+    bool b_transposed;               /* CL_GEMM: B read from its leaf's transposed copy (tshadow), tb set */
     int addend;                      /* CL_GEMM: the node added to the product (cuda_fold_addends), or -1: a bias
                                       * (N values, added to each row) or a value of C's shape */
     int64_t M, N, K, batch, *aoff, *boff;
@@ -101,9 +102,10 @@ void cuda_sums_early(const tg_graph *g, const bool *materialized, const int *ali
  * and leaves, and at bf16 every operand of attention on tensor cores (cuda_attention_mma) on a
  * device of compute capability sm (at tf32 it rounds them as it loads them); `only`: those of
  * them that nothing but products and such attention reads, and whose kernel writes the copy,
- * which need no f32 buffer (plan_build's `unplaced`). */
+ * which need no f32 buffer (plan_build's `unplaced`); `want_t`: leaf matrices that a product
+ * reads transposed from a copy of their own (plan_shadows' `want_t`, matmul_launch). */
 void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, const int *alias, const int *keep, int n_keep,
-                        bool *want, bool *only);
+                        bool *want, bool *want_t, bool *only);
 /* Does attention node id run on tensor cores (sm >= 80; bf16 with head sizes multiples of 16, tf32
  * and f32 (three tf32 products) multiples of 8)? */
 bool cuda_attention_mma(const tg_graph *g, int id, int sm);

@@ -670,22 +670,23 @@ static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_kee
     e->folded = cuda_fold_addends(g, keep, n_keep, inline_small);
     g = e->g = e->folded ? e->folded : g;
     bool *mat = tg_alloc(sizeof(bool) * (size_t)(g->n + 1)), *want = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
-    bool *only = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
+    bool *only = tg_alloc(sizeof(bool) * (size_t)(g->n + 1)), *want_t = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
     int *alias = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), *runs = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
     int *born = tg_alloc(sizeof(int) * (size_t)(g->n + 1));
-    bool ok = mat && want && only && alias && runs && born;
+    bool ok = mat && want && want_t && only && alias && runs && born;
     if (ok) {
         fuse_schedule(g, keep, n_keep, true, FUSE_RECOMPUTE | FUSE_SOFTMAX_INPUT | (inline_small ? FUSE_SMALL_REDUCTIONS : 0),
                       mat, alias);
         cuda_refine(g, keep, n_keep, mat);
         cuda_kernel_runs(g, mat, alias, runs);
         cuda_sums_early(g, mat, alias, born);
-        cuda_shadow_wanted(g, atoi(arch + 3), mat, alias, keep, n_keep, want, only);
+        cuda_shadow_wanted(g, atoi(arch + 3), mat, alias, keep, n_keep, want, want_t, only);
     }
     ok = ok && plan_build(g, keep, n_keep, mat, alias, runs, only, born, &e->plan);
-    if (ok && g->precision != TG_PRECISION_F32) ok = plan_shadows(g, &e->plan, want, g->precision == TG_PRECISION_BF16 ? 2 : 4);
+    if (ok && g->precision != TG_PRECISION_F32) ok = plan_shadows(g, &e->plan, want, want_t, g->precision == TG_PRECISION_BF16 ? 2 : 4);
     int *inplace_ok = ok ? inplace_candidates(g, &e->plan, keep, n_keep, mat, alias) : NULL;
     free(want);
+    free(want_t);
     free(only);
     free(alias);
     free(runs);
@@ -833,11 +834,12 @@ static bool rounded_operands(cuda_exec *e, const cuda_launch *l, const void **A,
     const void **ptr[2] = { A, B };
     for (int k = 0; k < 2; k++) {
         int h = plan_home(&e->plan, node[k]);
-        if (e->plan.shadow[h] != PLAN_BOUND) {
-            *ptr[k] = (const void *)(e->arena + e->plan.shadow[h] * 4);
+        size_t copy = k == 1 && l->b_transposed ? e->plan.tshadow[h] : e->plan.shadow[h];
+        if (copy != PLAN_BOUND) {
+            *ptr[k] = (const void *)(e->arena + copy * 4);
             slot[k] = 2;   /* no slot */
         }
-        for (int s = 0; s < 2; s++)
+        for (int s = 0; s < 2 && slot[k] < 2; s++)
             if (e->slot_holds[s] == node[k]) slot[k] = s;
     }
     for (int k = 0; k < 2; k++) {

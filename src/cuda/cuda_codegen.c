@@ -138,9 +138,30 @@ static bool sums_its_source(const tg_graph *g, const bool *materialized, int a, 
     return inner > 1;
 }
 
+/* Does product `id` read its B operand, a leaf matrix [K, N] untransposed, from the leaf's
+ * transposed copy (tshadow) instead? At tf32, from 2^31 multiply-adds: Hopper's warpgroup MMAs
+ * read TF32 operands only with K running along their rows in shared memory, and cuBLASLt's
+ * kernels for a forward X W (W's rows run along N) are the slower for it (an H200,
+ * [16384 x 1536] x [1536 x 384]: 0.081 ms, 0.059 from W's transpose; 7-27% at each of
+ * char_gpt's shapes, bench/cuda/epilogue/layouts.cu); the small workloads' steps were slower
+ * with the copies. The input gradient dY W^T reads W's rows along K already: both copies are
+ * kept. TG_CUDA_TRANSPOSED=0 takes no copy, =1 one for every such product (tests). */
+static bool reads_leaf_transposed(const tg_graph *g, const bool *materialized, const int *alias, int id) {
+    const char *env = getenv("TG_CUDA_TRANSPOSED");
+    const double least = env && env[0] == '1' ? 0 : 0x1p31;
+    if (g->precision != TG_PRECISION_TF32 || !on_cublas(g, materialized, id) || (env && env[0] == '0')) return false;
+    const tg_node *w = &g->nodes[home_of(alias, g->nodes[id].src[1])];
+    cg_gemm m = cg_gemm_of(g, id);
+    bool whole = m.batch == 1 && m.boff[0] == 0 && !m.tb && m.K * m.N == w->numel && w->shape.ndim >= 2 &&
+                 w->shape.d[w->shape.ndim - 1] == m.N && (double)m.M * (double)m.N * (double)m.K >= least;
+    free(m.aoff);
+    free(m.boff);
+    return whole && cg_is_bound(w->op) && w->dtype == TG_FLOAT32;
+}
+
 void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, const int *alias, const int *keep, int n_keep,
-                        bool *want, bool *only) {
-    for (int i = 0; i < g->n; i++) want[i] = only[i] = false;
+                        bool *want, bool *want_t, bool *only) {
+    for (int i = 0; i < g->n; i++) want[i] = want_t[i] = only[i] = false;
     if (g->precision == TG_PRECISION_F32) return;
     for (int i = 0; i < g->n; i++) {   /* our kernels' products round their operands as they read them */
         const tg_node *n = &g->nodes[i];
@@ -149,6 +170,10 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
         if (on_cublas(g, materialized, i)) {   /* operands that no kernel of ours computes go through a slot; so does an addend */
             for (int k = 0; k < n->nsrc; k++) {   /* an addend is added in f32 at tf32 (cuda_fold_addends) */
                 int h = home_of(alias, n->src[k]);
+                if (k == 1 && reads_leaf_transposed(g, materialized, alias, i)) {
+                    want_t[h] = true;
+                    continue;
+                }
                 if ((k < 2 || g->precision == TG_PRECISION_BF16) && (writes_shadow(g, materialized, h) || fills_shadow(g, materialized, h)))
                     ops[n_ops++] = k;
             }
@@ -269,26 +294,56 @@ static void leaf_segment(const cg *c, strbuf *seg, int id, int64_t start) {
                        "tgk_round_tf32(v.w));\n", id);
 }
 
+static bool has_tshadow(const cg *c, int id) { return c->plan->tshadow && c->plan->tshadow[id] != PLAN_BOUND; }
+
+/* Threads of leaf id's segment of kleaves that writes its transposed copy (tf32; the leaf as
+ * [R, C], C its last dimension, reads_leaf_transposed's N): a block of BLOCK a 32 x 32 tile. */
+static int64_t transposed_threads(const tg_node *w) {
+    const int64_t C = w->shape.d[w->shape.ndim - 1], R = w->numel / C;
+    return ((R + 31) / 32) * ((C + 31) / 32) * BLOCK;
+}
+
+/* That segment: the tile read along the leaf's rows into shared memory (tgT, kleaves' own), and
+ * written along the copy's. Its blocks are whole (kleaves puts these segments first), so every
+ * thread of one meets the barrier. */
+static void leaf_transposed_segment(const cg *c, strbuf *seg, int id, int64_t start) {
+    const tg_node *w = N(c, id);
+    const long long C = (long long)w->shape.d[w->shape.ndim - 1], R = (long long)w->numel / C, tc = (C + 31) / 32;
+    sb_printf(seg, "        const int64_t b = (g - %lldll) / %d, r0 = b / %lld * 32, j0 = b %% %lld * 32;\n", (long long)start, BLOCK, tc,
+              tc);
+    sb_printf(seg, "        const int x = threadIdx.x %% 32;\n");
+    sb_printf(seg, "        for (int y = threadIdx.x / 32; y < 32; y += %d)\n", BLOCK / 32);
+    sb_printf(seg, "            tgT[y][x] = r0 + y < %lldll && j0 + x < %lldll ? tgk_round_tf32(((const float *)B[%d])[(r0 + y) * %lldll + "
+                   "j0 + x]) : 0.0f;\n", R, C, id, C);
+    sb_printf(seg, "        __syncthreads();\n");
+    sb_printf(seg, "        for (int y = threadIdx.x / 32; y < 32; y += %d)\n", BLOCK / 32);
+    sb_printf(seg, "            if (j0 + y < %lldll && r0 + x < %lldll) T%d[(j0 + y) * %lldll + r0 + x] = tgT[x][y];\n", C, R, id, R);
+}
+
 /* The first kernel of a run, when leaves have shadows: every such leaf rounded, a segment each
- * (the leaves of the product operands: parameters, and inputs fed straight to a product), found
- * by a tree of comparisons (segment_tree). */
+ * (the leaves of the product operands: parameters, and inputs fed straight to a product), after
+ * the transposed copies (tshadow), found by a tree of comparisons (segment_tree). */
 static void leaf_kernel(cg *c, cuda_plan *p) {
     strbuf decl = { 0 };
     int n_leaves = 0, first = -1;
-    for (int i = 0; i < c->g->n; i++) n_leaves += cg_is_bound(N(c, i)->op) && has_shadow(c, i);
+    for (int i = 0; i < c->g->n; i++) n_leaves += cg_is_bound(N(c, i)->op) ? has_shadow(c, i) + has_tshadow(c, i) : 0;
     strbuf *segs = tg_alloc(sizeof(strbuf) * (size_t)(n_leaves + 1));
     int64_t *ends = tg_alloc(sizeof(int64_t) * (size_t)(n_leaves + 1)), total = 0;
-    for (int i = 0, k = 0; segs && ends && i < c->g->n; i++) {
-        if (!cg_is_bound(N(c, i)->op) || !has_shadow(c, i)) continue;
-        if (first < 0) first = i;
-        shadow_pointer(c, &decl, i);
-        segs[k] = (strbuf){ 0 };
-        sb_printf(&segs[k], "    {\n");
-        leaf_segment(c, &segs[k], i, total);
-        sb_printf(&segs[k], "    }\n");
-        total += N(c, i)->numel % 4 ? N(c, i)->numel : N(c, i)->numel / 4;
-        ends[k++] = total;
-    }
+    for (int t = 1, k = 0; t >= 0 && segs && ends; t--)
+        for (int i = 0; i < c->g->n; i++) {
+            if (!cg_is_bound(N(c, i)->op) || !(t ? has_tshadow(c, i) : has_shadow(c, i))) continue;
+            if (first < 0) first = i;
+            if (t && total == 0) sb_printf(&decl, "    __shared__ float tgT[32][33];\n");
+            if (t) sb_printf(&decl, "    float *__restrict__ T%d = (float *)(A + %zu);\n", i, c->plan->tshadow[i]);
+            else shadow_pointer(c, &decl, i);
+            segs[k] = (strbuf){ 0 };
+            sb_printf(&segs[k], "    {\n");
+            if (t) leaf_transposed_segment(c, &segs[k], i, total);
+            else leaf_segment(c, &segs[k], i, total);
+            sb_printf(&segs[k], "    }\n");
+            total += t ? transposed_threads(N(c, i)) : N(c, i)->numel % 4 ? N(c, i)->numel : N(c, i)->numel / 4;
+            ends[k++] = total;
+        }
     if (first >= 0 && segs && ends) {
         char head[80];
         snprintf(head, sizeof head, "    if (g >= %lldll) return;\n", (long long)total);
@@ -1647,6 +1702,8 @@ static void matmul_launch(cg *c, cuda_plan *p, int id) {
     l->a = n->src[0];
     l->b = n->src[1];
     l->addend = n->nsrc > 2 ? n->src[2] : -1;
+    l->b_transposed = reads_leaf_transposed(c->g, c->mat, c->plan->alias, id) && has_tshadow(c, plan_home(c->plan, l->b));
+    if (l->b_transposed) l->tb = 1;   /* B^T's rows, the copy's, run along K */
 }
 
 /* Where a kernel compiled once for several launches finds node id's buffer (cuda_kernel_args):
