@@ -152,7 +152,7 @@ static bool reads_leaf_transposed(const tg_graph *g, const bool *materialized, c
     if (g->precision != TG_PRECISION_TF32 || !on_cublas(g, materialized, id) || (env && env[0] == '0')) return false;
     const tg_node *w = &g->nodes[home_of(alias, g->nodes[id].src[1])];
     cg_gemm m = cg_gemm_of(g, id);
-    bool whole = m.batch == 1 && m.boff[0] == 0 && !m.tb && m.K * m.N == w->numel && w->shape.ndim >= 2 &&
+    bool whole = m.batch == 1 && m.boff && m.boff[0] == 0 && !m.tb && m.K * m.N == w->numel && w->shape.ndim >= 2 &&
                  w->shape.d[w->shape.ndim - 1] == m.N && (double)m.M * (double)m.N * (double)m.K >= least;
     free(m.aoff);
     free(m.boff);
@@ -297,7 +297,7 @@ static void leaf_segment(const cg *c, strbuf *seg, int id, int64_t start) {
 static bool has_tshadow(const cg *c, int id) { return c->plan->tshadow && c->plan->tshadow[id] != PLAN_BOUND; }
 
 /* Threads of leaf id's segment of kleaves that writes its transposed copy (tf32; the leaf as
- * [R, C], C its last dimension, reads_leaf_transposed's N): a block of BLOCK a 32 x 32 tile. */
+ * [R, C], C its last dimension, reads_leaf_transposed's N): a block of them for each 32 x 32 tile. */
 static int64_t transposed_threads(const tg_node *w) {
     const int64_t C = w->shape.d[w->shape.ndim - 1], R = w->numel / C;
     return ((R + 31) / 32) * ((C + 31) / 32) * BLOCK;

@@ -10,10 +10,6 @@
  * Not part of the build: nvcc -O3 -arch=sm_90 -o bgrad bench/cuda/epilogue/bgrad.cu -lcublasLt; run on the GPU machine. */
 #include "lt_harness.h"
 
-static cudaStream_t stream;
-static cublasLtHandle_t lt;
-static void *workspace;
-static const size_t WS = 32u << 20;
 enum prec { BF16, TF32, F32 };
 static const char *const PREC_NAMES[] = { "bf16", "tf32", "f32" };
 

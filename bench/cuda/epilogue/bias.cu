@@ -8,11 +8,6 @@
  * Not part of the build: nvcc -O3 -arch=sm_90 -o bias bench/cuda/epilogue/bias.cu -lcublasLt; run on the GPU machine. */
 #include "lt_harness.h"
 
-static cudaStream_t stream;
-static cublasLtHandle_t lt;
-static void *workspace;
-static const size_t WS = 32u << 20;
-
 /* row-major C[M, N] = A[M, K] B[K, N] (+ bias[N]) as column-major C^T = B^T A^T: cuBLASLt's m = N */
 struct product {
     cublasLtMatmulDesc_t desc;

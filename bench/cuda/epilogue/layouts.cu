@@ -9,11 +9,6 @@
  * Not part of the build: nvcc -O3 -arch=sm_90 -o layouts bench/cuda/epilogue/layouts.cu -lcublasLt */
 #include "lt_harness.h"
 
-static cudaStream_t stream;
-static cublasLtHandle_t lt;
-static void *workspace;
-static const size_t WS = 32u << 20;
-
 struct product {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;

@@ -1,5 +1,6 @@
-/* What the cuBLASLt harnesses of this folder share: their headers, the error checks of the CUDA
- * runtime (CK) and of cuBLASLt (LK, exiting with the status), and the graph timer. */
+/* What the cuBLASLt harnesses of this folder share: their headers, stream, handle and workspace,
+ * the error checks of the CUDA runtime (CK) and of cuBLASLt (LK, exiting with the status), and
+ * the graph timer. */
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,3 +12,9 @@
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 #define LK(x) do { cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) { printf("%s:%d status %d\n", __FILE__, __LINE__, (int)s_); exit(1); } } while (0)
 #include "../graph_ms.h"
+
+/* what every harness's products run on: one stream, one handle, a 32 MB workspace */
+static cudaStream_t stream;
+static cublasLtHandle_t lt;
+static void *workspace;
+static const size_t WS = 32u << 20;
