@@ -1094,7 +1094,9 @@ static void nvrtc_shared_segments(void) {
  * multiply-adds or more, which that product reads (cuda_codegen.c's reads_leaf_transposed): the
  * wide MLP's first layer at 8192 rows ([8192 x 1024] x [1024 x 4096]), not its second (2^29), nor
  * any at 128 rows unless TG_CUDA_TRANSPOSED=1 (then both), nor any at f32 or bf16. A copy's tile is
- * read along the weight's rows (4096 apart) and written along the copy's (1024 apart). */
+ * read along the weight's rows (4096 apart) and written along the copy's (1024 apart). The product
+ * reads the copy with B transposed: at 128 rows the second layer's forward runs through our small
+ * kernel's nn instance, through its nt one where it reads the copy (nvrtc_own_products' rule). */
 static void nvrtc_transposed_leaves(void) {
     static const struct { tg_precision precision; int rows; const char *env; int copies; } runs[] = {
         { TG_PRECISION_TF32, 8192, NULL, 1 }, { TG_PRECISION_TF32, 128, NULL, 0 }, { TG_PRECISION_TF32, 128, "1", 2 },
@@ -1114,6 +1116,11 @@ static void nvrtc_transposed_leaves(void) {
         CHECK(copies == runs[r].copies && first == (runs[r].copies > 0), "%s, %d rows, TG_CUDA_TRANSPOSED=%s: kleaves writes %d "
               "transposed weights (expected %d; the first layer's %s)", prec, runs[r].rows, runs[r].env ? runs[r].env : "(unset)",
               copies, runs[r].copies, first ? "among them" : "not");
+        if (src && runs[r].precision == TG_PRECISION_TF32 && runs[r].rows == 128) {
+            bool nn = strstr(src, "void __launch_bounds__(512) tg_gemm_nn(") != NULL;
+            CHECK(nn == (runs[r].copies == 0), "tf32, 128 rows, TG_CUDA_TRANSPOSED=%s: the forward product %s our nn kernel",
+                  runs[r].env ? runs[r].env : "(unset)", nn ? "runs" : "does not run");
+        }
         tg_destroy(t);
         tg_model_free(m);
     }
