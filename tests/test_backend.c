@@ -198,6 +198,10 @@ static const bcase CASES[] = {
     { "sum all, long (rows cut in chunks on CUDA)", SUM_ALL, 1, { F("x", 40, 300) }, 0, false, true },
     { "mean axis 1", MEAN1, 1, { F("x", 2, 5, 3) }, 0, false, false },
     { "sum axis 0, long (chunked on CUDA)", SUM0, 1, { F("x", 3000, 3) }, 0, false, false },
+    /* few rows of many columns: one thread a column (a pair at 131,072 columns), every row (thin_sum);
+     * among so many sums some cancel to near zero (errors against the RMS) */
+    { "sum axis 0, few rows of many columns", SUM0, 1, { F("x", 48, 50000) }, 0, false, true },
+    { "sum axis 0, few rows of many columns in pairs", SUM0, 1, { F("x", 20, 131072) }, 0, false, true },
     { "sum axis 0, long, 3 column groups (chunked on CUDA)", SUM0, 1, { F("x", 700, 70) }, 0, false, false },
     { "mean axis 1, long, outer and inner (chunked on CUDA)", MEAN1, 1, { F("x", 3, 400, 50) }, 0, false, false },
     { "sum last, long rows (a warp each on CUDA)", SUM_LAST, 2, { F("x", 2, 3, 700), F("y", 700) }, 0, false, false },
@@ -1110,12 +1114,21 @@ static void nvrtc_transposed_leaves(void) {
         tg_train *t = wide_step(&m, runs[r].precision, runs[r].rows, &err);
         const char *src = t ? tg_train_kernel_source(t) : NULL, *prec = tg_precision_name(runs[r].precision);
         CHECK(src != NULL, "%s, %d rows: NVRTC compiles the step: %s", prec, runs[r].rows, err.msg);
+        /* four values a thread (both layers' sizes divide by four): read along the weight's rows, the tile
+         * written along the copy's; the second layer's plain rounded copy (its input gradient's operand; the
+         * first has none) stored from the same load */
         int copies = 0, first = 0;
-        for (const char *d = src ? strstr(src, "] = tgT[x][y];") : NULL; d; d = strstr(d + 1, "] = tgT[x][y];")) copies++;
-        if (src && strstr(src, "[(r0 + y) * 4096ll + j0 + x]") && strstr(src, "[(j0 + y) * 1024ll + r0 + x] = tgT[x][y];")) first = 1;
+        const char *put = "= make_float4(tgT[x][y], tgT[x + 1][y], tgT[x + 2][y], tgT[x + 3][y]);";
+        for (const char *d = src ? strstr(src, put) : NULL; d; d = strstr(d + 1, put)) copies++;
+        if (src && strstr(src, "const int64_t i = (r0 + y) * 4096ll + j0 + x;") &&
+            strstr(src, " + (j0 + y) * 1024ll + r0 + x) = make_float4(tgT[x][y]"))
+            first = 1;
         CHECK(copies == runs[r].copies && first == (runs[r].copies > 0), "%s, %d rows, TG_CUDA_TRANSPOSED=%s: kleaves writes %d "
               "transposed weights (expected %d; the first layer's %s)", prec, runs[r].rows, runs[r].env ? runs[r].env : "(unset)",
               copies, runs[r].copies, first ? "among them" : "not");
+        bool plain = src && strstr(src, " + i) = t;");
+        CHECK(plain == (runs[r].copies == 2), "%s, %d rows, TG_CUDA_TRANSPOSED=%s: the second layer's plain copy %s from its tile",
+              prec, runs[r].rows, runs[r].env ? runs[r].env : "(unset)", plain ? "is stored" : "is not stored");
         if (src && runs[r].precision == TG_PRECISION_TF32 && runs[r].rows == 128) {
             bool nn = strstr(src, "void __launch_bounds__(512) tg_gemm_nn(") != NULL;
             CHECK(nn == (runs[r].copies == 0), "tf32, 128 rows, TG_CUDA_TRANSPOSED=%s: the forward product %s our nn kernel",
@@ -1125,6 +1138,31 @@ static void nvrtc_transposed_leaves(void) {
         tg_model_free(m);
     }
     unsetenv("TG_CUDA_TRANSPOSED");
+}
+
+/* A bias gradient over 64 rows of 65,536 columns: one kernel sums every row of a column in one
+ * thread (thin_sum), storing the gradient it sums (its producer); not over 256 rows. */
+static tg_linear thin_layer;
+
+static tg_tensor thin_loss(const void *ctx, const tg_tensor *in) { return tg_mean(tg_square(tg_linear(&thin_layer, in[0])), TG_ALL, 0); }
+
+static void nvrtc_thin_sums(void) {
+    for (int rows = 64; rows <= 256; rows *= 4) {
+        tg_model *m = tg_model_new(5);
+        thin_layer = tg_linear_new(m, "l", 8, 65536, NULL);
+        tg_error err = { { 0 } };
+        tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = thin_loss, .optimizer = tg_sgd(0.1, 0, 0, 0), .backend = "cuda-nvrtc",
+                                                   .inputs = (tg_input_decl[]){ TG_F32("x", rows, 8) }, .n_inputs = 1 },
+                                 &err);
+        const char *src = t ? tg_train_kernel_source(t) : NULL;
+        CHECK(src != NULL, "thin sums, %d rows: NVRTC compiles the step: %s", rows, err.msg);
+        char loop[60];
+        snprintf(loop, sizeof loop, "for (int k = 0; k < %d; k++) {", rows);
+        bool thin = src && strstr(src, loop) && strstr(src, "if (oj >= 65536ll) return;");
+        CHECK(thin == (rows == 64), "thin sums, %d rows: the bias gradient %s summed a column a thread", rows, thin ? "is" : "is not");
+        tg_destroy(t);
+        tg_model_free(m);
+    }
 }
 
 /* The most lanes a column sum of `src` takes (its head: "oc = (... + y) * L;"), and a large
@@ -1410,6 +1448,7 @@ int main(void) {
             nvrtc_generated_kernels();
             nvrtc_shared_segments();
             nvrtc_transposed_leaves();
+            nvrtc_thin_sums();
         }
     }
     char cmd[100];

@@ -303,14 +303,40 @@ static int64_t transposed_threads(const tg_node *w) {
     return ((R + 31) / 32) * ((C + 31) / 32) * BLOCK;
 }
 
+/* Does leaf id's transposed segment move its tile four values a thread (rows and columns both
+ * multiples of four, so that every 16-byte piece lies wholly in or out), writing its plain rounded
+ * copy too where it has one? */
+static bool transposed_vectors(const cg *c, int id) {
+    const tg_node *w = N(c, id);
+    const int64_t C = w->shape.d[w->shape.ndim - 1];
+    return C % 4 == 0 && (w->numel / C) % 4 == 0;
+}
+
 /* That segment: the tile read along the leaf's rows into shared memory (tgT, kleaves' own), and
  * written along the copy's. Its blocks are whole (kleaves puts these segments first), so every
- * thread of one meets the barrier. */
+ * thread of one meets the barrier. Four values a thread where transposed_vectors, the plain
+ * rounded copy (S) stored from the same load, so each leaf is read once: kleaves at char_gpt tf32
+ * 68 -> 37 us on an H200 (one value a thread, and a second read for the plain copy). */
 static void leaf_transposed_segment(const cg *c, strbuf *seg, int id, int64_t start) {
     const tg_node *w = N(c, id);
     const long long C = (long long)w->shape.d[w->shape.ndim - 1], R = (long long)w->numel / C, tc = (C + 31) / 32;
     sb_printf(seg, "        const int64_t b = (g - %lldll) / %d, r0 = b / %lld * 32, j0 = b %% %lld * 32;\n", (long long)start, BLOCK, tc,
               tc);
+    if (transposed_vectors(c, id)) {
+        sb_printf(seg, "        const int y = threadIdx.x / 8, x = threadIdx.x %% 8 * 4;\n");
+        sb_printf(seg, "        if (r0 + y < %lldll && j0 + x < %lldll) {\n", R, C);
+        sb_printf(seg, "            const int64_t i = (r0 + y) * %lldll + j0 + x;\n", C);
+        sb_printf(seg, "            const float4 v = tgk_load4((const float *)B[%d] + i);\n", id);
+        sb_printf(seg, "            const float4 t = make_float4(tgk_round_tf32(v.x), tgk_round_tf32(v.y), tgk_round_tf32(v.z), "
+                       "tgk_round_tf32(v.w));\n");
+        if (has_shadow(c, id)) sb_printf(seg, "            *(float4 *)(S%d + i) = t;\n", id);
+        sb_printf(seg, "            tgT[y][x] = t.x; tgT[y][x + 1] = t.y; tgT[y][x + 2] = t.z; tgT[y][x + 3] = t.w;\n        }\n");
+        sb_printf(seg, "        __syncthreads();\n");
+        sb_printf(seg, "        if (j0 + y < %lldll && r0 + x < %lldll)\n", C, R);
+        sb_printf(seg, "            *(float4 *)(T%d + (j0 + y) * %lldll + r0 + x) = make_float4(tgT[x][y], tgT[x + 1][y], tgT[x + 2][y], "
+                       "tgT[x + 3][y]);\n", id, R);
+        return;
+    }
     sb_printf(seg, "        const int x = threadIdx.x %% 32;\n");
     sb_printf(seg, "        for (int y = threadIdx.x / 32; y < 32; y += %d)\n", BLOCK / 32);
     sb_printf(seg, "            tgT[y][x] = r0 + y < %lldll && j0 + x < %lldll ? tgk_round_tf32(((const float *)B[%d])[(r0 + y) * %lldll + "
@@ -329,9 +355,14 @@ static void leaf_kernel(cg *c, cuda_plan *p) {
     for (int i = 0; i < c->g->n; i++) n_leaves += cg_is_bound(N(c, i)->op) ? has_shadow(c, i) + has_tshadow(c, i) : 0;
     strbuf *segs = tg_alloc(sizeof(strbuf) * (size_t)(n_leaves + 1));
     int64_t *ends = tg_alloc(sizeof(int64_t) * (size_t)(n_leaves + 1)), total = 0;
-    for (int t = 1, k = 0; t >= 0 && segs && ends; t--)
+    int k = 0;   /* segments */
+    for (int t = 1; t >= 0 && segs && ends; t--)
         for (int i = 0; i < c->g->n; i++) {
             if (!cg_is_bound(N(c, i)->op) || !(t ? has_tshadow(c, i) : has_shadow(c, i))) continue;
+            if (!t && has_tshadow(c, i) && transposed_vectors(c, i)) {   /* its transposed segment wrote S */
+                shadow_pointer(c, &decl, i);
+                continue;
+            }
             if (first < 0) first = i;
             if (t && total == 0) sb_printf(&decl, "    __shared__ float tgT[32][33];\n");
             if (t) sb_printf(&decl, "    float *__restrict__ T%d = (float *)(A + %zu);\n", i, c->plan->tshadow[i]);
@@ -347,9 +378,9 @@ static void leaf_kernel(cg *c, cuda_plan *p) {
     if (first >= 0 && segs && ends) {
         char head[80];
         snprintf(head, sizeof head, "    if (g >= %lldll) return;\n", (long long)total);
-        segments_kernel(c, p, "kleaves", &decl, segs, ends, n_leaves, first, total, head, "");
+        segments_kernel(c, p, "kleaves", &decl, segs, ends, k, first, total, head, "");
     }
-    for (int k = 0; segs && k < n_leaves; k++) free(segs[k].s);
+    for (int q = 0; segs && q < k; q++) free(segs[q].s);
     free(segs);
     free(ends);
     free(decl.s);
@@ -1266,6 +1297,42 @@ void cuda_sums_early(const tg_graph *g, const bool *mat, const int *alias, int *
 
 static void fill_shadow(cg *c, cuda_plan *p, int id);
 
+/* A column sum of few rows and many columns (a position embedding's gradient: 64 rows of 98,304
+ * columns, summed over the batch): a thread sums every row of its `lanes` neighbouring columns,
+ * in order, and stores them. The 32 x 32 blocks below would leave each thread two rows, and the
+ * block's totals at the end: char_gpt's took 23 us on an H200, 10 so (two lanes). THIN_ROWS at
+ * most, and THIN_THREADS threads at least, the widest lanes that keep them: with fewer, too few
+ * loads are in flight (cifar_cnn's [64, 32768] sum of its first convolution's gradient, 128
+ * blocks of one lane, made its step 4% slower). */
+enum { THIN_ROWS = 128, THIN_THREADS = 49152 };
+
+static bool thin_sum(cg *c, cuda_plan *p, const char *it, int64_t outer, int64_t len, int64_t inner, int producer,
+                     const int *srcs, const int *sums, int n_sums, const int *roots, int n_roots, int n_far) {
+    const int64_t outs = outer * inner;
+    if (len > THIN_ROWS || n_far || outs < THIN_THREADS) return false;
+    bool forced;
+    int L = 1;
+    for (int l = lanes_wanted(&forced); l > 1 && L == 1 && floats(c, &producer, 1); l = forced ? 1 : l / 2)
+        if (inner % l == 0 && (forced || outs / l >= THIN_THREADS)) L = l;
+    if (L > 1) sum_lanes(c, it, len, inner, producer, srcs, n_sums, L);
+    const char *ht = head_type(it);
+    char head[600], accs[200] = "";
+    for (int q = 0; q < n_sums * L; q++) snprintf(accs + strlen(accs), sizeof accs - strlen(accs), "%sacc%d = 0", q ? ", " : "", q);
+    snprintf(head, sizeof head,
+             "    const %s oj = ((int64_t)blockIdx.x * %d + threadIdx.x) * %d;\n    if (oj >= %lldll) return;\n"
+             "    const %s o = oj / %lld, j = oj %% %lld;\n    double %s;\n#pragma unroll 8\n    for (%s k = 0; k < %lld; k++) {\n",
+             ht, BLOCK, L, (long long)outs, ht, (long long)inner, (long long)inner, accs, ht, (long long)len);
+    strbuf tail = { 0 };
+    sb_printf(&tail, "    }\n");
+    for (int q = 0; q < n_sums; q++)
+        for (int v = 0; v < L; v++) sb_printf(&tail, "    P%d[oj + %d] = (%s)acc%d;\n", sums[q], v, cg_ctype(N(c, sums[q])), q * L + v);
+    end_kernel_roots(c, roots, n_roots, NULL, 0, head, sb_str(&tail), 0);
+    free(tail.s);
+    kernel_launch(p, sums[0], outs / L, BLOCK);
+    return true;
+}
+
+
 /* Sum over one axis: [outer, len, inner] -> [outer, 1, inner], reading coalesced:
  *  - contiguous rows (inner == 1): a warp per row, lanes striding the row, a shuffle reduction;
  *    when there are too few rows to fill the GPU (a sum over everything: one row), each row is
@@ -1371,6 +1438,7 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
         kernel_launch(p, id, outs * chunks * 32, BLOCK);
         return true;
     }
+    if (thin_sum(c, p, it, outer, len, inner, producer, srcs, sums, n_sums, roots, n_roots, n_far)) return true;
     /* Lanes (neighbouring columns a thread) where each thread still sums 16 rows with them: with
      * fewer rows the column totals at the end outweigh the wider loads (four lanes on every sum
      * the shapes allow: char_gpt_small bf16 0.335 -> 0.393 ms, mnist_mlp f32 0.104 -> 0.117) */
