@@ -605,6 +605,21 @@ static void mlp_layers(tg_model *m, bool wide_head) {
     l1 = tg_linear_new(m, "l1", 6, wide_head ? 32 : 16, NULL);
     l2 = tg_linear_new(m, "l2", wide_head ? 32 : 16, wide_head ? 300 : 5, NULL);
 }
+/* MODEL_RESIDUAL_LN: h = l1(x), h + lh(layer norm(h)), l2: on CUDA the layer norm's weight and bias
+ * gradients are summed in the row kernel of its backward (row_columns), at 300 rows of 520 in
+ * two groups of blocks and two chunks of columns */
+static tg_linear lh;
+static tg_layernorm res_ln;
+static tg_tensor residual_ln_loss(const void *ctx, const tg_tensor *in) {
+    tg_tensor h = tg_linear(&l1, in[0]);
+    return tg_cross_entropy(tg_linear(&l2, tg_add(h, tg_linear(&lh, tg_layernorm(&res_ln, h)))), in[1], TG_MEAN);
+}
+static void residual_ln_layers(tg_model *m) {
+    l1 = tg_linear_new(m, "l1", 6, 520, NULL);
+    res_ln = tg_layernorm_new(m, "ln", 520, 1e-5, 1);
+    lh = tg_linear_new(m, "lh", 520, 520, NULL);
+    l2 = tg_linear_new(m, "l2", 520, 5, NULL);
+}
 static tg_tensor cnn_loss(const void *ctx, const tg_tensor *in) {
     tg_tensor h = tg_max_pool2d(tg_relu(tg_conv(&conv, in[0])), 2, 2, 0);
     return tg_cross_entropy(tg_linear(&l2, tg_flatten(h, 1)), in[1], TG_MEAN);
@@ -617,7 +632,7 @@ static int count_op(const tg_graph *g, const char *op) {
     return n;
 }
 
-enum { MODEL_MLP, MODEL_CNN, MODEL_WIDE_HEAD };
+enum { MODEL_MLP, MODEL_CNN, MODEL_WIDE_HEAD, MODEL_RESIDUAL_LN };
 
 /* MODEL_WIDE_HEAD: an MLP whose last weight has rows of 300, not a multiple of 8: with
  * TG_PAD_PRODUCTS=8 the backend's graph pads it to 304 columns and narrows the product
@@ -630,10 +645,12 @@ static void train_compare(const char *backend, const char *name, tg_forward_fn l
         if (model == MODEL_CNN) {
             conv = tg_conv2d_new(m, "conv", 2, 4, 3, 1, 1, 1);
             l2 = tg_linear_new(m, "l2", 4 * 3 * 3, 5, NULL);
+        } else if (model == MODEL_RESIDUAL_LN) {
+            residual_ln_layers(m);
         } else {
             mlp_layers(m, model == MODEL_WIDE_HEAD);
         }
-        tg_optimizer opt = tg_adamw(1e-2, 0.1);
+        tg_optimizer opt = tg_adamw(model == MODEL_RESIDUAL_LN ? 1e-3 : 1e-2, 0.1);
         opt.clip_norm = 0.5;
         tg_error err;
         bool pad = b && model == MODEL_WIDE_HEAD;
@@ -1165,6 +1182,32 @@ static void nvrtc_thin_sums(void) {
     }
 }
 
+/* MODEL_RESIDUAL_LN's step compiled by cuda-nvrtc: with TG_CUDA_ROW_COLUMNS=1 its layer norm's two
+ * parameter gradients are summed in one row kernel (one finish), in chunks of 512 columns over 38
+ * blocks; by default (300 rows: fewer than row_columns takes) and with =0 in a column-sum kernel of
+ * their own. (At tf32 and bf16 this graph's kernel order puts the two sums apart; char_gpt's are
+ * summed in its row kernels at tf32.) */
+static void nvrtc_row_columns(void) {
+    for (int on = 2; on >= 0; on--) {
+        if (on < 2) setenv("TG_CUDA_ROW_COLUMNS", on ? "1" : "0", 1);
+        tg_model *m = tg_model_new(3);
+        residual_ln_layers(m);
+        tg_error err = { { 0 } };
+        tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = residual_ln_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
+                                                   .inputs = (tg_input_decl[]){ TG_F32("x", 300, 6), TG_I32("y", 300) }, .n_inputs = 2 },
+                                 &err);
+        unsetenv("TG_CUDA_ROW_COLUMNS");
+        const char *src = t ? tg_train_kernel_source(t) : NULL;
+        CHECK(src != NULL, "NVRTC compiles the residual layer norm's step: %s", err.msg);
+        const char *fin = src ? strstr(src, "part, group, 1040, 38, 32)) return;") : NULL;
+        bool one = fin && !strstr(fin + 1, "tgk_rows_finish((") && strstr(src, "__shared__ double tgc[8][512];");
+        CHECK(on == 1 ? one : src && !strstr(src, "tgk_rows_finish(("), "TG_CUDA_ROW_COLUMNS %s: the layer norm's parameter "
+              "gradients are %s its backward's row kernel", on == 2 ? "unset" : on ? "1" : "0", fin ? "summed in" : "not summed in");
+        tg_destroy(t);
+        tg_model_free(m);
+    }
+}
+
 /* The most lanes a column sum of `src` takes (its head: "oc = (... + y) * L;"), and a large
  * element-wise kernel ("g = (... + threadIdx.x) * L;") */
 static int lanes_in(const char *src, const char *head) {
@@ -1380,6 +1423,12 @@ static void train_models(const char *backend) {
     if (case_chosen("mlp with a 300-wide head, padded products"))
         train_compare(backend, "mlp with a 300-wide head, padded products", mlp_loss,
                       (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, MODEL_WIDE_HEAD);
+    if (case_chosen("residual layer norm")) {   /* on CUDA its layer norm's sums in the row kernel (nvrtc_row_columns) */
+        setenv("TG_CUDA_ROW_COLUMNS", "1", 1);
+        train_compare(backend, "residual layer norm", residual_ln_loss, (tg_input_decl[]){ TG_F32("x", 300, 6), TG_I32("y", 300) },
+                      MODEL_RESIDUAL_LN);
+        unsetenv("TG_CUDA_ROW_COLUMNS");
+    }
 }
 
 int main(void) {
@@ -1449,6 +1498,7 @@ int main(void) {
             nvrtc_shared_segments();
             nvrtc_transposed_leaves();
             nvrtc_thin_sums();
+            nvrtc_row_columns();
         }
     }
     char cmd[100];

@@ -231,7 +231,7 @@ static void qkv(bool bf16) {
     CK(cudaMalloc(&W, (size_t)3 * K * N * es));    /* the three weights (tf32: transposed, [N, K] each) */
     CK(cudaMalloc(&Y, (size_t)3 * M * N * 4));     /* q, k, v (f32), one after another */
     CK(cudaMalloc(&G, (size_t)3 * M * N * es));    /* their gradients */
-    CK(cudaMalloc(&O, (size_t)3 * K * N * 4));     /* the weight gradients, or dX */
+    CK(cudaMalloc(&O, (size_t)M * K * 4));         /* dX, or the weight gradients (3 K N of it) */
     CK(cudaMalloc(&bias, (size_t)3 * N * 4));
     CK(cudaMemset(X, 0x3c, (size_t)M * K * es)); CK(cudaMemset(W, 0x3c, (size_t)3 * K * N * es));
     CK(cudaMemset(G, 0x3c, (size_t)3 * M * N * es)); CK(cudaMemset(bias, 0, 3 * N * 4));
