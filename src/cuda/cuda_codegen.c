@@ -1297,6 +1297,12 @@ void cuda_sums_early(const tg_graph *g, const bool *mat, const int *alias, int *
 
 static void fill_shadow(cg *c, cuda_plan *p, int id);
 
+/* "acc0 = 0, acc1 = 0, ...": a column sum's n accumulators, declared together */
+static void sum_accumulators(char *out, size_t len, int n) {
+    out[0] = 0;
+    for (int q = 0; q < n; q++) snprintf(out + strlen(out), len - strlen(out), "%sacc%d = 0", q ? ", " : "", q);
+}
+
 /* A column sum of few rows and many columns (a position embedding's gradient: 64 rows of 98,304
  * columns, summed over the batch): a thread sums every row of its `lanes` neighbouring columns,
  * in order, and stores them. The 32 x 32 blocks below would leave each thread two rows, and the
@@ -1316,8 +1322,8 @@ static bool thin_sum(cg *c, cuda_plan *p, const char *it, int64_t outer, int64_t
         if (inner % l == 0 && (forced || outs / l >= THIN_THREADS)) L = l;
     if (L > 1) sum_lanes(c, it, len, inner, producer, srcs, n_sums, L);
     const char *ht = head_type(it);
-    char head[600], accs[200] = "";
-    for (int q = 0; q < n_sums * L; q++) snprintf(accs + strlen(accs), sizeof accs - strlen(accs), "%sacc%d = 0", q ? ", " : "", q);
+    char head[600], accs[200];
+    sum_accumulators(accs, sizeof accs, n_sums * L);
     snprintf(head, sizeof head,
              "    const %s oj = ((int64_t)blockIdx.x * %d + threadIdx.x) * %d;\n    if (oj >= %lldll) return;\n"
              "    const %s o = oj / %lld, j = oj %% %lld;\n    double %s;\n#pragma unroll 8\n    for (%s k = 0; k < %lld; k++) {\n",
@@ -1331,7 +1337,6 @@ static bool thin_sum(cg *c, cuda_plan *p, const char *it, int64_t outer, int64_t
     kernel_launch(p, sums[0], outs / L, BLOCK);
     return true;
 }
-
 
 /* Sum over one axis: [outer, len, inner] -> [outer, 1, inner], reading coalesced:
  *  - contiguous rows (inner == 1): a warp per row, lanes striding the row, a shuffle reduction;
@@ -1460,8 +1465,8 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
         chunks = (len + chunk - 1) / chunk;
     }
     size_t at = chunks > 1 ? sum_scratch(c, p, n_sums * chunks * outs) : 0;
-    char accs[200] = "";
-    for (int q = 0; q < n_sums * L; q++) snprintf(accs + strlen(accs), sizeof accs - strlen(accs), "%sacc%d = 0", q ? ", " : "", q);
+    char accs[200];
+    sum_accumulators(accs, sizeof accs, n_sums * L);
     snprintf(head, sizeof head,
              "    __shared__ double part[%d][%d][33];\n"
              "    const int lane = threadIdx.x & 31, y = threadIdx.x / 32;\n"
