@@ -852,6 +852,54 @@ static void cuda_padded_products(void) {
                   (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, MODEL_WIDE_HEAD);
 }
 
+/* cuBLASLt's counters (cuda_counters.c): the products of an MLP of char_gpt's widths at tf32 and
+ * bf16, where cuBLASLt's algorithms zero a counter before their kernels, on slices of their own
+ * zeroed once a step with those memsets out of the graph (the default), and on the shared
+ * workspace with them (TG_CUDA_COUNTERS=0): the same algorithms in one process, so the same bits,
+ * in the losses and in l1's weight after four steps. */
+static tg_tensor wide_mlp_loss(const void *ctx, const tg_tensor *in) {
+    return tg_cross_entropy(tg_linear(&l2, tg_gelu(tg_linear(&l1, in[0]))), in[1], TG_MEAN);
+}
+static void cuda_counters(void) {
+    enum { ROWS = 8192, IN = 384, HIDDEN = 1536, STEPS = 4 };
+    float *x = malloc(sizeof(float) * ROWS * IN), *w[2] = { malloc(sizeof(float) * IN * HIDDEN), malloc(sizeof(float) * IN * HIDDEN) };
+    int32_t *y = malloc(sizeof(int32_t) * ROWS);
+    check_rng = 7;
+    for (int i = 0; i < ROWS * IN; i++) x[i] = (float)check_uniform(-1, 1);
+    for (int i = 0; i < ROWS; i++) y[i] = (int32_t)(check_next() % 5);
+    for (tg_precision p = TG_PRECISION_TF32; p <= TG_PRECISION_BF16 && x && y && w[0] && w[1]; p++) {
+        float losses[2][STEPS];
+        for (int off = 0; off < 2; off++) {
+            if (off) setenv("TG_CUDA_COUNTERS", "0", 1);
+            tg_model *m = tg_model_new(11);
+            l1 = tg_linear_new(m, "l1", IN, HIDDEN, NULL);
+            l2 = tg_linear_new(m, "l2", HIDDEN, 5, NULL);
+            tg_error err = { { 0 } };
+            tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = wide_mlp_loss, .optimizer = tg_adam(1e-3), .backend = "cuda",
+                                                       .precision = p, .n_inputs = 2,
+                                                       .inputs = (tg_input_decl[]){ TG_F32("x", ROWS, IN), TG_I32("y", ROWS) } },
+                                     &err);
+            CHECK(t != NULL, "counters: compile: %s", err.msg);
+            for (int s = 0; s < STEPS && t; s++) {
+                tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, (size_t)ROWS * IN), tg_i32("y", y, ROWS) }, 2);
+                losses[off][s] = r.status == TG_OK ? r.loss : NAN;
+            }
+            CHECK(t && tg_download_param(t, "l1.W", w[off], (size_t)IN * HIDDEN, &err) == TG_OK, "counters: l1.W: %s", err.msg);
+            tg_destroy(t);
+            tg_model_free(m);
+            unsetenv("TG_CUDA_COUNTERS");
+        }
+        CHECK(memcmp(losses[0], losses[1], sizeof losses[0]) == 0 && memcmp(w[0], w[1], sizeof(float) * IN * HIDDEN) == 0 &&
+                  losses[0][STEPS - 1] < losses[0][0],
+              "cuda %s: cuBLASLt's counters zeroed once a step (losses %.6f -> %.6f) and before each product (%.6f -> %.6f): "
+              "not the same bits", tg_precision_name(p), losses[0][0], losses[0][STEPS - 1], losses[1][0], losses[1][STEPS - 1]);
+    }
+    free(x);
+    free(y);
+    free(w[0]);
+    free(w[1]);
+}
+
 static int count_text(const char *s, const char *what) {
     int n = 0;
     for (; s && (s = strstr(s, what)); s++) n++;
@@ -1440,6 +1488,7 @@ int main(void) {
         if (tg_backend_available("cuda", NULL, 0)) {
             cuda_precisions();
             cuda_padded_products();
+            cuda_counters();
             train_models("cuda");
         }
         return check_report("test_backend");
@@ -1476,6 +1525,7 @@ int main(void) {
     const char *backends[2] = { "cpu", "cuda" };
     for (int b = 0; b < (cuda ? 2 : 1); b++) {
         if (b) cuda_precisions();
+        if (b) cuda_counters();
         train_models(backends[b]);
     }
     if (!cuda) {

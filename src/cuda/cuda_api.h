@@ -11,7 +11,9 @@
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphExec, *CUevent;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphExec, *CUevent, *CUgraphNode;
+/* cuda.h's CUDA_MEMSET_NODE_PARAMS */
+typedef struct { CUdeviceptr dst; size_t pitch; unsigned value, element_size; size_t width, height; } cu_memset_params;
 
 #define CU_ATTR_CC_MAJOR 75
 #define CU_ATTR_CC_MINOR 76
@@ -20,6 +22,8 @@ typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphEx
 #define CU_FUNC_MAX_DYNAMIC_SHARED 8
 #define CU_FUNC_SHARED_CARVEOUT 9   /* CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent */
 #define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define CU_GRAPH_NODE_TYPE_MEMSET 2
+#define CU_CAPTURE_STATUS_ACTIVE 1
 #define CUDA_ERROR_NOT_FOUND 500
 #define CUDA_ERROR_NOT_READY 600
 
@@ -65,6 +69,16 @@ typedef struct {
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*StreamQuery)(CUstream);
     CUresult (*LaunchKernelEx)(const void *, CUfunction, void **, void **);   /* optional (CUDA 11.8 on): NULL without */
+    /* optional (CUDA 12.3 on), all or none: a captured graph's nodes and edges (cuda_counters.c) */
+    CUresult (*StreamGetCaptureInfo)(CUstream, int *, uint64_t *, CUgraph *, const CUgraphNode **, size_t *);
+    CUresult (*GraphGetNodes)(CUgraph, CUgraphNode *, size_t *);
+    CUresult (*GraphGetRootNodes)(CUgraph, CUgraphNode *, size_t *);
+    CUresult (*GraphNodeGetType)(CUgraphNode, int *);
+    CUresult (*GraphMemsetNodeGetParams)(CUgraphNode, cu_memset_params *);
+    CUresult (*GraphNodeGetDependencies)(CUgraphNode, CUgraphNode *, void *, size_t *);     /* edge data: NULL */
+    CUresult (*GraphNodeGetDependentNodes)(CUgraphNode, CUgraphNode *, void *, size_t *);
+    CUresult (*GraphAddDependencies)(CUgraph, const CUgraphNode *, const CUgraphNode *, const void *, size_t);
+    CUresult (*GraphDestroyNode)(CUgraphNode);
 } cuda_driver_api;
 extern cuda_driver_api tg_cuda_driver;
 #define cu tg_cuda_driver
@@ -122,8 +136,41 @@ void *lt_handle_new(void);        /* NULL without cuBLASLt */
  * missing or has none. */
 bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, lt_ours ours, const void *A, const void *B,
                      void *C, const void *addend);
-/* cuBLAS status; early: our kernel, where it runs p, may start early (cuda_start) */
-int lt_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C, bool early);
+/* cuBLAS status; early: our kernel, where it runs p, may start early (cuda_start); ws: p->workspace
+ * bytes of the caller's for cuBLASLt (a counter slice, cuda_counters.c), 0: the device's */
+int lt_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C, bool early, CUdeviceptr ws);
 void lt_product_free(lt_product *p);
+
+/* cuda_counters.c: cuBLASLt's counters zeroed once at the start of a captured launch list, not
+ * by a memset node before each product call. A window: where a call's workspace lies in `base`
+ * (offset -1: the shared workspace), and where its counters lie in it. */
+typedef struct { int64_t offset; size_t bytes, from, to; } counter_window;
+/* a product call of the capture under way: its workspace, the capture's last node before it */
+typedef struct { CUdeviceptr at; size_t bytes; CUgraphNode before; int window; } counter_call;
+typedef struct {
+    CUdeviceptr base;         /* every window; 0: none (TG_CUDA_COUNTERS=0, no counters, an older driver) */
+    size_t zero_from, zero_to;   /* the bytes of base zeroed at the start: every window's counters */
+    int *first;               /* per launch, the window of its first call, or -1 (not a product) */
+    counter_window *window;   /* per call of a launch (gemm: one, or one per matrix of a batch) */
+    counter_call *calls;      /* the calls of the capture under way or last ended, in order */
+    int n_windows, n_calls, taken;
+    CUdeviceptr shared;       /* the device's workspace, where calls without a window run */
+    bool capturing;
+} cuda_counters;
+/* Launch i makes calls[i] cuBLASLt calls (0: not a product); false when memory runs out */
+bool counters_init(cuda_counters *c, int n_launches, const int64_t *calls);
+void counters_begin(cuda_counters *c, CUdeviceptr shared);   /* a capture starts */
+/* The workspace of launch's call number `call`, p->workspace bytes (0: the device's); recorded
+ * with the capture's last node when capturing */
+CUdeviceptr counters_slice(cuda_counters *c, int launch, const lt_product *p, int64_t call, CUstream stream);
+/* Whether the calls of launch (calls of them, product p on the device's buffers A, B, C) open with
+ * a memset of counters: p captured alone once. False when the capture fails. */
+bool counters_learn(cuda_counters *c, int launch, int64_t calls, const lt_product *p, const lt_device *d, const void *A,
+                    const void *B, void *C);
+/* The windows of the calls with counters placed and allocated (false: no memory; then none) */
+bool counters_place(cuda_counters *c);
+/* After a capture ends: the memsets that open their call taken out of g; how many */
+int counters_strip(cuda_counters *c, CUgraph g);
+void counters_free(cuda_counters *c);
 
 #endif

@@ -169,6 +169,12 @@ static void load_driver(void) {
     if (!lib) { WHY("the CUDA driver (libcuda.so.1) is not installed"); return; }
     if (!resolve(lib, (void **)&cu, CU_NAMES, N_OF(CU_NAMES), g_cuda.driver_why, sizeof g_cuda.driver_why)) return;
     *(void **)&cu.LaunchKernelEx = dlsym(lib, "cuLaunchKernelEx");
+    static const char *const graph_names[] = {   /* optional: cuda_counters.c checks them */
+        "cuStreamGetCaptureInfo_v2", "cuGraphGetNodes", "cuGraphGetRootNodes", "cuGraphNodeGetType", "cuGraphMemsetNodeGetParams",
+        "cuGraphNodeGetDependencies_v2", "cuGraphNodeGetDependentNodes_v2", "cuGraphAddDependencies_v2", "cuGraphDestroyNode",
+    };
+    void **graph_fns = (void **)&cu.StreamGetCaptureInfo;
+    for (int i = 0; i < N_OF(graph_names); i++) graph_fns[i] = dlsym(lib, graph_names[i]);
     void *blas = open_any(CUBLAS_LIBS);
     if (!blas) { WHY("cuBLAS (libcublas.so) is not installed"); return; }
     if (!resolve(blas, (void **)&cublas, CUBLAS_NAMES, N_OF(CUBLAS_NAMES), g_cuda.driver_why, sizeof g_cuda.driver_why))
@@ -569,6 +575,7 @@ typedef struct {
     CUfunction own[4];       /* our small-product kernel by (ta, tb) (f32 and tf32 graphs), else NULL */
     CUfunction x3[4];        /* our tensor-core f32 product kernel by (ta, tb) (f32 graphs), else NULL */
     CUfunction x3_sum;       /* and its split reductions' sum */
+    cuda_counters counters;  /* cuBLASLt's counters: a slice per call, zeroed at the start (cuda_counters.c) */
 } cuda_exec;
 
 #define HYPER_EXTRA 3     /* device slots past them: the write-back flag, the report and the poison */
@@ -630,6 +637,7 @@ static void cuda_release(void *h) {
     if (e->loss_host) cu.MemFreeHost(e->loss_host);
     for (int i = 0; e->lt && i < e->launches.n; i++) lt_product_free(&e->lt[i]);
     free(e->lt);
+    counters_free(&e->counters);
     cuda_plan_free(&e->launches);
     plan_free(&e->plan);
     cuda_fold_free(e->folded);
@@ -948,6 +956,19 @@ fail:
     return false;
 }
 
+/* The cuBLASLt calls launch l makes (gemm): one, or one per matrix of a batch not strided */
+static int64_t product_calls(const cuda_launch *l) { return l->kind != CL_GEMM ? 0 : strided_batch(l) ? 1 : l->batch; }
+
+static bool counters_ready(cuda_exec *e, tg_error *err) {
+    int64_t *calls = tg_alloc(sizeof(int64_t) * (size_t)(e->launches.n + 1));
+    for (int i = 0; calls && i < e->launches.n; i++) calls[i] = product_calls(&e->launches.launch[i]);
+    counters_free(&e->counters);
+    bool ok = calls && counters_init(&e->counters, e->launches.n, calls);
+    free(calls);
+    if (!ok) tg_seterr(err, "out of memory for cuBLASLt's counters");
+    return ok;
+}
+
 /* Each product's cuBLASLt algorithm, chosen on the step's own buffers before the first capture
  * (timing cannot run inside one); TG_CUDA_LT=0 keeps every product on cublasGemmEx. */
 static bool products_ready(cuda_exec *e, tg_error *err) {
@@ -957,22 +978,31 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
     if (!e->lt) e->lt = tg_alloc(sizeof(lt_product) * (size_t)(e->launches.n + 1));   /* kept from a failed try */
     if (!e->lt) { tg_seterr(err, "out of memory choosing the matrix products' algorithms"); return false; }
     e->slot_holds[0] = e->slot_holds[1] = -1;
+    if (!counters_ready(e, err)) return false;
     for (int i = 0; i < e->launches.n; i++) {
         const cuda_launch *l = &e->launches.launch[i];
         const char *A, *B;
         char *C;
         size_t es, cs;
-        if (l->kind != CL_GEMM || e->lt[i].desc) continue;
+        if (l->kind != CL_GEMM) continue;
         if (!product_buffers(e, l, &A, &B, &C, &es, &cs, err)) return false;
         bool addend_bf16;
         const void *addend = addend_at(e, l, &addend_bf16);
         const bool f32_bias = addend && e->g->precision != TG_PRECISION_BF16 && cs == 4 && !addend_bf16 &&
                               e->g->nodes[l->addend].numel == l->N;
         if (addend && !(cs == 2 && addend_bf16) && !f32_bias) continue;   /* cuBLASLt adds bf16 to bf16, an f32 bias to f32; else tg_add_addend */
-        lt_shape s = product_shape(e, l, A, B, C, es, cs);
-        const lt_ours ours = { e->own[l->ta * 2 + l->tb], e->x3[l->ta * 2 + l->tb], e->x3_sum };
-        lt_product_init(&e->lt[i], &e->dev->lt, &s, ours, A + l->aoff[0] * es, B + l->boff[0] * es, C, addend);   /* else cublasGemmEx */
+        const char *a = A + l->aoff[0] * es, *b = B + l->boff[0] * es;
+        if (!e->lt[i].desc) {
+            lt_shape s = product_shape(e, l, A, B, C, es, cs);
+            const lt_ours ours = { e->own[l->ta * 2 + l->tb], e->x3[l->ta * 2 + l->tb], e->x3_sum };
+            lt_product_init(&e->lt[i], &e->dev->lt, &s, ours, a, b, C, addend);   /* else cublasGemmEx */
+        }
+        if (e->lt[i].desc && !counters_learn(&e->counters, i, product_calls(l), &e->lt[i], &e->dev->lt, a, b, C)) {
+            tg_seterr(err, "capturing a product alone failed (node %d)", l->node);
+            return false;
+        }
     }
+    counters_place(&e->counters);   /* without memory for the windows, every product as before */
     e->lt_ready = sums_ready(e, err);
     return e->lt_ready;
 }
@@ -999,7 +1029,8 @@ static bool gemm(cuda_exec *e, int i, bool early, tg_error *err) {
     int rc = 0;
     bool strided = strided_batch(l);
     if (strided && p) {
-        rc = lt_run(p, &e->dev->lt, a + l->aoff[0] * es, b + l->boff[0] * es, C, early);
+        rc = lt_run(p, &e->dev->lt, a + l->aoff[0] * es, b + l->boff[0] * es, C, early,
+                    counters_slice(&e->counters, i, p, 0, e->dev->stream));
     } else if (strided) {
         rc = cublas.GemmStridedBatchedEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[0] * es, type, ldb,
                                          l->boff[1] - l->boff[0], a + l->aoff[0] * es, type, lda, l->aoff[1] - l->aoff[0],
@@ -1007,7 +1038,8 @@ static bool gemm(cuda_exec *e, int i, bool early, tg_error *err) {
                                          CUBLAS_GEMM_DEFAULT);
     } else {
         for (int64_t j = 0; j < l->batch && rc == 0; j++)
-            rc = p ? lt_run(p, &e->dev->lt, a + l->aoff[j] * es, b + l->boff[j] * es, C + j * m * n * cs, early)
+            rc = p ? lt_run(p, &e->dev->lt, a + l->aoff[j] * es, b + l->boff[j] * es, C + j * m * n * cs, early,
+                            counters_slice(&e->counters, i, p, j, e->dev->stream))
                    : cublas.GemmEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[j] * es, type, ldb,
                                    a + l->aoff[j] * es, type, lda, &zero, C + j * m * n * cs, ctype, n, compute,
                                    CUBLAS_GEMM_DEFAULT);
@@ -1076,6 +1108,10 @@ static bool enqueue(cuda_exec *e, tg_error *err) {
     e->conversions = 0;
     TRY(cu.MemcpyHtoDAsync(e->hyper_dev, e->hyper_host, sizeof(double) * (size_t)(e->n_hyper + 1), e->dev->stream),
         "hyper upload");   /* and the flag's zero */
+    if (e->counters.base)
+        TRY(cu.MemsetD32Async(e->counters.base + e->counters.zero_from, 0, (e->counters.zero_to - e->counters.zero_from) / 4,
+                              e->dev->stream),
+            "zeroing cuBLASLt's counters");
     if (e->profile_graph) {
         for (int i = 0; i < e->launches.n; i++) {
             double sec;
@@ -1109,10 +1145,12 @@ static bool capture(cuda_exec *e, CUgraphExec *out, bool (*tail)(cuda_exec *, vo
     CUgraph graph = NULL;
     if (!products_ready(e, err)) return false;
     TRY(cu.StreamBeginCapture(e->dev->stream, CU_CAPTURE_THREAD_LOCAL), "beginning graph capture");
+    counters_begin(&e->counters, e->dev->lt.workspace);
     bool ok = enqueue(e, err) && (!tail || tail(e, ctx, err));
     CUresult r = cu.StreamEndCapture(e->dev->stream, &graph);
     if (!ok) goto fail;
     TRY(r, "ending graph capture");
+    counters_strip(&e->counters, graph);
     r = cu.GraphInstantiate(out, graph, 0);
     cu.GraphDestroy(graph);
     TRY(r, "instantiating the CUDA graph");
@@ -1435,13 +1473,13 @@ static bool locked_step_wait(void *h, double *loss_out, double *guard_out, tg_er
 static bool locked_dp_step(dp_replica *rep, int n, const dp_reduce *red, tg_error *err) LOCKED(bool, cuda_dp_step(rep, n, red, err))
 static bool locked_set_device(int d, tg_error *err) LOCKED(bool, device_at(d, err) != NULL)
 static const char *cuda_source(void *exec) { return ((cuda_exec *)exec)->source; }
-/* The launch list, the hyper-scalar upload, the write-backs' check (unless the kernels check)
- * and copy where a step copies any (step_tail), and (tf32, bf16) the operand roundings of the last
- * captured step. */
+/* The launch list, the hyper-scalar upload, the zeroing of cuBLASLt's counters (cuda_counters.c),
+ * the write-backs' check (unless the kernels check) and copy where a step copies any (step_tail),
+ * and (tf32, bf16) the operand roundings of the last captured step. */
 static int cuda_launches(void *exec) {
     const cuda_exec *e = exec;
     bool copies = e->n_wb > 0, checks = copies && !e->launches.writebacks_checked && !e->launches.grads_checked;
-    return e->launches.n + 1 + copies + checks + e->conversions;
+    return e->launches.n + 1 + copies + checks + e->conversions + (e->counters.base != 0);
 }
 
 static tg_precision cuda_precision(tg_precision want) { return want; }

@@ -521,11 +521,12 @@ void lt_product_free(lt_product *p) {
     memset(p, 0, sizeof *p);
 }
 
-int lt_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C, bool early) {
+int lt_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C, bool early, CUdeviceptr ws) {
     const float one = 1, beta = p->addend ? 1 : 0;
     if (p->own) return own_run(p, d, A, B, C, early);
     return lt.Matmul(d->handle, p->desc, &one, B, p->layout[0], A, p->layout[1], &beta, p->addend ? p->addend : C, p->layout[2],
-                     C, p->layout[2], &p->algo, (void *)d->workspace, d->workspace_bytes, d->stream);
+                     C, p->layout[2], &p->algo, (void *)(ws ? ws : d->workspace), ws ? p->workspace : d->workspace_bytes,
+                     d->stream);
 }
 
 /* The heuristic's candidates for this shape, best guess first; how many (0: none). */
@@ -560,8 +561,8 @@ static double time_one(const lt_product *p, const lt_device *d, const void *A, c
     CUgraph graph = NULL;
     CUgraphExec exec = NULL;
     float ms = INFINITY;
-    bool ran = lt_run(p, d, A, B, C, false) == 0, ok = ran && cu.StreamBeginCapture(d->stream, CU_CAPTURE_THREAD_LOCAL) == 0;
-    for (int r = 0; r < LT_TIMED_RUNS && ok; r++) ok = lt_run(p, d, A, B, C, d->early) == 0;   /* early as in a step */
+    bool ran = lt_run(p, d, A, B, C, false, 0) == 0, ok = ran && cu.StreamBeginCapture(d->stream, CU_CAPTURE_THREAD_LOCAL) == 0;
+    for (int r = 0; r < LT_TIMED_RUNS && ok; r++) ok = lt_run(p, d, A, B, C, d->early, 0) == 0;   /* early as in a step */
     if (ran) ok = cu.StreamEndCapture(d->stream, &graph) == 0 && ok;   /* ends a capture even when a run failed */
     ok = ok && cu.GraphInstantiate(&exec, graph, 0) == 0 && cu.EventCreate(&ev[0], 0) == 0 && cu.EventCreate(&ev[1], 0) == 0 &&
          cu.GraphLaunch(exec, d->stream) == 0 && cu.EventRecord(ev[0], d->stream) == 0 && cu.GraphLaunch(exec, d->stream) == 0 &&

@@ -7,7 +7,9 @@ tf32 and bf16, at f32 the step's first kernel by its exact name, e.g. 'k2$'; PyT
 Over the last five whole steps: the wall time a step, the kernels' exclusive time (each kernel's
 end less the later of its start and the previous kernel's end: a kernel launched early, while the
 one before it runs, counts from that one's end) and the idle time with no kernel running; then
-each kernel's exclusive time a step, by category and by name."""
+the idle time by the categories of the kernels either side of each gap (a memset node waits for
+the kernel before it, and the kernel after it for the memset); then each kernel's exclusive
+time a step, by category and by name."""
 import collections, sys
 
 def load(path):
@@ -32,14 +34,15 @@ def main():
     starts = [i for i, e in enumerate(ev) if (e[2] == marker[:-1] if exact else e[2].startswith(marker))]
     steps = list(zip(starts[-7:-2], starts[-6:-1]))
     if not steps: sys.exit('fewer than 3 steps marked by %s' % marker)
-    names, cats = collections.defaultdict(float), collections.defaultdict(float)
+    names, cats, gaps = collections.defaultdict(float), collections.defaultdict(float), collections.defaultdict(float)
     wall = busy = 0.0
     for a, b in steps:
         wall += ev[b][0] - ev[a][0]
-        prev = ev[a][0]
+        prev, before = ev[a][0], 'start'
         for s, e, name in ev[a:b]:
             x = max(0, e - max(s, prev))
-            prev = max(prev, e)
+            if s > prev: gaps[(before, category(name))] += s - prev
+            prev, before = max(prev, e), category(name)
             busy += x
             names[name[:80]] += x
             cats[category(name)] += x
@@ -47,6 +50,7 @@ def main():
     print('%d steps: %.3f ms a step, kernels %.3f ms exclusive, idle %.3f ms, %d launches a step' %
           (n, wall / n / 1e6, busy / n / 1e6, (wall - busy) / n / 1e6, (steps[-1][1] - steps[-1][0])))
     for k, v in sorted(cats.items(), key=lambda x: -x[1]): print('  %-20s %8.1f us' % (k, v / n / 1e3))
+    for k, v in sorted(gaps.items(), key=lambda x: -x[1])[:6]: print('  idle after %s before %s: %.1f us' % (k[0], k[1], v / n / 1e3))
     for k, v in sorted(names.items(), key=lambda x: -x[1])[:top]: print('  %8.1f us  %s' % (v / n / 1e3, k))
 
 if __name__ == '__main__':
