@@ -137,7 +137,7 @@ void *lt_handle_new(void);        /* NULL without cuBLASLt */
 bool lt_product_init(lt_product *p, const lt_device *d, const lt_shape *s, lt_ours ours, const void *A, const void *B,
                      void *C, const void *addend);
 /* cuBLAS status; early: our kernel, where it runs p, may start early (cuda_start); ws: p->workspace
- * bytes of the caller's for cuBLASLt (a counter slice, cuda_counters.c), 0: the device's */
+ * bytes of the caller's for cuBLASLt (a call's window, cuda_counters.c), 0: the device's */
 int lt_run(const lt_product *p, const lt_device *d, const void *A, const void *B, void *C, bool early, CUdeviceptr ws);
 void lt_product_free(lt_product *p);
 

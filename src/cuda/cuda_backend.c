@@ -575,7 +575,7 @@ typedef struct {
     CUfunction own[4];       /* our small-product kernel by (ta, tb) (f32 and tf32 graphs), else NULL */
     CUfunction x3[4];        /* our tensor-core f32 product kernel by (ta, tb) (f32 graphs), else NULL */
     CUfunction x3_sum;       /* and its split reductions' sum */
-    cuda_counters counters;  /* cuBLASLt's counters: a slice per call, zeroed at the start (cuda_counters.c) */
+    cuda_counters counters;  /* cuBLASLt's counters: a window per call that has them, zeroed at the start (cuda_counters.c) */
 } cuda_exec;
 
 #define HYPER_EXTRA 3     /* device slots past them: the write-back flag, the report and the poison */

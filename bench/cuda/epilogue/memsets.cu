@@ -175,21 +175,7 @@ static int strip(cudaGraph_t g, char *slices, size_t slice_bytes, const std::vec
 static float time_graph(cudaGraph_t g) {
     cudaGraphExec_t x;
     CK(cudaGraphInstantiate(&x, g, 0));
-    CK(cudaGraphLaunch(x, stream));
-    CK(cudaStreamSynchronize(stream));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    float best = 1e30f;
-    for (int r = 0; r < 7; r++) {
-        CK(cudaEventRecord(a, stream));
-        for (int i = 0; i < 10; i++) CK(cudaGraphLaunch(x, stream));
-        CK(cudaEventRecord(b, stream));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        best = std::min(best, ms / 10);
-    }
+    float best = replay_ms(stream, x, 10, 1);
     CK(cudaGraphExecDestroy(x));
     return best;
 }
