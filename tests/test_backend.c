@@ -853,10 +853,11 @@ static void cuda_padded_products(void) {
 }
 
 /* cuBLASLt's counters (cuda_counters.c): the products of an MLP of char_gpt's widths at tf32 and
- * bf16, where cuBLASLt's algorithms zero a counter before their kernels, on slices of their own
+ * bf16, where cuBLASLt's algorithms zero a counter before their kernels, on windows of their own
  * zeroed once a step with those memsets out of the graph (the default), and on the shared
  * workspace with them (TG_CUDA_COUNTERS=0): the same algorithms in one process, so the same bits,
- * in the losses and in l1's weight after four steps. */
+ * in the losses and in l1's weight after four steps. (Which memsets leave the graph depends on
+ * the algorithms the GPU's cuBLASLt picks; bench/cuda/timeline shows them gone.) */
 static tg_tensor wide_mlp_loss(const void *ctx, const tg_tensor *in) {
     return tg_cross_entropy(tg_linear(&l2, tg_gelu(tg_linear(&l1, in[0]))), in[1], TG_MEAN);
 }

@@ -1148,6 +1148,7 @@ static bool capture(cuda_exec *e, CUgraphExec *out, bool (*tail)(cuda_exec *, vo
     counters_begin(&e->counters, e->dev->lt.workspace);
     bool ok = enqueue(e, err) && (!tail || tail(e, ctx, err));
     CUresult r = cu.StreamEndCapture(e->dev->stream, &graph);
+    e->counters.capturing = false;   /* ended, failed or not */
     if (!ok) goto fail;
     TRY(r, "ending graph capture");
     counters_strip(&e->counters, graph);

@@ -165,7 +165,6 @@ static void take_out(cuda_counters *c, CUgraph g, CUgraphNode m, int k, const cu
 
 int counters_strip(cuda_counters *c, CUgraph g) {
     size_t n = 0;
-    c->capturing = false;
     c->taken = 0;
     if (!c->base || cu.GraphGetNodes(g, NULL, &n) || !n) return 0;
     CUgraphNode *nodes = tg_alloc(sizeof(CUgraphNode) * n);
