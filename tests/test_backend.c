@@ -195,7 +195,7 @@ static const bcase CASES[] = {
     { "sum axis 0", SUM0, 1, { F("x", 6, 5) }, 0, false, false },
     { "sum last keep (fused mul)", SUM_LAST, 2, { F("x", 3, 4, 5), F("y", 5) }, 0, false, false },
     { "sum all (fused exp)", SUM_ALL, 1, { F("x", 3, 7) }, 0, false, false },
-    { "sum all, long (rows cut in chunks on CUDA)", SUM_ALL, 1, { F("x", 40, 300) }, 0, false, true },
+    { "sum all, long (rows cut in chunks on CUDA, their sums added in order)", SUM_ALL, 1, { F("x", 40, 300) }, 0, false, true },
     { "mean axis 1", MEAN1, 1, { F("x", 2, 5, 3) }, 0, false, false },
     { "sum axis 0, long (chunked on CUDA)", SUM0, 1, { F("x", 3000, 3) }, 0, false, false },
     /* few rows of many columns: one thread a column (a pair at 131,072 columns), every row (thin_sum);
@@ -620,6 +620,30 @@ static void residual_ln_layers(tg_model *m) {
     lh = tg_linear_new(m, "lh", 520, 520, NULL);
     l2 = tg_linear_new(m, "l2", 520, 5, NULL);
 }
+/* Two causal attention layers of two heads of 16 over 70 rows (two query tiles on CUDA, the
+ * second short), each reading projections split into heads and merged back, trained step by step:
+ * on CUDA each backward's dq is added up with atomics into memory zeroed before it, layer after
+ * layer and step after step. */
+static tg_linear attn_proj[2][4];
+static tg_tensor attention_loss(const void *ctx, const tg_tensor *in) {
+    tg_tensor h = tg_linear(&l1, in[0]);
+    for (int i = 0; i < 2; i++) {
+        tg_tensor q = tg_split_heads(tg_linear(&attn_proj[i][0], h), 2), k = tg_split_heads(tg_linear(&attn_proj[i][1], h), 2);
+        tg_tensor v = tg_split_heads(tg_linear(&attn_proj[i][2], h), 2);
+        h = tg_add(h, tg_linear(&attn_proj[i][3], tg_merge_heads(tg_attention(q, k, v, 1, 0.25))));
+    }
+    return tg_cross_entropy(tg_linear(&l2, h), in[1], TG_MEAN);
+}
+static void attention_layers(tg_model *m) {
+    l1 = tg_linear_new(m, "l1", 6, 32, NULL);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) {
+            char name[16];
+            snprintf(name, sizeof name, "a%d.%c", i, "qkvo"[j]);
+            attn_proj[i][j] = tg_linear_new(m, name, 32, 32, NULL);
+        }
+    l2 = tg_linear_new(m, "l2", 32, 5, NULL);
+}
 static tg_tensor cnn_loss(const void *ctx, const tg_tensor *in) {
     tg_tensor h = tg_max_pool2d(tg_relu(tg_conv(&conv, in[0])), 2, 2, 0);
     return tg_cross_entropy(tg_linear(&l2, tg_flatten(h, 1)), in[1], TG_MEAN);
@@ -632,7 +656,7 @@ static int count_op(const tg_graph *g, const char *op) {
     return n;
 }
 
-enum { MODEL_MLP, MODEL_CNN, MODEL_WIDE_HEAD, MODEL_RESIDUAL_LN };
+enum { MODEL_MLP, MODEL_CNN, MODEL_WIDE_HEAD, MODEL_RESIDUAL_LN, MODEL_ATTENTION };
 
 /* MODEL_WIDE_HEAD: an MLP whose last weight has rows of 300, not a multiple of 8: with
  * TG_PAD_PRODUCTS=8 the backend's graph pads it to 304 columns and narrows the product
@@ -647,10 +671,12 @@ static void train_compare(const char *backend, const char *name, tg_forward_fn l
             l2 = tg_linear_new(m, "l2", 4 * 3 * 3, 5, NULL);
         } else if (model == MODEL_RESIDUAL_LN) {
             residual_ln_layers(m);
+        } else if (model == MODEL_ATTENTION) {
+            attention_layers(m);
         } else {
             mlp_layers(m, model == MODEL_WIDE_HEAD);
         }
-        tg_optimizer opt = tg_adamw(model == MODEL_RESIDUAL_LN ? 1e-3 : 1e-2, 0.1);
+        tg_optimizer opt = tg_adamw(model == MODEL_RESIDUAL_LN || model == MODEL_ATTENTION ? 1e-3 : 1e-2, 0.1);
         opt.clip_norm = 0.5;
         tg_error err;
         bool pad = b && model == MODEL_WIDE_HEAD;
@@ -1478,6 +1504,9 @@ static void train_models(const char *backend) {
                       MODEL_RESIDUAL_LN);
         unsetenv("TG_CUDA_ROW_COLUMNS");
     }
+    if (case_chosen("two attention layers"))
+        train_compare(backend, "two attention layers", attention_loss, (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) },
+                      MODEL_ATTENTION);
 }
 
 int main(void) {

@@ -1420,7 +1420,7 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
     const char *ht = head_type(it);
     if (rows) {
         int64_t chunks = 1;   /* warps enough for about 64k threads, each lane summing >= 32 */
-        while (outs * chunks * 32 < 65536 && len / (chunks * 2) >= 1024) chunks *= 2;
+        while (outs <= SUM_COUNTERS && outs * chunks * 32 < 65536 && len / (chunks * 2) >= 1024) chunks *= 2;
         int64_t chunk = (len + chunks - 1) / chunks;
         snprintf(head, sizeof head,
                  "    const %s w = ((int64_t)blockIdx.x * %d + threadIdx.x) / 32, j = 0;\n"
@@ -1431,14 +1431,24 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
                  "    for (%s k = k0 + (threadIdx.x & 31); k < k1; k += 32) {\n",
                  ht, BLOCK, (long long)(outs * chunks), ht, (long long)chunks, (long long)chunks, (long long)chunk, (long long)chunk,
                  (long long)len, (long long)chunk, (long long)len, ht);
-        char st[100], tail[300];
-        if (chunks > 1) snprintf(st, sizeof st, "atomicAdd(P%d + o, (%s)acc0)", id, cg_ctype(n));
-        else snprintf(st, sizeof st, "P%d[o] = (%s)acc0", id, cg_ctype(n));
+        /* Cut into chunks (a warp each: w = o * chunks + its chunk), the warps' sums go to scratch
+         * and the last of a row's warps to finish adds them in chunk order (as tgk_column_last):
+         * the same sum every run, where adding them with atomics would take another order each */
+        char st[600], tail[800];
+        const size_t at = chunks > 1 ? sum_scratch(c, p, outs * chunks) : 0;
+        if (chunks > 1)
+            snprintf(st, sizeof st,
+                     "{\n        double *part = (double *)(A + %zu);\n        unsigned *count = (unsigned *)(A + %zu);\n"
+                     "        part[w] = acc0;\n        __threadfence();\n"
+                     "        if (atomicAdd(count + o, 1u) != %lldu) return;\n        __threadfence();\n"
+                     "        double t = 0;\n        for (int q = 0; q < %lld; q++) t += __ldcg(part + o * %lld + q);\n"
+                     "        P%d[o] = (%s)t;\n        count[o] = 0u;\n    }",
+                     at + SUM_COUNTERS, at, (long long)chunks - 1, (long long)chunks, (long long)chunks, id, cg_ctype(n));
+        else snprintf(st, sizeof st, "P%d[o] = (%s)acc0;", id, cg_ctype(n));
         snprintf(tail, sizeof tail,
                  "    }\n"
                  "    for (int s = 16; s > 0; s /= 2) acc0 += __shfl_xor_sync(0xffffffffu, acc0, s);\n"
-                 "    if ((threadIdx.x & 31) == 0) %s;\n", st);
-        if (chunks > 1) memset_launch(p, id);
+                 "    if ((threadIdx.x & 31) == 0) %s\n", st);
         end_kernel(c, NULL, 0, head, tail);
         kernel_launch(p, id, outs * chunks * 32, BLOCK);
         return true;

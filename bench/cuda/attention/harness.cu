@@ -43,6 +43,9 @@ int main(int argc, char **argv) {
 #ifndef NOMEMSET   /* -DNOMEMSET: the backward alone (dq then wrong) */
         cudaMemsetAsync(A + dq, 0, n * 4);
 #endif
+#ifdef BWD_PRE   /* a variant's kernel that runs before the backward (variants.py) */
+        BWD_PRE;
+#endif
         ATTN_BWD<<<BH * BWD_TILES, BWD_THREADS, bsm>>>(A, nullptr, nullptr, ba);
     };
     cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
@@ -58,6 +61,18 @@ int main(int argc, char **argv) {
         }
     CK(cudaGetLastError());
     fwd(); bwd(); CK(cudaDeviceSynchronize());
+    {   /* dq is added up with atomics: how many of 100 more backwards give other bits than this one */
+        std::vector<float> a(n), b(n);
+        CK(cudaMemcpy(a.data(), A + dq, n * 4, cudaMemcpyDeviceToHost));
+        int differ = 0;
+        for (int i = 0; i < 100; i++) {
+            bwd();
+            CK(cudaMemcpy(b.data(), A + dq, n * 4, cudaMemcpyDeviceToHost));
+            differ += memcmp(a.data(), b.data(), n * 4) != 0;
+        }
+        printf("%s: %d of 100 backwards' dq differ in some bit from the first's\n", VARIANT, differ);
+        fwd(); bwd(); CK(cudaDeviceSynchronize());
+    }
     std::vector<float> ho(n), hl((size_t)BH * T), hdq(n), hdk(n), hdv(n);
     CK(cudaMemcpy(ho.data(), A + o, n * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hl.data(), A + lse, hl.size() * 4, cudaMemcpyDeviceToHost));
