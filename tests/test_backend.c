@@ -1257,6 +1257,31 @@ static void nvrtc_thin_sums(void) {
     }
 }
 
+/* A forward whose output sums exp of its 12,000 inputs (one row no row kernel takes): cut into
+ * chunks of a warp each on CUDA, whose sums the row's last warp adds in chunk order, the same
+ * bits every run, with no float atomics. */
+static tg_tensor long_sum_forward(const void *ctx, const tg_tensor *in) { return tg_sum(tg_exp(in[0]), TG_ALL, 0); }
+static void nvrtc_chunked_sums(void) {
+    tg_model *m = tg_model_new(5);
+    thin_layer = tg_linear_new(m, "l", 8, 4, NULL);
+    tg_error err = { { 0 } };
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = thin_loss, .optimizer = tg_sgd(0.1, 0, 0, 0), .backend = "cuda-nvrtc",
+                                               .inputs = (tg_input_decl[]){ TG_F32("x", 4, 8) }, .n_inputs = 1 },
+                             &err);
+    tg_forward *f = t ? tg_attach(t, &(tg_forward_spec){ .forward = long_sum_forward, .n_inputs = 1,
+                                                         .inputs = (tg_input_decl[]){ TG_F32("x", 40, 300) } },
+                                  &err)
+                      : NULL;
+    const char *src = f ? tg_forward_kernel_source(f) : NULL;
+    CHECK(src != NULL, "long sum: NVRTC compiles the forward: %s", err.msg);
+    bool in_order = src && strstr(src, "part[w] = acc0;"), atomics = src && strstr(src, "atomicAdd(P");
+    CHECK(in_order && !atomics, "long sum: chunks' sums %s in order, %s with atomics", in_order ? "added" : "not added",
+          atomics ? "some" : "none");
+    if (f) tg_detach(f);
+    tg_destroy(t);
+    tg_model_free(m);
+}
+
 /* MODEL_RESIDUAL_LN's step compiled by cuda-nvrtc: with TG_CUDA_ROW_COLUMNS=1 its layer norm's two
  * parameter gradients are summed in one row kernel (one finish), in chunks of 512 columns over 38
  * blocks; by default (300 rows: fewer than row_columns takes) and with =0 in a column-sum kernel of
@@ -1579,6 +1604,7 @@ int main(void) {
             nvrtc_transposed_leaves();
             nvrtc_thin_sums();
             nvrtc_row_columns();
+            nvrtc_chunked_sums();
         }
     }
     char cmd[100];
