@@ -927,6 +927,77 @@ static void cuda_counters(void) {
     free(w[1]);
 }
 
+/* Products run at once (cuda_backend.c, together_plan): three projections of one input, q, k and
+ * v of a small transformer's widths (1,024 rows of 128), read it and write buffers of their own,
+ * and run each on a stream of its own (TG_CUDA_TOGETHER=verbose says which on stderr; at bf16
+ * always, at f32 and tf32 where the tuner picks cuBLASLt for them, not our small-product kernel);
+ * trained three steps so, and in turn (TG_CUDA_TOGETHER=0): the same algorithms in one process,
+ * so the same bits in the losses and in q's weight at every precision (a race between them would
+ * not keep them). Their loss, mean((q k + v)^2) element by element, is summed in a
+ * fixed order (attention's dq is not, on CUDA). */
+enum { W = 128 };
+static tg_tensor qkv_mix_loss(const void *ctx, const tg_tensor *in) {
+    tg_tensor h[3];
+    for (int k = 0; k < 3; k++) h[k] = tg_linear(&qkv[k], in[0]);
+    return tg_mean(tg_square(tg_add(tg_mul(h[0], h[1]), h[2])), TG_ALL, 0);
+}
+
+/* The losses of three steps of qkv_mix_loss on x ([rows, 128]), q's weight after them into w, and
+ * whether stderr said that products ran at once. */
+static bool qkv_mix_steps(tg_precision p, const float *x, int rows, float *losses, float *w) {
+    char said[4096] = "";
+    int saved = dup(2);
+    FILE *log = tmpfile();
+    if (log) fflush(stderr), dup2(fileno(log), 2);
+    tg_model *m = tg_model_new(13);
+    for (int k = 0; k < 3; k++) qkv[k] = tg_linear_new(m, (const char *[]){ "q", "k", "v" }[k], W, W, NULL);
+    tg_error err = { { 0 } };
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = qkv_mix_loss, .optimizer = tg_adam(1e-3), .backend = "cuda",
+                                               .precision = p, .inputs = (tg_input_decl[]){ TG_F32("x", rows, W) }, .n_inputs = 1 },
+                             &err);
+    CHECK(t != NULL, "together: compile: %s", err.msg);
+    for (int s = 0; s < 3 && t; s++) {
+        tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, (size_t)rows * W) }, 1);
+        losses[s] = r.status == TG_OK ? r.loss : NAN;
+    }
+    CHECK(t && tg_download_param(t, "q.W", w, W * W, &err) == TG_OK, "together: q.W: %s", err.msg);
+    tg_destroy(t);
+    tg_model_free(m);
+    if (log) {
+        fflush(stderr);
+        dup2(saved, 2);
+        rewind(log);
+        said[fread(said, 1, sizeof said - 1, log)] = 0;
+        fclose(log);
+    }
+    close(saved);
+    return strstr(said, "run at once") != NULL;
+}
+
+static void cuda_together(void) {
+    enum { ROWS = 1024 };
+    float *x = malloc(sizeof(float) * ROWS * W), *w[2] = { malloc(sizeof(float) * W * W), malloc(sizeof(float) * W * W) };
+    check_rng = 3;
+    for (int i = 0; x && i < ROWS * W; i++) x[i] = (float)check_uniform(-1, 1);
+    for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16 && x && w[0] && w[1]; p++) {
+        float losses[2][3];
+        setenv("TG_CUDA_TOGETHER", "verbose", 1);
+        bool grouped = qkv_mix_steps((tg_precision)p, x, ROWS, losses[0], w[0]);
+        setenv("TG_CUDA_TOGETHER", "0", 1);
+        bool alone = !qkv_mix_steps((tg_precision)p, x, ROWS, losses[1], w[1]);
+        unsetenv("TG_CUDA_TOGETHER");
+        CHECK(alone && (grouped || p != TG_PRECISION_BF16), "cuda %s: q, k and v's products run at once by default (%s), in turn with "
+              "TG_CUDA_TOGETHER=0 (%s)", tg_precision_name((tg_precision)p), grouped ? "yes" : "no", alone ? "yes" : "no");
+        CHECK(memcmp(losses[0], losses[1], sizeof losses[0]) == 0 && memcmp(w[0], w[1], sizeof(float) * W * W) == 0 &&
+                  losses[0][2] < losses[0][0],
+              "cuda %s: q, k and v's products at once (losses %.6f -> %.6f) and in turn (%.6f -> %.6f): not the same bits",
+              tg_precision_name((tg_precision)p), losses[0][0], losses[0][2], losses[1][0], losses[1][2]);
+    }
+    free(x);
+    free(w[0]);
+    free(w[1]);
+}
+
 static int count_text(const char *s, const char *what) {
     int n = 0;
     for (; s && (s = strstr(s, what)); s++) n++;
@@ -1544,6 +1615,7 @@ int main(void) {
             cuda_precisions();
             cuda_padded_products();
             cuda_counters();
+            cuda_together();
             train_models("cuda");
         }
         return check_report("test_backend");
@@ -1581,6 +1653,7 @@ int main(void) {
     for (int b = 0; b < (cuda ? 2 : 1); b++) {
         if (b) cuda_precisions();
         if (b) cuda_counters();
+        if (b) cuda_together();
         train_models(backends[b]);
     }
     if (!cuda) {

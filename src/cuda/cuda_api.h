@@ -19,6 +19,7 @@ typedef struct { CUdeviceptr dst; size_t pitch; unsigned value, element_size; si
 #define CU_ATTR_CC_MINOR 76
 #define CU_ATTR_SMS 16   /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
 #define CU_CAPTURE_THREAD_LOCAL 1
+#define CU_EVENT_DISABLE_TIMING 2
 #define CU_FUNC_MAX_DYNAMIC_SHARED 8
 #define CU_FUNC_SHARED_CARVEOUT 9   /* CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent */
 #define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
@@ -68,6 +69,7 @@ typedef struct {
     CUresult (*EventDestroy)(CUevent);
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*StreamQuery)(CUstream);
+    CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
     CUresult (*LaunchKernelEx)(const void *, CUfunction, void **, void **);   /* optional (CUDA 11.8 on): NULL without */
     /* optional (CUDA 12.3 on), all or none: a captured graph's nodes and edges (cuda_counters.c) */
     CUresult (*StreamGetCaptureInfo)(CUstream, int *, uint64_t *, CUgraph *, const CUgraphNode **, size_t *);
@@ -163,6 +165,8 @@ void counters_begin(cuda_counters *c, CUdeviceptr shared);   /* a capture starts
 /* The workspace of launch's call number `call`, p->workspace bytes (0: the device's); recorded
  * with the capture's last node when capturing */
 CUdeviceptr counters_slice(cuda_counters *c, int launch, const lt_product *p, int64_t call, CUstream stream);
+/* Where call `call` of launch `launch` finds its workspace: its window, or 0 (the device's shared one) */
+CUdeviceptr counters_window(const cuda_counters *c, int launch, int64_t call);
 /* Whether the calls of launch (calls of them, product p on the device's buffers A, B, C) open with
  * a memset of counters: p captured alone once. False when the capture fails. */
 bool counters_learn(cuda_counters *c, int launch, int64_t calls, const lt_product *p, const lt_device *d, const void *A,

@@ -102,6 +102,7 @@ static const char *const CU_NAMES[] = {
     "cuLaunchKernel", "cuStreamCreate", "cuStreamSynchronize", "cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
     "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy", "cuGetErrorString", "cuPointerGetAttribute",
     "cuEventCreate", "cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2", "cuEventSynchronize", "cuStreamQuery",
+    "cuStreamWaitEvent",
 };
 static const char *const NVRTC_NAMES[] = {
     "nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize", "nvrtcGetProgramLog",
@@ -121,6 +122,9 @@ static const char *const CUBLAS_LIBS[] = { "libcublas.so.13", "libcublas.so.12",
 
 #define MAX_DEVICES 16
 
+/* The most products that run at once, each on a stream of its own (together_plan) */
+#define TOGETHER_MAX 3
+
 /* One GPU: its primary context, the stream every handle on it enqueues on, its cuBLAS. */
 typedef struct {
     bool tried, ok;
@@ -130,6 +134,9 @@ typedef struct {
     CUstream stream;
     cublasHandle_t blas;
     lt_device lt;           /* cuBLASLt, sharing cuBLAS's workspace (one stream: never at once) */
+    /* products run at once (together_plan): streams that fork from `stream` and join it again */
+    CUstream side[TOGETHER_MAX - 1];
+    CUevent fork, joined[TOGETHER_MAX - 1];
     char arch[16];          /* "sm_90" */
     char name[128];
 } cuda_device;
@@ -195,10 +202,16 @@ static bool setup_device(int d, cuda_device *v) {
     if ((r = cu.DeviceGet(&dev, d)) || (r = cu.DeviceGetAttribute(&major, CU_ATTR_CC_MAJOR, dev)) ||
         (r = cu.DeviceGetAttribute(&minor, CU_ATTR_CC_MINOR, dev)) || (r = cu.DeviceGetAttribute(&sms, CU_ATTR_SMS, dev)) ||
         (r = cu.DeviceGetName(v->name, 127, dev)) ||
-        (r = cu.DevicePrimaryCtxRetain(&v->ctx, dev)) || (r = cu.CtxSetCurrent(v->ctx)) || (r = cu.StreamCreate(&v->stream, 0))) {
+        (r = cu.DevicePrimaryCtxRetain(&v->ctx, dev)) || (r = cu.CtxSetCurrent(v->ctx)) || (r = cu.StreamCreate(&v->stream, 0)) ||
+        (r = cu.EventCreate(&v->fork, CU_EVENT_DISABLE_TIMING))) {
         snprintf(v->why, sizeof v->why, "CUDA device %d setup failed: %s", d, cu_error(r));
         return false;
     }
+    for (int k = 0; k < TOGETHER_MAX - 1; k++)
+        if ((r = cu.StreamCreate(&v->side[k], 0)) || (r = cu.EventCreate(&v->joined[k], CU_EVENT_DISABLE_TIMING))) {
+            snprintf(v->why, sizeof v->why, "CUDA device %d setup failed: %s", d, cu_error(r));
+            return false;
+        }
     snprintf(v->arch, sizeof v->arch, "sm_%d%d", major, minor);
     CUdeviceptr ws;
     if (cublas.Create(&v->blas) || cublas.SetStream(v->blas, v->stream) || cublas.SetMathMode(v->blas, 0) ||
@@ -572,6 +585,7 @@ typedef struct {
      * chosen before the first capture (products_ready). */
     lt_product *lt;
     bool lt_ready;
+    int *together;           /* per launch: how many from it run at once, 1 alone, 0 a later one (together_plan) */
     CUfunction own[4];       /* our small-product kernel by (ta, tb) (f32 and tf32 graphs), else NULL */
     CUfunction x3[4];        /* our tensor-core f32 product kernel by (ta, tb) (f32 graphs), else NULL */
     CUfunction x3_sum;       /* and its split reductions' sum */
@@ -637,6 +651,7 @@ static void cuda_release(void *h) {
     if (e->loss_host) cu.MemFreeHost(e->loss_host);
     for (int i = 0; e->lt && i < e->launches.n; i++) lt_product_free(&e->lt[i]);
     free(e->lt);
+    free(e->together);
     counters_free(&e->counters);
     cuda_plan_free(&e->launches);
     plan_free(&e->plan);
@@ -837,14 +852,19 @@ enum { CUDA_R_32F = 0, CUDA_R_16BF = 14, CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE
  * copy their kernel rounded as it wrote them (plan_shadows); the others (outputs of products,
  * sums, attention) are rounded here into the two scratch slots. An operand a slot already holds
  * this step is not converted again. */
+static CUdeviceptr rounded_copy(const cuda_exec *e, const cuda_launch *l, int k) {   /* operand k's shadow, or 0 */
+    int h = plan_home(&e->plan, k ? l->b : l->a);
+    size_t copy = k == 1 && l->b_transposed ? e->plan.tshadow[h] : e->plan.shadow[h];
+    return copy != PLAN_BOUND ? e->arena + copy * 4 : 0;
+}
+
 static bool rounded_operands(cuda_exec *e, const cuda_launch *l, const void **A, const void **B, tg_error *err) {
     int node[2] = { l->a, l->b }, slot[2] = { -1, -1 };
     const void **ptr[2] = { A, B };
     for (int k = 0; k < 2; k++) {
-        int h = plan_home(&e->plan, node[k]);
-        size_t copy = k == 1 && l->b_transposed ? e->plan.tshadow[h] : e->plan.shadow[h];
-        if (copy != PLAN_BOUND) {
-            *ptr[k] = (const void *)(e->arena + copy * 4);
+        CUdeviceptr copy = rounded_copy(e, l, k);
+        if (copy) {
+            *ptr[k] = (const void *)copy;
             slot[k] = 2;   /* no slot */
         }
         for (int s = 0; s < 2 && slot[k] < 2; s++)
@@ -868,6 +888,14 @@ fail:
     return false;
 }
 
+/* Where a product writes: its f32 buffer, or only its bf16 copy (cs: 2) */
+static char *product_output(const cuda_exec *e, const cuda_launch *l, size_t *cs) {
+    int h = plan_home(&e->plan, l->node);
+    bool half = e->plan.offset[h] == PLAN_BOUND && e->plan.shadow && e->plan.shadow[h] != PLAN_BOUND;
+    *cs = half ? 2 : 4;
+    return half ? (char *)(e->arena + e->plan.shadow[h] * 4) : (char *)cuda_node_buf((cuda_exec *)e, l->node);
+}
+
 /* A product's operands, in the graph's precision (f32, or rounded copies: rounded_operands), and
  * its output: f32, or only its bf16 copy (a bf16 activation that nothing reads in f32: unplaced,
  * cuda_shadow_wanted); es, cs: the operands' and the output's element bytes. */
@@ -877,11 +905,8 @@ static bool product_buffers(cuda_exec *e, const cuda_launch *l, const char **A, 
     if (e->g->precision != TG_PRECISION_F32 && !rounded_operands(e, l, &a, &b, err)) return false;
     *A = a;
     *B = b;
-    int h = plan_home(&e->plan, l->node);
-    bool half = e->plan.offset[h] == PLAN_BOUND && e->plan.shadow && e->plan.shadow[h] != PLAN_BOUND;
-    *C = half ? (char *)(e->arena + e->plan.shadow[h] * 4) : (char *)node_ptr(e, l->node);
+    *C = product_output(e, l, cs);
     *es = e->g->precision == TG_PRECISION_BF16 ? 2 : 4;
-    *cs = half ? 2 : 4;
     return true;
 }
 
@@ -969,6 +994,97 @@ static bool counters_ready(cuda_exec *e, tg_error *err) {
     return ok;
 }
 
+/* ----- products run at once -----
+ *
+ * A small product (a transformer's q, k and v projections of 1,024 rows of 128; an input
+ * gradient and the weight gradient of the same output gradient) fills a few SMs for a few
+ * microseconds, most of it the latency of its kernel's start, loads and end, and cuBLAS's kernels
+ * start only when the one before them has ended. Consecutive products none of which reads or
+ * writes what another writes run at once instead, each on a stream of its own forked from the
+ * device's and joined back before the next launch (in the captured graph: nodes with no edge
+ * between them). A group's members are cuBLASLt calls with their operands in place (no rounding
+ * into the shared slots), a workspace each (the window of their counters, cuda_counters.c, or
+ * none), and at most TOGETHER_FLOP each (2^30: about 3 us at tf32's 400 TFLOP/s, the order of
+ * a kernel's start and end): char_gpt's products of 4.8 GFLOP and more, each several waves of
+ * tiles, ran 0.05-0.1 ms a step slower together at tf32 (bench/RESULTS.md).
+ * TG_CUDA_TOGETHER=0: every launch in turn; =verbose: says which run at once, on stderr. */
+#define TOGETHER_FLOP 1073741824.0
+
+typedef struct { CUdeviceptr lo, hi; } extent;   /* bytes [lo, hi) of device memory */
+
+static bool meets(extent a, extent b) { return a.lo < b.hi && b.lo < a.hi && a.lo < a.hi && b.lo < b.hi; }
+
+/* What launch i reads (A, B, the addend) and writes (C, its workspace); false when it cannot run
+ * beside others (not one cuBLASLt call on buffers of its own). */
+static bool product_extents(const cuda_exec *e, int i, extent reads[3], extent writes[2]) {
+    const cuda_launch *l = &e->launches.launch[i];
+    const lt_product *p = e->lt ? &e->lt[i] : NULL;
+    if (l->kind != CL_GEMM || !p || !p->desc || p->own || product_calls(l) != 1 ||
+        2.0 * (double)l->M * (double)l->N * (double)l->K * (double)l->batch > TOGETHER_FLOP)
+        return false;
+    const bool f32 = e->g->precision == TG_PRECISION_F32;
+    const size_t es = e->g->precision == TG_PRECISION_BF16 ? 2 : 4;
+    CUdeviceptr A = f32 ? node_ptr((cuda_exec *)e, l->a) : rounded_copy(e, l, 0);
+    CUdeviceptr B = f32 ? node_ptr((cuda_exec *)e, l->b) : rounded_copy(e, l, 1);
+    if (!A || !B) return false;   /* rounded into a slot first */
+    reads[0] = (extent){ A, A + (CUdeviceptr)(e->g->nodes[l->a].numel * es) };
+    reads[1] = (extent){ B, B + (CUdeviceptr)(e->g->nodes[l->b].numel * es) };
+    bool bf16;
+    CUdeviceptr add = (CUdeviceptr)addend_at((cuda_exec *)e, l, &bf16);
+    reads[2] = add ? (extent){ add, add + (CUdeviceptr)(e->g->nodes[l->addend].numel * (bf16 ? 2 : 4)) } : (extent){ 0, 0 };
+    size_t cs;
+    CUdeviceptr C = (CUdeviceptr)product_output(e, l, &cs);
+    writes[0] = (extent){ C, C + (CUdeviceptr)(l->M * l->N * l->batch * (int64_t)cs) };
+    CUdeviceptr ws = counters_window(&e->counters, i, 0);
+    if (!ws) ws = e->dev->lt.workspace;
+    writes[1] = (extent){ ws, ws + (CUdeviceptr)p->workspace };
+    return C != 0;
+}
+
+/* Neither of two launches writes what the other reads or writes. */
+static bool apart(const extent *ra, const extent *wa, const extent *rb, const extent *wb) {
+    for (int w = 0; w < 2; w++) {
+        for (int r = 0; r < 3; r++)
+            if (meets(wa[w], rb[r]) || meets(wb[w], ra[r])) return false;
+        for (int v = 0; v < 2; v++)
+            if (meets(wa[w], wb[v])) return false;
+    }
+    return true;
+}
+
+/* e->together: per launch, how many launches from it run at once (1: alone; 0: a later member). */
+static bool together_plan(cuda_exec *e, tg_error *err) {
+    const char *env = getenv("TG_CUDA_TOGETHER");
+    int n = e->launches.n;
+    free(e->together);
+    if (!(e->together = tg_alloc(sizeof(int) * (size_t)(n + 1)))) {
+        tg_seterr(err, "out of memory grouping the products");
+        return false;
+    }
+    for (int i = 0; i < n; i++) e->together[i] = 1;
+    if (env && env[0] == '0') return true;
+    extent reads[TOGETHER_MAX][3], writes[TOGETHER_MAX][2];
+    for (int i = 0; i < n; i++) {
+        int k = 0;
+        while (k < TOGETHER_MAX && i + k < n && product_extents(e, i + k, reads[k], writes[k])) {
+            bool ok = true;
+            for (int j = 0; j < k && ok; j++) ok = apart(reads[j], writes[j], reads[k], writes[k]);
+            if (!ok) break;
+            k++;
+        }
+        if (k < 2) continue;
+        e->together[i] = k;
+        for (int j = 1; j < k; j++) e->together[i + j] = 0;
+        for (int j = 0; j < k && env && !strcmp(env, "verbose"); j++) {
+            const cuda_launch *l = &e->launches.launch[i + j];
+            fprintf(stderr, "%s node %d [%lld x %lld] x [%lld x %lld]%s", j ? "," : "tensorgrad: cuda: products run at once:", l->node,
+                    (long long)l->M, (long long)l->K, (long long)l->K, (long long)l->N, j == k - 1 ? "\n" : "");
+        }
+        i += k - 1;
+    }
+    return true;
+}
+
 /* Each product's cuBLASLt algorithm, chosen on the step's own buffers before the first capture
  * (timing cannot run inside one); TG_CUDA_LT=0 keeps every product on cublasGemmEx. */
 static bool products_ready(cuda_exec *e, tg_error *err) {
@@ -1003,7 +1119,7 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
         }
     }
     counters_place(&e->counters);   /* without memory for the windows, every product as before */
-    e->lt_ready = sums_ready(e, err);
+    e->lt_ready = sums_ready(e, err) && together_plan(e, err);
     return e->lt_ready;
 }
 
@@ -1011,8 +1127,10 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
  * tensor cores, or bf16 operands; sums are f32 in every case, C f32 or rounded to bf16
  * (product_buffers). Through cuBLASLt with the algorithm products_ready chose, else
  * cublasGemmEx, by the column-major identity C^T = op(B)^T op(A)^T. */
-static bool gemm(cuda_exec *e, int i, bool early, tg_error *err) {
+static bool gemm(cuda_exec *e, int i, bool early, CUstream stream, tg_error *err) {
     const cuda_launch *l = &e->launches.launch[i];
+    lt_device d = e->dev->lt;   /* on `stream`: the device's, or one of a group's (together_plan) */
+    d.stream = stream;
     const float one = 1, zero = 0;
     const char *a, *b;
     char *C, *out;
@@ -1029,8 +1147,7 @@ static bool gemm(cuda_exec *e, int i, bool early, tg_error *err) {
     int rc = 0;
     bool strided = strided_batch(l);
     if (strided && p) {
-        rc = lt_run(p, &e->dev->lt, a + l->aoff[0] * es, b + l->boff[0] * es, C, early,
-                    counters_slice(&e->counters, i, p, 0, e->dev->stream));
+        rc = lt_run(p, &d, a + l->aoff[0] * es, b + l->boff[0] * es, C, early, counters_slice(&e->counters, i, p, 0, stream));
     } else if (strided) {
         rc = cublas.GemmStridedBatchedEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[0] * es, type, ldb,
                                          l->boff[1] - l->boff[0], a + l->aoff[0] * es, type, lda, l->aoff[1] - l->aoff[0],
@@ -1038,8 +1155,8 @@ static bool gemm(cuda_exec *e, int i, bool early, tg_error *err) {
                                          CUBLAS_GEMM_DEFAULT);
     } else {
         for (int64_t j = 0; j < l->batch && rc == 0; j++)
-            rc = p ? lt_run(p, &e->dev->lt, a + l->aoff[j] * es, b + l->boff[j] * es, C + j * m * n * cs, early,
-                            counters_slice(&e->counters, i, p, j, e->dev->stream))
+            rc = p ? lt_run(p, &d, a + l->aoff[j] * es, b + l->boff[j] * es, C + j * m * n * cs, early,
+                            counters_slice(&e->counters, i, p, j, stream))
                    : cublas.GemmEx(e->dev->blas, l->tb, l->ta, n, m, k, &one, b + l->boff[j] * es, type, ldb,
                                    a + l->aoff[j] * es, type, lda, &zero, C + j * m * n * cs, ctype, n, compute,
                                    CUBLAS_GEMM_DEFAULT);
@@ -1048,22 +1165,46 @@ static bool gemm(cuda_exec *e, int i, bool early, tg_error *err) {
     return rc == 0 && (!later || add_addend(e, l, out, out_cs, err));
 }
 
-/* Enqueue launch i on the stream; a kernel of ours early (cuda_start) where a kernel precedes it
- * (a memset does not overlap anything) and no profile times launches one by one. */
+/* May launch i start early (cuda_start)? Where a kernel ran right before it on the stream (a
+ * memset does not overlap anything, nor do products run at once, whose streams it waits for)
+ * and no profile times launches one by one. */
+static bool early_at(const cuda_exec *e, int i) {
+    return e->dev->lt.early && !e->profile && i > 0 && e->launches.launch[i - 1].kind != CL_MEMSET &&
+           !(e->together && e->together[i - 1] != 1);
+}
+
+/* Enqueue launch i on the stream; a kernel of ours early where it may. */
 static bool enqueue_one(cuda_exec *e, int i, tg_error *err) {
     const cuda_launch *l = &e->launches.launch[i];
     CUdeviceptr table = e->table, hyper = e->hyper_dev;
-    bool early = e->dev->lt.early && !e->profile && i > 0 && e->launches.launch[i - 1].kind != CL_MEMSET;
+    bool early = early_at(e, i);
     if (l->kind == CL_MEMSET) {
         TRY(cu.MemsetD32Async(node_ptr(e, l->node), 0, (size_t)l->n, e->dev->stream), "memset");
     } else if (l->kind == CL_GEMM) {
-        if (!gemm(e, i, early, err)) return false;
+        if (!gemm(e, i, early, e->dev->stream, err)) return false;
     } else {
         cuda_kernel_args by_value = l->args;
         void *args[] = { &e->arena, &table, &hyper, l->takes_args ? &by_value : NULL };
         const unsigned grid[3] = { (unsigned)l->grid, (unsigned)l->grid_y, 1 };
         TRY(cuda_start(e->fn[i], grid, (unsigned)l->block, (unsigned)l->shared, e->dev->stream, args, early), l->name);
     }
+    return true;
+fail:
+    return false;
+}
+
+/* Launches [i, i + k) at once (together_plan): the later ones each on a side stream that forks
+ * from the device's stream, which then waits for all of them. */
+static bool enqueue_together(cuda_exec *e, int i, int k, tg_error *err) {
+    cuda_device *v = e->dev;
+    TRY(cu.EventRecord(v->fork, v->stream), "forking the stream");
+    for (int j = 1; j < k; j++) {
+        TRY(cu.StreamWaitEvent(v->side[j - 1], v->fork, 0), "forking the stream");
+        if (!gemm(e, i + j, false, v->side[j - 1], err)) return false;
+        TRY(cu.EventRecord(v->joined[j - 1], v->side[j - 1]), "joining the stream");
+    }
+    if (!gemm(e, i, early_at(e, i), v->stream, err)) return false;
+    for (int j = 1; j < k; j++) TRY(cu.StreamWaitEvent(v->stream, v->joined[j - 1], 0), "joining the stream");
     return true;
 fail:
     return false;
@@ -1122,8 +1263,11 @@ static bool enqueue(cuda_exec *e, tg_error *err) {
         return true;
     }
     for (int i = 0; i < e->launches.n; i++) {
+        const int k = e->together && !e->profile ? e->together[i] : 1;
         if (e->profile) TRY(cu.EventRecord(e->marks[i], e->dev->stream), "profile event");
-        if (!enqueue_one(e, i, err)) return false;
+        if (k > 1 && !enqueue_together(e, i, k, err)) return false;
+        if (k == 1 && !enqueue_one(e, i, err)) return false;
+        i += k > 1 ? k - 1 : 0;
     }
     if (e->profile) {   /* the events bracket each launch, without a host round trip between them */
         TRY(cu.EventRecord(e->marks[e->launches.n], e->dev->stream), "profile event");

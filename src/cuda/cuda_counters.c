@@ -64,10 +64,15 @@ void counters_begin(cuda_counters *c, CUdeviceptr shared) {
     c->shared = shared;
 }
 
-CUdeviceptr counters_slice(cuda_counters *c, int launch, const lt_product *p, int64_t call, CUstream stream) {
+CUdeviceptr counters_window(const cuda_counters *c, int launch, int64_t call) {
     if (!c->first || c->first[launch] < 0) return 0;
     const counter_window *w = &c->window[c->first[launch] + call];
-    CUdeviceptr at = w->offset >= 0 ? c->base + (size_t)w->offset : 0;
+    return w->offset >= 0 ? c->base + (size_t)w->offset : 0;
+}
+
+CUdeviceptr counters_slice(cuda_counters *c, int launch, const lt_product *p, int64_t call, CUstream stream) {
+    if (!c->first || c->first[launch] < 0) return 0;
+    CUdeviceptr at = counters_window(c, launch, call);
     int status = 0;
     const CUgraphNode *last = NULL;
     size_t n_last = 0;
