@@ -696,11 +696,10 @@ TG_API double tg_train_lr(const tg_train *t);  /* the lr the next step will use 
  * "optimizer.<param>.<k>" (Adam: k = 0 for m, 1 for v; SGD: 0 for the momentum buffer) and the
  * step count and schedule base in the metadata, so training resumes where it stopped, bit for
  * bit, except on CUDA where a model has gathers (embeddings), max pooling of overlapping windows
- * or attention: CUDA adds up their gradients (attention's dq) with atomics, in an order that
- * varies from run to run, so such runs, resumed or not, part in the last bits (as PyTorch's
- * default CUDA kernels do). tg_load needs
- * every parameter of the model in the file with its shape (other tensors are ignored) and
- * changes nothing unless the whole file is good. */
+ * or attention: CUDA adds up their gradients (attention's dq) in memory as they arrive, in an
+ * order that varies from run to run, so such runs, resumed or not, part in the last bits (as
+ * PyTorch's default CUDA kernels do). tg_load needs every parameter of the model in the file
+ * with its shape (other tensors are ignored) and changes nothing unless the whole file is good. */
 TG_API tg_status tg_save(tg_train *t, const char *path, int with_optimizer, tg_error *err);
 TG_API tg_status tg_load(tg_train *t, const char *path, int with_optimizer, tg_error *err);
 

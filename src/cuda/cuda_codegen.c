@@ -70,7 +70,7 @@ static int home_of(const int *alias, int x) { return alias[x] >= 0 ? alias[x] : 
 
 /* Does the kernel computing home node h also write its rounded copy (shadow_store)? Pointwise and
  * row kernels do, kleaves for the leaves, and attention for its output and the gradients of k
- * and v; products, sums, the other special kernels and attention's dq (added up with atomics:
+ * and v; products, sums, the other special kernels and attention's dq (added up in memory as it arrives:
  * filled after it, fills_shadow) do not. */
 static bool writes_shadow(const tg_graph *g, const bool *materialized, int h) {
     const tg_node *n = &g->nodes[h];
@@ -1955,7 +1955,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
             const int w = (int)N(c, outs[r])->iarg[1];
             args.at[6 + w] = buffer_at(c, outs[r], false);
             if (w > 0 && has_shadow(c, outs[r])) args.at[8 + w] = buffer_at(c, outs[r], true);
-            if (w == 0) memset_launch(p, outs[r]);   /* dq is added up with atomics */
+            if (w == 0) memset_launch(p, outs[r]);   /* dq is added up in memory (tgm_add_dq) */
         }
     } else {   /* out, lse, and out's rounded copy (at[5]) */
         if (!fwd) args.at[2] = args.at[1];   /* v unread */

@@ -1,9 +1,9 @@
-"""char_gpt's bf16 attention kernels on their own, out of a `bench --kernels` dump.
+"""char_gpt's bf16 (or tf32) attention kernels on their own, out of a `bench --kernels` dump.
 
     build/bench/bench --backend cuda-nvrtc --precision bf16 --kernels /tmp/k char_gpt
-    python3 bench/cuda/attention/attention.py harness /tmp/k/char_gpt.cuda-nvrtc.txt v.cu
+    python3 bench/cuda/attention/attention.py harness /tmp/k/char_gpt.cuda-nvrtc.txt v.cu [bf16|tf32]
     nvcc -arch=sm_90 -O3 -w -I bench/cuda/attention -DVARIANT='"v"' -DFWD_SMEM=36864 -DFWD_TILES=4 \\
-         -DFWD_THREADS=128 -DBWD_SMEM=64992 -DBWD_TILES=4 -DBWD_THREADS=128 -o v v.cu   # on the GPU machine
+         -DFWD_THREADS=128 -DBWD_SMEM=64992 -DBWD_TILES=4 -DBWD_THREADS=128 -o v v.cu   # on the GPU machine (variants.py writes the -D's)
     python3 bench/cuda/attention/attention.py regs /tmp/k/char_gpt.cuda-nvrtc.txt       # any machine with nvcc
 
 `harness` writes the dump's device prelude and attention source with the two kernels of char_gpt
@@ -25,9 +25,11 @@ def split(src):
 def main():
     what, dump = sys.argv[1], open(sys.argv[2]).read()
     if what == 'harness':
-        ks = kernels(dump, r'attn_bf16_256x256x64x64_causal_i6\w*') + kernels(dump, r'attn_bwd_bf16_256x256x64x64_causal_h6_i6\w*')
+        p = sys.argv[4] if len(sys.argv) > 4 else 'bf16'
+        ks = kernels(dump, r'attn_%s_256x256x64x64_causal_i6\w*' % p) + kernels(dump, r'attn_bwd_%s_256x256x64x64_causal_h6_i6\w*' % p)
         names = ['#define ATTN_%s %s\n' % (w, re.search(r'(attn\w*)\(', k).group(1)) for w, k in zip(['FWD', 'BWD'], ks)]
-        open(sys.argv[3], 'w').write(split(dump) + '\n'.join(ks) + ''.join(names) + '#include "harness.cu"\n')
+        tf32 = '#define TF32 1\n' if p == 'tf32' else ''
+        open(sys.argv[3], 'w').write(split(dump) + '\n'.join(ks) + ''.join(names) + tf32 + '#include "harness.cu"\n')
     elif what == 'regs':
         open('/tmp/attention_regs.cu', 'w').write(split(dump) + '\n'.join(kernels(dump, r'attn\w*')))
         nvcc = os.environ.get('NVCC', 'nvcc')

@@ -1,4 +1,4 @@
-/* The main of attention.py's harness: char_gpt's bf16 causal attention (a batch of 64, T = 256, 6
+/* The main of attention.py's harness: char_gpt's bf16 (or, with TF32, tf32) causal attention (a batch of 64, T = 256, 6
  * heads of 64, interleaved as the model's splits leave them) forward, and backward with dq's
  * zeroing, each timed as the best of 5 rounds of `reps` launches; then every output checked on
  * four heads against a reference in double precision from the same bf16 operands (the worst
@@ -11,25 +11,32 @@
 #include <cuda_runtime.h>
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 static const int NB = 64, NH = 6, T = 256, D = 64, BH = NB * NH;
-static unsigned short bf(float x) { unsigned u; memcpy(&u, &x, 4); u += 0x7fff + ((u >> 16) & 1); return u >> 16; }
-static float fb(unsigned short h) { unsigned u = (unsigned)h << 16; float x; memcpy(&x, &u, 4); return x; }
+#ifdef TF32   /* tf32 kernels (attention.py harness DUMP OUT tf32): operands in f32, given with tf32's mantissa */
+typedef float elem;
+static elem bf(float x) { unsigned u; memcpy(&u, &x, 4); u = (u + 0x1000) & 0xffffe000u; memcpy(&x, &u, 4); return x; }
+static float fb(elem x) { return x; }
+#else
+typedef unsigned short elem;
+static elem bf(float x) { unsigned u; memcpy(&u, &x, 4); u += 0x7fff + ((u >> 16) & 1); return u >> 16; }
+static float fb(elem h) { unsigned u = (unsigned)h << 16; float x; memcpy(&x, &u, 4); return x; }
+#endif
 static size_t at(int b, int t, int d) { return (((size_t)(b / NH) * T + t) * NH + b % NH) * D + d; }
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 50;
-    const size_t n = (size_t)NB * T * NH * D, h = n / 2;   /* floats: f32 tensor, bf16 tensor */
+    const size_t n = (size_t)NB * T * NH * D, h = n * sizeof(elem) / 4;   /* floats: f32 tensor, operand tensor */
     size_t off = 0;
     auto take = [&](size_t k) { size_t o = off; off += (k + 63) / 64 * 64; return (long long)o; };
     long long q = take(h), k = take(h), v = take(h), g = take(h), o = take(n), os = take(h), lse = take((size_t)BH * T),
               dq = take(n), dk = take(n), dv = take(n), dks = take(h), dvs = take(h);
     float *A; CK(cudaMalloc(&A, off * 4));
-    std::vector<unsigned short> hq(n), hk(n), hv(n), hg(n);
+    std::vector<elem> hq(n), hk(n), hv(n), hg(n);
     srand(1);
     auto gs = [] { double u = (rand() + 1.0) / (RAND_MAX + 2.0), w = (rand() + 1.0) / (RAND_MAX + 2.0); return (float)(sqrt(-2 * log(u)) * cos(6.283185307 * w)); };
     for (size_t i = 0; i < n; i++) { hq[i] = bf(gs()); hk[i] = bf(gs()); hv[i] = bf(gs()); hg[i] = bf(gs()); }
-    CK(cudaMemcpy(A + q, hq.data(), n * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(A + k, hk.data(), n * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(A + v, hv.data(), n * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(A + g, hg.data(), n * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(A + q, hq.data(), n * sizeof(elem), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(A + k, hk.data(), n * sizeof(elem), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(A + v, hv.data(), n * sizeof(elem), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(A + g, hg.data(), n * sizeof(elem), cudaMemcpyHostToDevice));
     tga_args fa = {}, ba = {};
     for (int i = 0; i < 11; i++) fa.at[i] = ba.at[i] = -1;
     fa.at[0] = q; fa.at[1] = k; fa.at[2] = v; fa.at[3] = o; fa.at[4] = lse; fa.at[5] = os; fa.scale = 0.125f * 1.4426950408889634f;
@@ -61,7 +68,7 @@ int main(int argc, char **argv) {
         }
     CK(cudaGetLastError());
     fwd(); bwd(); CK(cudaDeviceSynchronize());
-    {   /* dq is added up with atomics: how many of 100 more backwards give other bits than this one */
+    {   /* dq is added up in memory as blocks arrive: how many of 100 more backwards give other bits than this one */
         std::vector<float> a(n), b(n);
         CK(cudaMemcpy(a.data(), A + dq, n * 4, cudaMemcpyDeviceToHost));
         int differ = 0;

@@ -1,5 +1,8 @@
 """Edited copies of a harness (attention.py's output) to time with harness.cu on the GPU machine:
     python3 variants.py v.cu OUTDIR       # writes OUTDIR/NAME.cu and OUTDIR/NAME.flags per variant
+(a tf32 harness gets the variants of V_TF32, below; a bf16 one these; b6, b7, b10 and bbulk edit dq
+as the kernels added it before the thirtieth session, with atomics, and are left out of a later
+dump, whose b0 is bbulk:)
 b0/f0 as generated; b1 the backward at three blocks an SM (__launch_bounds__(128, 3)); b2 the
 backward's k and v fragments read from shared memory at each query tile (ldmatrix) instead of
 held in registers (a tile of v staged beside k's); b3 delta = d_out . out computed by a kernel of
@@ -7,14 +10,17 @@ its own before the backward (FlashAttention-2's and cuDNN's way) instead of by e
 block; b4 = b2 + b3 at three blocks an SM; b5 = b2 at three blocks an SM; b6 dq's atomics as
 plain stores, b7 no dq at all, b8 no memset zeroing dq before (all three wrong in dq: what each costs);
 b10 dq deterministic: each query tile's key blocks add their share in turn (the diagonal's
-first, key tile 0's last), ordered by a counter (no memset before: the first one stores);
-f1 the forward at three blocks an SM (it spills at four).
+first, key tile 0's last), ordered by a counter (no memset before: the first one stores); bbulk
+dq by the copy engine's bulk reductions, a row a lane (cp.reduce.async.bulk, sm_90); f1 the
+forward at three blocks an SM (it spills at four).
 The flags are the launch sizes nvcc needs (-D's: shared memory, tiles, threads)."""
 import os, re, sys
 
 src, out = open(sys.argv[1]).read(), sys.argv[2]
 os.makedirs(out, exist_ok=True)
-BASE = dict(FWD_SMEM=36864, FWD_TILES=4, FWD_THREADS=128, BWD_SMEM=64992, BWD_TILES=4, BWD_THREADS=128)
+TF32 = '#define TF32 1' in src   # a tf32 harness: its own shared-memory sizes and variants (V_TF32)
+BASE = dict(FWD_SMEM=69632 if TF32 else 36864, FWD_TILES=4, FWD_THREADS=128, BWD_SMEM=105984 if TF32 else 64992, BWD_TILES=4,
+            BWD_THREADS=128)
 
 def sub(text, old, new, count=1):
     assert text.count(old) >= 1, old
@@ -127,27 +133,82 @@ IN_TURN = """        {   /* key tiles after this one add their share first; the 
         }
 """
 
+BULK = r"""        {   /* dq's share: each warp's 16 rows into its own rows of Ds (read by its dq product, done), then a bulk
+             * reduction a row by the copy engine (sm_90) in place of 16 atomics a lane */
+            float *Dw = Ds + 16 * w * LS;
+            __syncwarp();
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++)
+#pragma unroll
+                for (int h = 0; h < 4; h += 2) *(float2 *)(Dw + (g + 4 * h) * LS + nd * 8 + 2 * t) = make_float2(dqa[nd][h], dqa[nd][h + 1]);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncwarp();
+            const int lane = threadIdx.x & 31, r = r0 + 16 * w + lane;
+            if (lane < 16 && dq && r < T) {
+                const unsigned from = (unsigned)__cvta_generic_to_shared(Dw + lane * LS);
+                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                             :: "l"(dq + (long long)r * H * D), "r"(from), "r"(D * 4) : "memory");
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            }
+            __syncwarp();
+        }
+"""
+
+def bulk(t):
+    t = sub(t, ATOMICS, BULK)
+    return sub(t, '    tgm_landed();   /* (no copy outlives the block) */\n',
+               '    tgm_landed();   /* (no copy outlives the block) */\n    asm volatile("cp.async.bulk.wait_group 0;\\n" ::: "memory");\n')
+
 def in_turn(t):
     t = sub(t, 'template <class M, int T, int S, int D, int E, bool CAUSAL, int OH, int H>\nstatic __device__ void tgk_attention_bwd_mma',
             '__device__ unsigned g_sem[64 * 6 * 4];\ntemplate <class M, int T, int S, int D, int E, bool CAUSAL, int OH, int H>\nstatic __device__ void tgk_attention_bwd_mma')
     t = sub(t, ATOMICS, IN_TURN)
     return t.replace('#include "harness.cu"', '#define NOMEMSET\n#include "harness.cu"')
 
-V = {
-    'b0': (src, {}),
-    'b1': (bounds(src, 'bwd', 3), {}),
-    'b2': (frags_in_shared(src), dict(BWD_SMEM=64992 + 64 * 72 * 2)),
-    'b3': (delta_apart(src), {}),
-    'b4': (bounds(delta_apart(frags_in_shared(src)), 'bwd', 3), dict(BWD_SMEM=64992 + 64 * 72 * 2)),
-    'b5': (bounds(frags_in_shared(src), 'bwd', 3), dict(BWD_SMEM=64992 + 64 * 72 * 2)),
-    'b6': (sub(src, 'atomicAdd((float2 *)(dq + (long long)r * H * D + d), make_float2(dqa[nd][h], dqa[nd][h + 1]));',
-               '*(float2 *)(dq + (long long)r * H * D + d) = make_float2(dqa[nd][h], dqa[nd][h + 1]);'), {}),
-    'b7': (sub(src, '                if (!dq || r >= T) continue;', '                continue;'), {}),
-    'b8': (src.replace('#include "harness.cu"', '#define NOMEMSET\n#include "harness.cu"'), {}),
-    'b10': (in_turn(src), {}),
-    'f1': (bounds(src, 'bf16', 3), {}),
+B6 = lambda: sub(src, '                atomicAdd((float2 *)(dq + (long long)r * H * D + d), make_float2(dqa[nd][h], dqa[nd][h + 1]));',
+                 '                *(float2 *)(dq + (long long)r * H * D + d) = make_float2(dqa[nd][h], dqa[nd][h + 1]);')
+B7 = lambda: sub(src, '                if (!dq || r >= T) continue;', '                continue;')
+# Each variant a function of the dump's text: one whose anchor a dump lacks (the kernels of another
+# version: dq by atomics until the thirtieth session, by tgm_add_dq since) is left out, and says so.
+V = {} if TF32 else {
+    'b0': (lambda: src, {}),
+    'b1': (lambda: bounds(src, 'bwd', 3), {}),
+    'b2': (lambda: frags_in_shared(src), dict(BWD_SMEM=64992 + 64 * 72 * 2)),
+    'b3': (lambda: delta_apart(src), {}),
+    'b4': (lambda: bounds(delta_apart(frags_in_shared(src)), 'bwd', 3), dict(BWD_SMEM=64992 + 64 * 72 * 2)),
+    'b5': (lambda: bounds(frags_in_shared(src), 'bwd', 3), dict(BWD_SMEM=64992 + 64 * 72 * 2)),
+    'b6': (B6, {}),
+    'b7': (B7, {}),
+    'b8': (lambda: src.replace('#include "harness.cu"', '#define NOMEMSET\n#include "harness.cu"'), {}),
+    'b10': (lambda: in_turn(src), {}),
+    'bbulk': (lambda: bulk(src), {}),
+    'f1': (lambda: bounds(src, 'bf16', 3), {}),
 }
-for name, (text, over) in V.items():
+
+# tf32: f128 the forward's blocks of 8 warps on 128 query rows (each key and value tile read once for
+# twice the rows; f128b2 bounded to two such blocks an SM), fnolo the forward's probabilities entering p v without their rest (p's hi only:
+# wrong in the last bits; what the second product costs)
+def rows128(t):
+    t = sub(t, '    constexpr int TILES = (T + 63) / 64, DK = D / M::KS', '    constexpr int TILES = (T + 127) / 128, DK = D / M::KS')
+    t = sub(t, '    const int r0 = (int)(blockIdx.x % TILES) * 64, rw = r0 + 16 * w;', '    const int r0 = (int)(blockIdx.x % TILES) * 128, rw = r0 + 16 * w;')
+    return sub(t, '    const int c_end = CAUSAL ? (S < r0 + 64 ? S : r0 + 64) : S;', '    const int c_end = CAUSAL ? (S < r0 + 128 ? S : r0 + 128) : S;')
+
+V_TF32 = {
+    'b0': (lambda: src, {}),
+    'b6': (B6, {}),
+    'b7': (B7, {}),
+    'bbulk': (lambda: bulk(src), {}),
+    'f128': (lambda: rows128(src), dict(FWD_TILES=2, FWD_THREADS=256)),
+    'f128b2': (lambda: rows128(src).replace('void attn_tf32', 'void __launch_bounds__(256, 2) attn_tf32'), dict(FWD_TILES=2, FWD_THREADS=256)),
+    'fnolo': (lambda: sub(src, 'M::template gemm_t<64, E, true>(acc, pa, pr, Vs, LV);', 'M::template gemm_t<64, E, false>(acc, pa, pr, Vs, LV);'), {}),
+}
+for name, (make, over) in (V_TF32 if TF32 else V).items():
+    try:
+        text = make()
+    except AssertionError as e:
+        print('%s left out: the dump lacks %r' % (name, str(e)[:60]))
+        continue
     open(os.path.join(out, name + '.cu'), 'w').write(text.replace('#include "harness.cu"', '#define VARIANT "%s"\n#include "harness.cu"' % name))
     flags = dict(BASE, **over)
     open(os.path.join(out, name + '.flags'), 'w').write(' '.join('-D%s=%d' % kv for kv in flags.items()))
