@@ -935,7 +935,7 @@ static void cuda_counters(void) {
  * so the same bits in the losses and in q's weight at every precision (a race between them would
  * not keep them). Their loss, mean((q k + v)^2) element by element, is summed in a
  * fixed order (attention's dq is not, on CUDA). */
-enum { W = 128 };
+enum { QKV_WIDTH = 128 };
 static tg_tensor qkv_mix_loss(const void *ctx, const tg_tensor *in) {
     tg_tensor h[3];
     for (int k = 0; k < 3; k++) h[k] = tg_linear(&qkv[k], in[0]);
@@ -950,17 +950,17 @@ static bool qkv_mix_steps(tg_precision p, const float *x, int rows, float *losse
     FILE *log = tmpfile();
     if (log) fflush(stderr), dup2(fileno(log), 2);
     tg_model *m = tg_model_new(13);
-    for (int k = 0; k < 3; k++) qkv[k] = tg_linear_new(m, (const char *[]){ "q", "k", "v" }[k], W, W, NULL);
+    for (int k = 0; k < 3; k++) qkv[k] = tg_linear_new(m, (const char *[]){ "q", "k", "v" }[k], QKV_WIDTH, QKV_WIDTH, NULL);
     tg_error err = { { 0 } };
     tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = qkv_mix_loss, .optimizer = tg_adam(1e-3), .backend = "cuda",
-                                               .precision = p, .inputs = (tg_input_decl[]){ TG_F32("x", rows, W) }, .n_inputs = 1 },
+                                               .precision = p, .inputs = (tg_input_decl[]){ TG_F32("x", rows, QKV_WIDTH) }, .n_inputs = 1 },
                              &err);
     CHECK(t != NULL, "together: compile: %s", err.msg);
     for (int s = 0; s < 3 && t; s++) {
-        tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, (size_t)rows * W) }, 1);
+        tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, (size_t)rows * QKV_WIDTH) }, 1);
         losses[s] = r.status == TG_OK ? r.loss : NAN;
     }
-    CHECK(t && tg_download_param(t, "q.W", w, W * W, &err) == TG_OK, "together: q.W: %s", err.msg);
+    CHECK(t && tg_download_param(t, "q.W", w, QKV_WIDTH * QKV_WIDTH, &err) == TG_OK, "together: q.W: %s", err.msg);
     tg_destroy(t);
     tg_model_free(m);
     if (log) {
@@ -976,9 +976,10 @@ static bool qkv_mix_steps(tg_precision p, const float *x, int rows, float *losse
 
 static void cuda_together(void) {
     enum { ROWS = 1024 };
-    float *x = malloc(sizeof(float) * ROWS * W), *w[2] = { malloc(sizeof(float) * W * W), malloc(sizeof(float) * W * W) };
+    const size_t weights = sizeof(float) * QKV_WIDTH * QKV_WIDTH;
+    float *x = malloc(sizeof(float) * ROWS * QKV_WIDTH), *w[2] = { malloc(weights), malloc(weights) };
     check_rng = 3;
-    for (int i = 0; x && i < ROWS * W; i++) x[i] = (float)check_uniform(-1, 1);
+    for (int i = 0; x && i < ROWS * QKV_WIDTH; i++) x[i] = (float)check_uniform(-1, 1);
     for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16 && x && w[0] && w[1]; p++) {
         float losses[2][3];
         setenv("TG_CUDA_TOGETHER", "verbose", 1);
@@ -988,7 +989,7 @@ static void cuda_together(void) {
         unsetenv("TG_CUDA_TOGETHER");
         CHECK(alone && (grouped || p != TG_PRECISION_BF16), "cuda %s: q, k and v's products run at once by default (%s), in turn with "
               "TG_CUDA_TOGETHER=0 (%s)", tg_precision_name((tg_precision)p), grouped ? "yes" : "no", alone ? "yes" : "no");
-        CHECK(memcmp(losses[0], losses[1], sizeof losses[0]) == 0 && memcmp(w[0], w[1], sizeof(float) * W * W) == 0 &&
+        CHECK(memcmp(losses[0], losses[1], sizeof losses[0]) == 0 && memcmp(w[0], w[1], weights) == 0 &&
                   losses[0][2] < losses[0][0],
               "cuda %s: q, k and v's products at once (losses %.6f -> %.6f) and in turn (%.6f -> %.6f): not the same bits",
               tg_precision_name((tg_precision)p), losses[0][0], losses[0][2], losses[1][0], losses[1][2]);
