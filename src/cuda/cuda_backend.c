@@ -889,11 +889,11 @@ fail:
 }
 
 /* Where a product writes: its f32 buffer, or only its bf16 copy (cs: 2) */
-static char *product_output(const cuda_exec *e, const cuda_launch *l, size_t *cs) {
+static char *product_output(cuda_exec *e, const cuda_launch *l, size_t *cs) {
     int h = plan_home(&e->plan, l->node);
     bool half = e->plan.offset[h] == PLAN_BOUND && e->plan.shadow && e->plan.shadow[h] != PLAN_BOUND;
     *cs = half ? 2 : 4;
-    return half ? (char *)(e->arena + e->plan.shadow[h] * 4) : (char *)cuda_node_buf((cuda_exec *)e, l->node);
+    return half ? (char *)(e->arena + e->plan.shadow[h] * 4) : (char *)node_ptr(e, l->node);
 }
 
 /* A product's operands, in the graph's precision (f32, or rounded copies: rounded_operands), and
@@ -1016,7 +1016,7 @@ static bool meets(extent a, extent b) { return a.lo < b.hi && b.lo < a.hi && a.l
 
 /* What launch i reads (A, B, the addend) and writes (C, its workspace); false when it cannot run
  * beside others (not one cuBLASLt call on buffers of its own). */
-static bool product_extents(const cuda_exec *e, int i, extent reads[3], extent writes[2]) {
+static bool product_extents(cuda_exec *e, int i, extent reads[3], extent writes[2]) {
     const cuda_launch *l = &e->launches.launch[i];
     const lt_product *p = e->lt ? &e->lt[i] : NULL;
     if (l->kind != CL_GEMM || !p || !p->desc || p->own || product_calls(l) != 1 ||
@@ -1024,13 +1024,13 @@ static bool product_extents(const cuda_exec *e, int i, extent reads[3], extent w
         return false;
     const bool f32 = e->g->precision == TG_PRECISION_F32;
     const size_t es = e->g->precision == TG_PRECISION_BF16 ? 2 : 4;
-    CUdeviceptr A = f32 ? node_ptr((cuda_exec *)e, l->a) : rounded_copy(e, l, 0);
-    CUdeviceptr B = f32 ? node_ptr((cuda_exec *)e, l->b) : rounded_copy(e, l, 1);
+    CUdeviceptr A = f32 ? node_ptr(e, l->a) : rounded_copy(e, l, 0);
+    CUdeviceptr B = f32 ? node_ptr(e, l->b) : rounded_copy(e, l, 1);
     if (!A || !B) return false;   /* rounded into a slot first */
     reads[0] = (extent){ A, A + (CUdeviceptr)(e->g->nodes[l->a].numel * es) };
     reads[1] = (extent){ B, B + (CUdeviceptr)(e->g->nodes[l->b].numel * es) };
     bool bf16;
-    CUdeviceptr add = (CUdeviceptr)addend_at((cuda_exec *)e, l, &bf16);
+    CUdeviceptr add = (CUdeviceptr)addend_at(e, l, &bf16);
     reads[2] = add ? (extent){ add, add + (CUdeviceptr)(e->g->nodes[l->addend].numel * (bf16 ? 2 : 4)) } : (extent){ 0, 0 };
     size_t cs;
     CUdeviceptr C = (CUdeviceptr)product_output(e, l, &cs);
