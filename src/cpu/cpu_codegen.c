@@ -1079,9 +1079,10 @@ static const char PRELUDE[] =
     "#pragma omp declare simd notinbranch\nfloat expf(float);\n"
     "#pragma omp declare simd notinbranch\nfloat logf(float);\n"
     "#pragma omp declare simd notinbranch\nfloat tanhf(float);\n"
-    "#pragma omp declare simd notinbranch\nfloat erff(float);\n"
+    "#pragma omp declare simd notinbranch\nfloat exp2f(float);\n"
     "#pragma omp declare simd notinbranch\nfloat sinf(float);\n"
     "#pragma omp declare simd notinbranch\nfloat cosf(float);\n"
+    "static inline float tgk_rcp(float x) { return 1.0f / x; }\n"
     "typedef void (*tgk_fn)(const int64_t *a, void *const *p);\n"
     "enum { TGK_MATMUL, TGK_SOFTMAX, TGK_SOFTMAX_CAUSAL, TGK_ARGMAX, TGK_SCATTER_ROWS, TGK_SCATTER_ALONG,\n"
     "       TGK_COL2IM, TGK_MAXPOOL, TGK_MAXPOOL_BWD, TGK_FAILED, TGK_ATTENTION, TGK_ATTENTION_BWD, TGK_MARK };\n";

@@ -1093,6 +1093,7 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
  * doubles. Returns where the counters are (in floats from the arena's start), noting the end. */
 enum { SUM_COUNTERS = 1024 };
 enum { Y = 32 };   /* a column sum's row groups: blocks of 32 x 32 threads */
+enum { FLOAT_TERMS = 64 };   /* the most values a column sum's thread adds in float (sum_kernel_body) */
 
 static size_t sum_scratch(const cg *c, cuda_plan *p, int64_t partials) {
     size_t at = (c->plan->arena + 1) & ~(size_t)1;   /* doubles aligned */
@@ -1297,10 +1298,14 @@ void cuda_sums_early(const tg_graph *g, const bool *mat, const int *alias, int *
 
 static void fill_shadow(cg *c, cuda_plan *p, int id);
 
-/* "acc0 = 0, acc1 = 0, ...": a column sum's n accumulators, declared together */
-static void sum_accumulators(char *out, size_t len, int n) {
+/* "acc0 = 0, acc1 = 0, ...": a column sum's n accumulators, declared together (each item as
+ * `item`, its %d the accumulator's number, given twice) */
+static void sum_accumulators(char *out, size_t len, int n, const char *item) {
     out[0] = 0;
-    for (int q = 0; q < n; q++) snprintf(out + strlen(out), len - strlen(out), "%sacc%d = 0", q ? ", " : "", q);
+    for (int q = 0; q < n; q++) {
+        snprintf(out + strlen(out), len - strlen(out), "%s", q ? ", " : "");
+        snprintf(out + strlen(out), len - strlen(out), item, q, q);
+    }
 }
 
 /* A column sum of few rows and many columns (a position embedding's gradient: 64 rows of 98,304
@@ -1323,7 +1328,7 @@ static bool thin_sum(cg *c, cuda_plan *p, const char *it, int64_t outer, int64_t
     if (L > 1) sum_lanes(c, it, len, inner, producer, srcs, n_sums, L);
     const char *ht = head_type(it);
     char head[600], accs[200];
-    sum_accumulators(accs, sizeof accs, n_sums * L);
+    sum_accumulators(accs, sizeof accs, n_sums * L, "acc%d = 0");
     snprintf(head, sizeof head,
              "    const %s oj = ((int64_t)blockIdx.x * %d + threadIdx.x) * %d;\n    if (oj >= %lldll) return;\n"
              "    const %s o = oj / %lld, j = oj %% %lld;\n    double %s;\n#pragma unroll 8\n    for (%s k = 0; k < %lld; k++) {\n",
@@ -1475,8 +1480,14 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
         chunks = (len + chunk - 1) / chunk;
     }
     size_t at = chunks > 1 ? sum_scratch(c, p, n_sums * chunks * outs) : 0;
-    char accs[200];
-    sum_accumulators(accs, sizeof accs, n_sums * L);
+    /* A thread's few values added in float, the block's and the chunks' totals in double: each
+     * value's widening and double add made the bf16 GELU backward's sum wait on arithmetic
+     * (55.3 -> 48.1 us, bench/cuda/colsum_kernel); at most FLOAT_TERMS values keep the float
+     * sum within 4e-6 of their sizes' sum (64 roundings of 2^-24). */
+    const char *acc_type = (chunk + Y - 1) / Y <= FLOAT_TERMS ? "float" : "double";
+    char accs[200], widened[200];
+    sum_accumulators(accs, sizeof accs, n_sums * L, "acc%d = 0");
+    sum_accumulators(widened, sizeof widened, n_sums * L, "tot%d = acc%d");
     snprintf(head, sizeof head,
              "    __shared__ double part[%d][%d][33];\n"
              "    const int lane = threadIdx.x & 31, y = threadIdx.x / 32;\n"
@@ -1484,10 +1495,10 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
              "    const int64_t oc = ((int64_t)blockIdx.x * 32 + y) * %d;\n"
              "    const %s o = oj / %lld, j = oj %% %lld, k0 = (%s)blockIdx.y * %lld;\n"
              "    const %s k1 = oj >= %lldll ? k0 : k0 + %lld < %lldll ? k0 + %lld : %lldll;\n"
-             "    double %s;\n"
+             "    %s %s;\n"
              "#pragma unroll 8\n",   /* loads in flight: a thread's are independent, only its sum is not */
              n_sums, Y, ht, L, L, ht, (long long)inner, (long long)inner, ht, (long long)chunk, ht, (long long)outs, (long long)chunk,
-             (long long)len, (long long)chunk, (long long)len, accs);
+             (long long)len, (long long)chunk, (long long)len, acc_type, accs);
     if (fixed)
         snprintf(head + strlen(head), sizeof head - strlen(head),
                  "    for (int it = 0; it < %lld; it++) {\n        const %s k = k0 + y + it * %d;\n        if (k >= k1) continue;\n",
@@ -1497,23 +1508,23 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
     /* Warp y writes output oc of each sum: straight when the block summed every row, else its
      * partial sums to scratch, and the last block of the column group adds them up. */
     strbuf tail = { 0 };
-    sb_printf(&tail, "    }\n");
+    sb_printf(&tail, "    }\n    double %s;\n", widened);
     if (chunks > 1) sb_printf(&tail, "    double *sums = (double *)(A + %zu);\n", at + SUM_COUNTERS);
     for (int q = 0; q < n_sums; q++)   /* acc<q L + v>: sum q of column oc + v */
         for (int v = 0, a = q * L; v < L; v++, a++) {
             if (v) sb_printf(&tail, "    __syncthreads();\n");   /* every warp done reading the column total before */
-            sb_printf(&tail, "    acc%d = tgk_column_total(acc%d, part[%d]);\n", a, a, q);
+            sb_printf(&tail, "    tot%d = tgk_column_total(tot%d, part[%d]);\n", a, a, q);
             if (chunks > 1)
-                sb_printf(&tail, "    if (lane == 0 && oc + %d < %lldll) sums[(%lldll + blockIdx.y) * %lldll + oc + %d] = acc%d;\n", v,
+                sb_printf(&tail, "    if (lane == 0 && oc + %d < %lldll) sums[(%lldll + blockIdx.y) * %lldll + oc + %d] = tot%d;\n", v,
                           (long long)outs, (long long)(q * chunks), (long long)outs, v, a);
-            else sb_printf(&tail, "    if (lane == 0 && oc + %d < %lldll) P%d[oc + %d] = (%s)acc%d;\n", v, (long long)outs, sums[q], v, cg_ctype(n), a);
+            else sb_printf(&tail, "    if (lane == 0 && oc + %d < %lldll) P%d[oc + %d] = (%s)tot%d;\n", v, (long long)outs, sums[q], v, cg_ctype(n), a);
         }
     if (chunks > 1) {
         sb_printf(&tail, "    if (!tgk_column_last((unsigned *)(A + %zu), %lld)) return;\n", at, (long long)chunks);
         for (int q = 0; q < n_sums; q++)
             for (int v = 0, a = q * L; v < L; v++, a++)
-                sb_printf(&tail, "    acc%d = tgk_column_chunks(sums + %lldll, %lld, %lldll, oc + %d);\n"
-                                 "    if (lane == 0 && oc + %d < %lldll) P%d[oc + %d] = (%s)acc%d;\n",
+                sb_printf(&tail, "    tot%d = tgk_column_chunks(sums + %lldll, %lld, %lldll, oc + %d);\n"
+                                 "    if (lane == 0 && oc + %d < %lldll) P%d[oc + %d] = (%s)tot%d;\n",
                           a, (long long)(q * chunks * outs), (long long)chunks, (long long)outs, v, v, (long long)outs, sums[q], v, cg_ctype(n), a);
     }
     end_kernel_roots(c, roots, n_roots, NULL, 0, head, sb_str(&tail), 32 * Y);
@@ -2409,6 +2420,7 @@ static const char DEVICE_KERNELS[] =
 static const char HEADER[] =
     "typedef long long int64_t;\ntypedef unsigned long long uint64_t;\ntypedef int int32_t;\ntypedef unsigned uint32_t;\n"
     "#define INFINITY __int_as_float(0x7f800000)\n#define NAN __int_as_float(0x7fffffff)\n"
+    "static __device__ inline float tgk_rcp(float x) { return __fdividef(1.0f, x); }\n"
     "static __device__ __forceinline__ void tgk_prior(void) {\n"
     "#if __CUDA_ARCH__ >= 900\n"
     "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
