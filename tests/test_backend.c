@@ -1015,7 +1015,7 @@ static int qkv_kernels(tg_precision p, const char *fold) {
                                                .precision = p, .inputs = (tg_input_decl[]){ TG_F32("x", 8, 64, 32) }, .n_inputs = 1 },
                              &err);
     const char *src = t ? tg_train_kernel_source(t) : NULL;
-    CHECK(src && strstr(src, "double acc0 = 0, acc1 = 0, acc2 = 0;"), "%s, TG_CUDA_FOLD=%s: the q, k and v bias gradients summed in "
+    CHECK(src && strstr(src, " acc0 = 0, acc1 = 0, acc2 = 0;"), "%s, TG_CUDA_FOLD=%s: the q, k and v bias gradients summed in "
           "one kernel (%s)", tg_precision_name(p), fold ? fold : "", err.msg);
     int n = count_text(src, "__global__");
     tg_destroy(t);
