@@ -1350,7 +1350,7 @@ static bool thin_sum(cg *c, cuda_plan *p, const char *it, int64_t outer, int64_t
  *  - otherwise blocks of 32 outputs x 32 row groups, neighbouring threads on neighbouring
  *    elements, the 32 partial sums of each output added by a warp; where a thread would sum more
  *    than a few elements, the axis is cut into chunks (grid y) whose sums the last block to
- *    finish adds up in a fixed order (tgk_column_last): no memset, no atomics on the output, the
+ *    finish adds up in a fixed order (tgk_last_block): no memset, no atomics on the output, the
  *    same result every run. The sums right after it in next[] that sum as many rows of as many
  *    columns (a layer norm's two parameter gradients) join it, up to MAX_SIBLINGS in one kernel;
  *    *taken says how many; then such sums further on (far_sibling), marked in done[].
@@ -1437,7 +1437,7 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
                  ht, BLOCK, (long long)(outs * chunks), ht, (long long)chunks, (long long)chunks, (long long)chunk, (long long)chunk,
                  (long long)len, (long long)chunk, (long long)len, ht);
         /* Cut into chunks (a warp each: w = o * chunks + its chunk), the warps' sums go to scratch
-         * and the last of a row's warps to finish adds them in chunk order (as tgk_column_last):
+         * and the last of a row's warps to finish adds them in chunk order (as tgk_last_block):
          * the same sum every run, where adding them with atomics would take another order each */
         char st[600], tail[800];
         const size_t at = chunks > 1 ? sum_scratch(c, p, outs * chunks) : 0;
@@ -1520,7 +1520,7 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
             else sb_printf(&tail, "    if (lane == 0 && oc + %d < %lldll) P%d[oc + %d] = (%s)tot%d;\n", v, (long long)outs, sums[q], v, cg_ctype(n), a);
         }
     if (chunks > 1) {
-        sb_printf(&tail, "    if (!tgk_column_last((unsigned *)(A + %zu), %lld)) return;\n", at, (long long)chunks);
+        sb_printf(&tail, "    if (!tgk_last_block((unsigned *)(A + %zu) + blockIdx.x, %lld)) return;\n", at, (long long)chunks);
         for (int q = 0; q < n_sums; q++)
             for (int v = 0, a = q * L; v < L; v++, a++)
                 sb_printf(&tail, "    tot%d = tgk_column_chunks(sums + %lldll, %lld, %lldll, oc + %d);\n"
@@ -2170,50 +2170,36 @@ static const char DEVICE_KERNELS[] =
     "    acc = part[lane][y];\n"
     "    for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);\n"
     "    return acc;\n}\n"
-    /* A column sum cut into chunks (grid y) leaves each block's sums in scratch; the last block
-     * of a column group to finish (counted in count[x], after a fence) adds them up
-     * (tgk_column_chunks: chunk b's at sums[b * outs + oc]), the same way every run, and leaves
-     * its counter zero for the next sum. */
-    "static __device__ bool tgk_column_last(unsigned *count, int64_t chunks) {\n"
+    /* Is this block the last of `arrivals` blocks to get here (counted in *count, after a fence:
+     * what they wrote before is seen)? The last leaves the counter zero for the next use. A column
+     * sum cut into chunks (grid y) leaves each block's sums in scratch, and the last block of a
+     * column group (count[x]) adds them up (tgk_column_chunks: chunk b's at sums[b * outs + oc]),
+     * the same way every run. */
+    "static __device__ bool tgk_last_block(unsigned *count, int64_t arrivals) {\n"
     "    __shared__ bool last;\n"
     "    __threadfence();\n"
     "    __syncthreads();\n"
     "    if (threadIdx.x == 0) {\n"
-    "        last = atomicAdd(count + blockIdx.x, 1u) == chunks - 1;\n"
-    "        if (last) count[blockIdx.x] = 0;\n"
+    "        last = atomicAdd(count, 1u) == arrivals - 1;\n"
+    "        if (last) *count = 0;\n"
     "    }\n"
     "    __syncthreads();\n"
     "    return last;\n}\n"
     /* row_columns' finish: this block's n partial sums are in part[blockIdx.x]; the last block of
      * each group of `per` to finish (count[group]) adds the group's partials in block order into
      * group[], and the last group to finish (count[groups]) returns true, to add the groups' in
-     * order. Each last one leaves its counter zero. */
+     * order. */
     "static __device__ bool tgk_rows_finish(unsigned *count, const double *part, double *group, int64_t n, int64_t blocks,\n"
     "                                       int64_t per) {\n"
-    "    __shared__ bool last;\n"
     "    const int64_t gi = blockIdx.x / per, groups = (blocks + per - 1) / per;\n"
     "    const int64_t b0 = gi * per, b1 = b0 + per < blocks ? b0 + per : blocks;\n"
-    "    __threadfence();\n"
-    "    __syncthreads();\n"
-    "    if (threadIdx.x == 0) {\n"
-    "        last = atomicAdd(count + gi, 1u) == b1 - b0 - 1;\n"
-    "        if (last) count[gi] = 0;\n"
-    "    }\n"
-    "    __syncthreads();\n"
-    "    if (!last) return false;\n"
+    "    if (!tgk_last_block(count + gi, b1 - b0)) return false;\n"
     "    for (int64_t x = threadIdx.x; x < n; x += blockDim.x) {\n"
     "        double s = 0;\n"
     "        for (int64_t b = b0; b < b1; b++) s += __ldcg(part + b * n + x);\n"
     "        group[gi * n + x] = s;\n"
     "    }\n"
-    "    __threadfence();\n"
-    "    __syncthreads();\n"
-    "    if (threadIdx.x == 0) {\n"
-    "        last = atomicAdd(count + groups, 1u) == groups - 1;\n"
-    "        if (last) count[groups] = 0;\n"
-    "    }\n"
-    "    __syncthreads();\n"
-    "    return last;\n}\n"
+    "    return tgk_last_block(count + groups, groups);\n}\n"
     "static __device__ double tgk_column_chunks(const double *sums, int64_t chunks, int64_t outs, int64_t oc) {\n"
     "    double acc = 0;\n"
     "    for (int64_t b = threadIdx.x & 31; oc < outs && b < chunks; b += 32) acc += __ldcg(sums + b * outs + oc);\n"
