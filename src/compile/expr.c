@@ -778,7 +778,7 @@ static const char *const HELPERS[] = {
     "    return v.f;\n}\n",
     /* Exact GELU through the normal density phi and Mills ratio R(t) = (1 - Phi(t)) / phi(t) at
      * t = |x|: Phi(x) = phi(x) R(t) below zero and 1 - phi(x) R(t) above, one exp2 and one
-     * reciprocal (tgk_rcp: each backend's fastest) where erff and expf cost three times the
+     * reciprocal (tgk_rcp: each backend's fastest) where erff and expf took over twice the
      * instructions, which made the GPU's bf16 GELU backward wait on arithmetic, not memory
      * (char_gpt's, alone: 79.7 -> 55.3 us). R(t) = tau Q(tau), tau = 1 / (1 + 0.3 t), Q fitted by
      * gelu_fit.py: within 2e-8 of R; in f32 as close to the exact GELU as erff's form. */
