@@ -18,7 +18,7 @@
 
 enum {
     ADD, SUB, MUL, DIV, MINIMUM, MAXIMUM, LESS, WHERE, NEG, ABS, SQUARE, SQRT, RSQRT, EXP, LOG, RELU, TANH,
-    SIGMOID, SIN, COS, GELU, GELU_TANH, SILU, CLAMP, SUM0, SUM_LAST, SUM_ALL, MEAN1, RESHAPE, PERMUTE,
+    SIGMOID, SIN, COS, GELU, GELU_WIDE, GELU_TANH, SILU, CLAMP, SUM0, SUM_LAST, SUM_ALL, MEAN1, RESHAPE, PERMUTE,
     SWAPAXES, MATMUL, MATMUL_BATCHED, MATMUL_BCAST, ONE_HOT, EMBEDDING, SOFTMAX, SOFTMAX_MID, LOG_SOFTMAX,
     CROSS_ENTROPY, NLL_SUM, ARGMAX, ARGMIN_ALL, FLATTEN, SPLIT_HEADS, SPLIT_HEADS_BIAS, MERGE_HEADS, TAKE_ALONG, ARANGE, ONES,
     NARROW, CONCAT3, STACK, SPLIT, SOFTMAX_CAUSAL, WHERE_CAUSAL, STOP_GRADIENT, DROPOUT, RANDN, CONV2D,
@@ -64,6 +64,7 @@ static tg_tensor op_fwd(const bcase *c, const tg_tensor *in) {
     case SIN: return tg_sin(x);
     case COS: return tg_cos(x);
     case GELU: return tg_gelu(x);
+    case GELU_WIDE: return tg_gelu(tg_mul(x, tg_scalar(7)));
     case GELU_TANH: return tg_gelu_tanh(x);
     case SILU: return tg_silu(x);
     case CLAMP: return tg_clamp(x, -0.5, 0.7);
@@ -182,6 +183,8 @@ static const bcase CASES[] = {
     { "sin", SIN, 1, { F("x", 13) }, 0, false, false },
     { "cos", COS, 1, { F("x", 13) }, 0, false, false },
     { "gelu", GELU, 1, { F("x", 13) }, 0, false, false },
+    /* GELU on [-14, 14]: the compiled backends' Mills-ratio form (expr.c, tgk_mills) in its tails too */
+    { "gelu, wide inputs", GELU_WIDE, 1, { F("x", 64) }, 0, false, false },
     /* A million elements: CUDA's pointwise kernels take several a thread (pointwise_kernel's
      * ELEMS); at bf16 the product's output, the bias added and the gelu are bf16 activations, the
      * product's kept in bf16 only. (Among a million draws some land where gelu's gradient
