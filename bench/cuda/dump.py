@@ -1,10 +1,11 @@
 """Pieces of a `bench --kernels` CUDA dump, for the harnesses that time the library's kernels alone."""
 import re
 
-def prelude(src, marker):
+def prelude(src, marker=None):
     """The dump's source up to the first generated kernel after `marker` (a line of the last
-    template wanted), without the kernels before it, and with <stdint.h>'s types for nvcc."""
-    end = src.index('extern "C"', src.index(marker))
+    template wanted; None: the whole dump), without the kernels before it, and with <stdint.h>'s
+    types for nvcc."""
+    end = src.index('extern "C"', src.index(marker)) if marker else len(src)
     pre, i = [], 0
     while True:
         j = src.find('extern "C"', i, end)

@@ -1482,8 +1482,8 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
     size_t at = chunks > 1 ? sum_scratch(c, p, n_sums * chunks * outs) : 0;
     /* A thread's few values added in float, the block's and the chunks' totals in double: each
      * value's widening and double add made the bf16 GELU backward's sum wait on arithmetic
-     * (55.3 -> 48.1 us, bench/cuda/colsum_kernel); at most FLOAT_TERMS values keep the float
-     * sum within 4e-6 of their sizes' sum (64 roundings of 2^-24). */
+     * (55.3 -> 48.1 us alone, bench/logs/gpu_h200_s34_b_*); at most FLOAT_TERMS values keep
+     * the float sum within 4e-6 of their sizes' sum (64 roundings of 2^-24). */
     const char *acc_type = (chunk + Y - 1) / Y <= FLOAT_TERMS ? "float" : "double";
     char accs[200], widened[200];
     sum_accumulators(accs, sizeof accs, n_sums * L, "acc%d = 0");

@@ -31,7 +31,6 @@ ks = [k.replace(name + '(', 'v0('),
       wide % ('v2', src_ptr.group(2), dst_ptr.group(2), 2, 512),
       wide % ('v3', src_ptr.group(2), dst_ptr.group(2), 1, 256)]
 offs = [int(x) for x in re.findall(r'A \+ (\d+)', k)]
-last_kernel = [m.start() for m in re.finditer(r'extern "C" __global__', src)][-1]
-open(sys.argv[4], 'w').write(dump.prelude(src + '\nextern "C"', src[last_kernel:src.index('\n', last_kernel)]) + '\n'.join(ks) +
+open(sys.argv[4], 'w').write(dump.prelude(src) + '\n'.join(ks) +
     '\n#define ARENA %dll\n#define N %dll\n#define SRC %s\n#define DST %s\n#include "harness.cu"\n' %
     (max(offs) + (1 << 26), n, src_ptr.group(2), dst_ptr.group(2)))
