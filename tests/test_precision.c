@@ -151,13 +151,13 @@ static ht expect(opk op, const ht *x) {
     return out;
 }
 
-/* bf16 graphs round their activations (graph_bf16_values): a product's output; a product plus
+/* bf16 graphs round their activations (graph_bf16_values): a product's or attention's output; a product plus
  * its bias once, with the bias rounded to bf16 first (autocast's linear: graph_product_addend), and
  * the gelu of that; a residual sum of f32 x[2] and a rounded product stays f32.
  * `want`: the op on the rounded operands rx, replaced by what a bf16 graph computes. */
 static void activations(opk op, ht *want, const ht *rx) {
     const tg_precision BF = TG_PRECISION_BF16;
-    if (op == MATMUL || op == MATMUL_BT || op == CONV)
+    if (op == MATMUL || op == MATMUL_BT || op == CONV || op == ATTENTION)
         for (int64_t e = 0; e < nel(want->s); e++) want->v[e] = precision_round(BF, (float)want->v[e]);
     if (op != GELU_BIAS && op != RESIDUAL) return;
     ht mm = expect(MATMUL, rx);
@@ -234,7 +234,8 @@ static tg_tensor attention_weighted(const void *ctx, const tg_tensor *in) {
 
 /* The gradients of sum(attention(q, k, v) * w) (causal, scale 0.4, [B, T, D]) in float64, with q,
  * k, v and w (the incoming gradient) rounded, and (round_p) the backward's p and ds rounded where
- * they enter its products: g[0..2] = dq, dk, dv. */
+ * they enter its products: g[0..2] = dq, dk, dv. At bf16 the output is a bf16 activation: the
+ * backward's delta = w . out reads it rounded. */
 static void attention_grads(tg_precision prec, const ht *x, bool round_p, ht *g) {
     const int64_t B = x[0].s.d[0], T = x[0].s.d[1], D = x[0].s.d[2];
     double *p = calloc((size_t)T, sizeof(double)), *out = calloc((size_t)D, sizeof(double));
@@ -254,7 +255,7 @@ static void attention_grads(tg_precision prec, const ht *x, bool round_p, ht *g)
             for (int64_t d = 0; d < D; d++) {
                 out[d] = 0;
                 for (int64_t c = 0; c <= r; c++) out[d] += p[c] * x[2].v[(b * T + c) * D + d];
-                delta += w[d] * out[d];
+                delta += w[d] * (prec == TG_PRECISION_BF16 ? precision_round(prec, (float)out[d]) : out[d]);
             }
             for (int64_t c = 0; c <= r; c++) {
                 const double *k = x[1].v + (b * T + c) * D, *v = x[2].v + (b * T + c) * D;

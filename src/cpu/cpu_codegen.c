@@ -547,12 +547,12 @@ static int pointwise_kernel(gen *G, int first, const int *next, int n_next) {
     return joined;
 }
 
-/* A product's output rounded in place to bf16 (a bf16 activation: graph_bf16_values); the
- * product kernel itself sums in f32. */
+/* A product's or attention's output rounded in place to bf16 (a bf16 activation:
+ * graph_bf16_values); the library kernel itself works in f32. */
 static void round_kernel(gen *G, int id) {
     cg *c = &G->c;
     begin(G, id);
-    G->prefix = "kround";   /* the product's own call is k<id> */
+    G->prefix = "kround";   /* the library kernel's own call is k<id> */
     cg_line(c, "P%d[i] = tgk_bf16r(P%d[i]);", id, id);
     char head[128];
     snprintf(head, sizeof head, "    for (int64_t i = 0; i < %lld; i++) {\n", (long long)N(c, id)->numel);
@@ -1147,7 +1147,7 @@ static char *generate(const tg_graph *g, const bool *materialized, const tg_plan
         else if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_LSE || n->op == OP_ATTENTION_BWD)
             joined = attention_call(&G, i, order + q + 1, n_order - q - 1);
         else special_kernel(&G, i);
-        if (n->op == OP_MATMUL && graph_rounds(g, c->bf16, i)) {   /* a bf16 activation out of the product kernel */
+        if ((n->op == OP_MATMUL || n->op == OP_ATTENTION) && graph_rounds(g, c->bf16, i)) {   /* a bf16 activation out of a library kernel */
             entry_call(&entry, &G, profile, i);
             round_kernel(&G, i);
         }

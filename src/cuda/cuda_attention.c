@@ -23,7 +23,9 @@
  * FlashAttention's and cuDNN's kernels round them; scores, softmax, the forward's probabilities
  * (unnormalised in the online softmax, so no rounding of them could match the reference's) and
  * every sum stay f32. The output and dk, dv also store their rounded copies where products read
- * them (tga_shadow).
+ * them (tga_shadow). At bf16 the output is itself a bf16 activation (graph_bf16_values, as
+ * autocast's attention returns bf16): rounded once, and with no f32 buffer (o NULL) where nothing
+ * reads it in f32; the tensor-core backward then reads its bf16 copy (tga_four).
  *
  * Operands may hold the heads interleaved (template parameter H > 1, graph.h's attn_row: rows of
  * one head H * width apart), as a model's splits of heads leave them: every row address goes
@@ -43,6 +45,13 @@ const char CUDA_ATTENTION_SOURCE[] =
     "static __device__ long long tga_row(long long b) { return H > 1 ? ((b / H) * T * H + b % H) * W : b * T * W; }\n"
     /* an output's rounded copy (the shadow a product at tf32, RND 1, or bf16, RND 2, reads), where
      * it has one: element i of s, beside the f32 value v */
+    /* four values of a row of out from i on, as f32 or as bf16 (a bf16 graph's attention output
+     * is a bf16 activation: graph_bf16_values) */
+    "static __device__ float4 tga_four(const float *p) { return *(const float4 *)p; }\n"
+    "static __device__ float4 tga_four(const unsigned short *p) {\n"
+    "    const uint2 u = *(const uint2 *)p;\n"
+    "    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),\n"
+    "                       __uint_as_float(u.y & 0xffff0000u));\n}\n"
     "template <int RND>\n"
     "static __device__ void tga_shadow(void *s, long long i, float v) {\n"
     "    if (RND == 2 && s) ((unsigned short *)s)[i] = tgk_round_bf16(v);\n"
@@ -159,8 +168,9 @@ const char CUDA_ATTENTION_SOURCE[] =
     "        for (int j = 0; j < EJ; j++)\n"
     "            if (OUT && tx + 16 * j < E) {\n"
     "                const long long at = ob + (long long)r * H * E + tx + 16 * j;\n"
-    "                o[at] = acc[i][j] * inv;\n"
-    "                tga_shadow<RND>(os, at, acc[i][j] * inv);\n"
+    "                const float x = RND == 2 ? tgk_round_bf16_float(acc[i][j] * inv) : acc[i][j] * inv;\n"
+    "                if (o) o[at] = x;\n"
+    "                tga_shadow<RND>(os, at, x);\n"
     "            }\n"
     "        if (lse && tx == 0) lse[b * T + r] = (m[i] + log2f(l[i])) * 0.6931471805599453f;\n"
     "    }\n"
@@ -590,8 +600,9 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "#pragma unroll\n"
     "            for (int ne = 0; ne < EN; ne++) {\n"
     "                const long long at = ob + (long long)r * H * E + ne * 8 + 2 * t;\n"
-    "                const float x0 = acc[ne][2 * h] * inv, x1 = acc[ne][2 * h + 1] * inv;\n"
-    "                *(float2 *)(o + at) = make_float2(x0, x1);\n"
+    "                float x0 = acc[ne][2 * h] * inv, x1 = acc[ne][2 * h + 1] * inv;\n"
+    "                if (M::RND == 2) x0 = tgk_round_bf16_float(x0), x1 = tgk_round_bf16_float(x1);\n"
+    "                if (o) *(float2 *)(o + at) = make_float2(x0, x1);\n"
     "                tgm_shadow2<M::RND>(os, at, x0, x1);\n"
     "            }\n"
     "        if (lse && t == 0) lse[b * T + r] = (m[h] + log2f(l[h])) * 0.6931471805599453f;\n"
@@ -664,9 +675,9 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
      * d_out and dk += ds^T q in registers; dq += ds k through shared memory (ds in f32, split as
      * it is read) and tgm_add_dq. Shared: the rows' lse and delta, two stages of the query tile (q,
      * d_out), the key tile, ds. */
-    "template <class M, int T, int S, int D, int E, bool CAUSAL, int OH, int H>\n"
+    "template <class M, int T, int S, int D, int E, bool CAUSAL, int OH, int H, class OX>\n"
     "static __device__ void tgk_attention_bwd_mma(const typename M::E *__restrict__ q, const typename M::E *__restrict__ k,\n"
-    "        const typename M::E *__restrict__ v, const float *__restrict__ o, const typename M::E *__restrict__ dout,\n"
+    "        const typename M::E *__restrict__ v, const OX *__restrict__ o, const typename M::E *__restrict__ dout,\n"
     "        const float *__restrict__ lse, float *dq, float *__restrict__ dk, float *__restrict__ dv, void *dks, void *dvs,\n"
     "        float scale) {\n"
     "    typedef typename M::E X;\n"
@@ -704,12 +715,12 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "            tgm_tile<X, D, LK, H * D>(Qg + (st ^ 1) * STAGE, q, r0 + 64, T);\n"
     "            tgm_tile<X, E, LV, H * E>(Qg + (st ^ 1) * STAGE + 64 * LK, dout, r0 + 64, T);\n"
     "        }\n"
-    "        {   /* lse in log2 units, and delta_r = d_out_r . out_r (out read from memory): two threads a row */\n"
+    "        {   /* lse in log2 units, and delta_r = d_out_r . out_r (out read from memory, f32 or bf16): two threads a row */\n"
     "            const int r = threadIdx.x >> 1, part = threadIdx.x & 1;\n"
     "            float dsum = 0.0f;\n"
     "            if (r0 + r < T)\n"
     "                for (int e = 4 * part; e < E; e += 8) {\n"
-    "                    const float4 x = *(const float4 *)(o + (long long)(r0 + r) * OH * E + e);\n"
+    "                    const float4 x = tga_four(o + (long long)(r0 + r) * OH * E + e);\n"
     "                    const X *y = Gs + r * LV + e;\n"
     "                    dsum += M::value(y[0]) * x.x + M::value(y[1]) * x.y + M::value(y[2]) * x.z + M::value(y[3]) * x.w;\n"
     "                }\n"

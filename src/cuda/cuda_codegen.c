@@ -100,12 +100,15 @@ static bool attention_reads_copies(const tg_graph *g, int i, int sm) {
 }
 
 /* The sources of attention node n that enter its products (q, k, v; d_out in the backward), read
- * as rounded copies where attention_reads_copies. Returns how many (their src indices in ops). */
-static int attention_operands(const tg_node *n, int *ops) {
+ * as rounded copies where attention_reads_copies; in the backward also out, where it is a bf16
+ * activation (bf16: graph_bf16_values; its bf16 value is its copy). Returns how many (their src
+ * indices in ops). */
+static int attention_operands(const tg_node *n, const bool *bf16, int *ops) {
     static const int fwd[] = { 0, 1, 2 }, lse[] = { 0, 1 }, bwd[] = { 0, 1, 2, 4 };
     const int *o = n->op == OP_ATTENTION ? fwd : n->op == OP_ATTENTION_LSE ? lse : bwd;
     int k = n->op == OP_ATTENTION ? 3 : n->op == OP_ATTENTION_LSE ? 2 : 4;
     memcpy(ops, o, sizeof(int) * (size_t)k);
+    if (n->op == OP_ATTENTION_BWD && bf16 && bf16[n->src[3]]) ops[k++] = 3;
     return k;
 }
 
@@ -164,10 +167,12 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
                         bool *want, bool *want_t, bool *only) {
     for (int i = 0; i < g->n; i++) want[i] = want_t[i] = only[i] = false;
     if (g->precision == TG_PRECISION_F32) return;
+    bool *bf16;
+    graph_bf16_values(g, &bf16);   /* NULL when memory runs out: every activation in f32 too */
     for (int i = 0; i < g->n; i++) {   /* our kernels' products round their operands as they read them */
         const tg_node *n = &g->nodes[i];
         if (!materialized[i]) continue;
-        int ops[4], n_ops = 0;
+        int ops[5], n_ops = 0;
         if (on_cublas(g, materialized, i)) {   /* operands that no kernel of ours computes go through a slot; so does an addend */
             for (int k = 0; k < n->nsrc; k++) {   /* an addend is added in f32 at tf32 (cuda_fold_addends) */
                 int h = home_of(alias, n->src[k]);
@@ -179,7 +184,7 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
                     ops[n_ops++] = k;
             }
         } else if (attention_reads_copies(g, i, sm)) {   /* all: attention_kernel fills the others */
-            n_ops = attention_operands(n, ops);
+            n_ops = attention_operands(n, bf16, ops);
         }
         for (int k = 0; k < n_ops; k++) {
             int h = home_of(alias, n->src[ops[k]]);
@@ -189,11 +194,11 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
     /* A computed node whose kernel writes its copy, and that only products and tensor-core
      * attention read, keeps no f32 copy at all; nor does a bf16 activation (graph_bf16_values:
      * its f32 value is its bf16 one) computed by one of our kernels or by cuBLAS, where every
-     * reader is a product or reads it through the expression engine (cg_value). */
-    bool *bf16;
-    graph_bf16_values(g, &bf16);   /* NULL when memory runs out: every activation in f32 too */
+     * reader is a product or reads it through the expression engine (cg_value). Attention writes
+     * f32, but for its output at bf16. */
     for (int i = 0; i < g->n; i++) {
-        bool computed = !cg_is_bound(g->nodes[i].op) && alias[i] < 0 && !is_attention(g->nodes[i].op);   /* attention writes f32 */
+        const tg_op op = g->nodes[i].op;
+        bool computed = !cg_is_bound(op) && alias[i] < 0 && (!is_attention(op) || (op == OP_ATTENTION && bf16 && bf16[i]));
         only[i] = computed && ((want[i] && writes_shadow(g, materialized, i)) ||
                                (bf16 && bf16[i] && (writes_shadow(g, materialized, i) || on_cublas(g, materialized, i))));
     }
@@ -205,6 +210,7 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
     bool *live = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
     if (!live) {   /* out of memory: every copy beside its f32 value (the source is discarded anyway) */
         for (int i = 0; i < g->n; i++) only[i] = false;
+        free(bf16);
         return;
     }
     for (int i = 0; i < g->n; i++) live[i] = materialized[i] || alias[i] >= 0;
@@ -220,8 +226,8 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
         bool expr = !materialized[i] || fuse_pointwise(n->op) || n->op == OP_SUM;   /* reads through cg_value */
         for (int k = 0; k < n->nsrc; k++) {
             int h = home_of(alias, n->src[k]);
-            if ((!mma || (k == 3 || k == 5)) && !(own && k == 0) && !(expr && bf16 && bf16[h]))   /* such attention reads out and lse as f32 */
-                only[h] = false;
+            bool f32_out = k == 3 && !(bf16 && bf16[h]);   /* such attention reads lse, and out unless bf16, as f32 */
+            if ((!mma || k == 5 || f32_out) && !(own && k == 0) && !(expr && bf16 && bf16[h])) only[h] = false;
         }
     }
     for (int i = 0; i < g->n; i++) want[i] |= only[i];
@@ -2049,7 +2055,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
      * (out, lse forward; dq, dk, dv backward); operands of tensor cores as rounded copies. */
     cuda_kernel_args args = { .scale = (float)(bwd ? scale : scale * 1.4426950408889634) };
     bool rounded[11] = { false };
-    int ops[4], n_ops = attention_reads_copies(c->g, id, p->sm) ? attention_operands(n, ops) : 0;
+    int ops[5], n_ops = attention_reads_copies(c->g, id, p->sm) ? attention_operands(n, c->bf16, ops) : 0;
     for (int k = 0; k < 11; k++) args.at[k] = -1;
     for (int o = 0; o < n_ops; o++) rounded[ops[o]] = true;
     for (int k = 0; k < n->nsrc; k++) args.at[k] = buffer_at(c, n->src[k], rounded[k]);
@@ -2062,7 +2068,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
         }
     } else {   /* out, lse, and out's rounded copy (at[5]) */
         if (!fwd) args.at[2] = args.at[1];   /* v unread */
-        args.at[3] = fwd ? buffer_at(c, id, false) : -1;
+        args.at[3] = fwd && !cg_unplaced(c, id) ? buffer_at(c, id, false) : -1;   /* at bf16 maybe its copy only */
         args.at[4] = !fwd ? buffer_at(c, id, false) : n_out > 1 ? buffer_at(c, outs[1], false) : -1;
         if (fwd && has_shadow(c, id)) args.at[5] = buffer_at(c, id, true);
     }
@@ -2078,6 +2084,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     }
     snprintf(last + strlen(last), sizeof last - strlen(last), ", %lld", inter);
     if (inter > 1) snprintf(name + strlen(name), sizeof name - strlen(name), "_i%lld", inter);
+    if (rounded[3]) snprintf(name + strlen(name), sizeof name - strlen(name), "_ob");   /* out read as bf16 */
     bool compiled = false;
     for (int i = 0; i < p->n; i++) compiled |= p->launch[i].kind == CL_KERNEL && !strcmp(p->launch[i].name, name);
     if (!compiled) {

@@ -116,6 +116,7 @@ bool graph_bf16_values(const tg_graph *g, bool **out) {
         bf16[i] = false;
         if (n->dtype != TG_FLOAT32) continue;
         if (n->op == OP_MATMUL) bf16[i] = !f32[i];
+        else if (n->op == OP_ATTENTION) bf16[i] = true;   /* autocast's attention returns bf16 */
         else if (moves(n->op)) bf16[i] = bf16[n->src[0]];
         else if (arithmetic(n->op)) bf16[i] = follows(g, n, bf16);
     }
