@@ -11,7 +11,6 @@
 #include "compile/expr.h"
 #include "cuda/cuda.h"
 
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1315,75 +1314,6 @@ static void sum_accumulators(char *out, size_t len, int n, const char *item) {
     }
 }
 
-/* ----- a row's statistics in column sums -----
- * A layer norm's parameter gradients sum dy (x - mean_r) rstd_r down the rows, so each element
- * read its row's mean and inverse deviation: two more loads and their index arithmetic an
- * element (bf16 char_gpt: such a sum 14.7 us alone, 9.5 with those loads taken out). Where the
- * sum has one row of outputs (outer 1), an [R] value its source reads only at the element's row
- * (cg_row_local) is named V<id> in the body (cg.row_vals) and defined once an iteration
- * (row_stat_defs): in a loop of a fixed count of at most 32 turns, lane l loads the value of the
- * warp's turn l before the loop and each turn takes it from that lane by a shuffle, ahead of the
- * turn's bounds check (which differs by lane, and a shuffle needs every lane); elsewhere it is
- * loaded at the turn's row. */
-enum { ROW_STATS_MAX = 4 };
-
-typedef struct { int id[ROW_STATS_MAX], n; bool *mark; } row_stats;
-
-/* Sum source xb joins the kernel: false if it reads a value marked before elsewhere than at its
- * row; else the [len] values it reads at its own row only are marked in c->row_vals too. */
-static bool row_stats_add(cg *c, row_stats *rs, int xb, int64_t outer, int64_t len, int64_t inner) {
-    for (int q = 0; q < rs->n; q++)
-        if (!cg_row_local(c, xb, xb, rs->id[q], 0, len, inner)) return false;
-    if (outer != 1 || inner < 2 || (xb != c->root && (c->mat[xb] || cg_is_bound(N(c, xb)->op)))) return true;
-    for (int t = 0; t < xb && rs->n < ROW_STATS_MAX; t++) {
-        const tg_node *n = N(c, t);
-        if ((rs->mark && rs->mark[t]) || n->numel != len || n->dtype != TG_FLOAT32 || !(c->mat[t] || cg_is_bound(n->op)) ||
-            cg_unplaced(c, t) || !cg_expr_reads(c, xb, xb, t) || !cg_row_local(c, xb, xb, t, 0, len, inner))
-            continue;
-        if (!rs->mark) {
-            if (!(rs->mark = tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1)))) return true;
-            memset(rs->mark, 0, sizeof(bool) * (size_t)c->g->n);
-        }
-        rs->mark[t] = true;
-        rs->id[rs->n++] = t;
-    }
-    c->row_vals = rs->mark;
-    return true;
-}
-
-/* Marks as read the values whose V<id> the body names (their pointers, and the race checks) */
-static void row_stats_used(cg *c, const row_stats *rs) {
-    for (int q = 0; q < rs->n; q++) {
-        char name[NAME + 2];
-        snprintf(name, sizeof name, "V%d", rs->id[q]);
-        for (const char *at = strstr(sb_str(&c->body), name); at && !c->used[rs->id[q]]; at = strstr(at + 1, name))
-            c->used[rs->id[q]] |= !isdigit((unsigned char)at[strlen(name)]);
-    }
-}
-
-/* The definitions of the values read: `pre` before the loop, `turn` at the top of a turn (before
- * its bounds check where `shuffled`), for rows k of a turn (k0 + y + 32 it in a fixed loop) */
-static void row_stat_defs(const cg *c, const row_stats *rs, bool shuffled, int64_t turns, int64_t len, strbuf *pre, strbuf *turn) {
-    for (int q = 0; q < rs->n; q++) {
-        const int t = rs->id[q];
-        if (!c->used[t]) continue;
-        if (shuffled) {
-            sb_printf(pre, "    const int64_t w%d = k0 + y + (int64_t)lane * %d;\n", t, Y);
-            sb_printf(pre, "    const float W%d = lane < %lld && w%d < %lldll ? P%d[w%d] : 0.0f;\n", t, (long long)turns, t, (long long)len, t, t);
-            sb_printf(turn, "        const float V%d = __shfl_sync(0xffffffffu, W%d, it);\n", t, t);
-        } else {
-            sb_printf(turn, "        const float V%d = P%d[k];\n", t, t);
-        }
-    }
-}
-
-static void row_stats_end(cg *c, row_stats *rs) {
-    c->row_vals = NULL;
-    free(rs->mark);
-    rs->mark = NULL;
-    rs->n = 0;
-}
-
 /* A column sum of few rows and many columns (a position embedding's gradient: 64 rows of 98,304
  * columns, summed over the batch): a thread sums every row of its `lanes` neighbouring columns,
  * in order, and stores them. The 32 x 32 blocks below would leave each thread two rows, and the
@@ -1394,7 +1324,7 @@ static void row_stats_end(cg *c, row_stats *rs) {
 enum { THIN_ROWS = 128, THIN_THREADS = 49152 };
 
 static bool thin_sum(cg *c, cuda_plan *p, const char *it, int64_t outer, int64_t len, int64_t inner, int producer,
-                     const int *srcs, const int *sums, int n_sums, const int *roots, int n_roots, int n_far, row_stats *rs) {
+                     const int *srcs, const int *sums, int n_sums, const int *roots, int n_roots, int n_far) {
     const int64_t outs = outer * inner;
     if (len > THIN_ROWS || n_far || outs < THIN_THREADS) return false;
     bool forced;
@@ -1402,7 +1332,6 @@ static bool thin_sum(cg *c, cuda_plan *p, const char *it, int64_t outer, int64_t
     for (int l = lanes_wanted(&forced); l > 1 && L == 1 && floats(c, &producer, 1); l = forced ? 1 : l / 2)
         if (inner % l == 0 && (forced || outs / l >= THIN_THREADS)) L = l;
     if (L > 1) sum_lanes(c, it, len, inner, producer, srcs, n_sums, L);
-    row_stats_used(c, rs);
     const char *ht = head_type(it);
     char head[600], accs[200];
     sum_accumulators(accs, sizeof accs, n_sums * L, "acc%d = 0");
@@ -1410,18 +1339,12 @@ static bool thin_sum(cg *c, cuda_plan *p, const char *it, int64_t outer, int64_t
              "    const %s oj = ((int64_t)blockIdx.x * %d + threadIdx.x) * %d;\n    if (oj >= %lldll) return;\n"
              "    const %s o = oj / %lld, j = oj %% %lld;\n    double %s;\n#pragma unroll 8\n    for (%s k = 0; k < %lld; k++) {\n",
              ht, BLOCK, L, (long long)outs, ht, (long long)inner, (long long)inner, accs, ht, (long long)len);
-    strbuf pre = { 0 }, turn = { 0 }, whole = { 0 };
-    row_stat_defs(c, rs, false, 0, len, &pre, &turn);
-    sb_printf(&whole, "%s%s", head, sb_str(&turn));
     strbuf tail = { 0 };
     sb_printf(&tail, "    }\n");
     for (int q = 0; q < n_sums; q++)
         for (int v = 0; v < L; v++) sb_printf(&tail, "    P%d[oj + %d] = (%s)acc%d;\n", sums[q], v, cg_ctype(N(c, sums[q])), q * L + v);
-    end_kernel_roots(c, roots, n_roots, NULL, 0, sb_str(&whole), sb_str(&tail), 0);
+    end_kernel_roots(c, roots, n_roots, NULL, 0, head, sb_str(&tail), 0);
     free(tail.s);
-    free(pre.s);
-    free(turn.s);
-    free(whole.s);
     kernel_launch(p, sums[0], outs / L, BLOCK);
     return true;
 }
@@ -1441,8 +1364,7 @@ static bool thin_sum(cg *c, cuda_plan *p, const char *it, int64_t outer, int64_t
  * kernel of its own: each element is visited once, so it is stored where it is summed (a bias
  * gradient and the gradient it sums, one launch). False, with nothing emitted, when that would
  * race (its buffer shares memory with something the kernel reads). */
-static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int *next, bool *done, int n_next, int *taken,
-                            row_stats *rs) {
+static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int *next, bool *done, int n_next, int *taken) {
     const tg_node *n = N(c, id);
     int64_t outer, len, inner;
     int x = sum_split(c, id, &outer, &len, &inner);
@@ -1455,32 +1377,28 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
     char flat[NAME];
     const char *it = s->numel < ((int64_t)1 << 31) && !cg_has_pad(c, x, -1) ? "uint32_t" : "int64_t";
     cg_def(c, flat, "f", it, "(%s)((o * %lld + k) * %lld + j)", it, (long long)len, (long long)inner);
-    char o[2 * NAME];
+    char o[NAME];
     snprintf(o, sizeof o, "(o * %lld + k)", (long long)len);
     if (inner > 1) row_lane(c, inner, flat, o, 0);
-    if (!rows) row_stats_add(c, rs, x, outer, len, inner);
     if (producer >= 0) {
         const char *v = cg_root_value(c, flat);
         if (!cg_unplaced(c, producer)) cg_line(c, "P%d[%s] = %s;", producer, flat, v);
         shadow_store(c, producer, flat);
         cg_line(c, "acc0 += %s;", v);
-        row_stats_used(c, rs);
         for (int u = 0; u < c->g->n; u++)
             if (u != producer && (c->used[u] || u == id) && arena_overlap(c, u, producer)) return false;
     } else {
         cg_line(c, "acc0 += %s;", cg_value(c, x, flat));
-        row_stats_used(c, rs);
     }
     int sums[MAX_SIBLINGS] = { id }, srcs[MAX_SIBLINGS] = { x }, n_sums = 1;
     bool *before = rows ? NULL : tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
     for (int q = 0; before && q < n_next && n_sums < MAX_SIBLINGS; q++) {
         int b = next[q], xb = done[q] || plan_home(c->plan, b) != b ? -1 : sum_alike(c->g, c->mat, id, b, outer, len, inner, s->numel);
-        if (xb < 0 || (!rows && !row_stats_add(c, rs, xb, outer, len, inner))) break;
+        if (xb < 0) break;
         size_t body_len = c->body.len;
         int n_memo = c->n_memo;
         memcpy(before, c->used, sizeof(bool) * (size_t)c->g->n);
         cg_line(c, "acc%d += %s;", n_sums, cg_value(c, xb, flat));
-        row_stats_used(c, rs);
         if (!sibling_ok(c, sums, n_sums, producer, b)) {   /* take its line back out */
             c->body.len = body_len;
             c->body.s[body_len] = 0;
@@ -1497,7 +1415,6 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
     if (producer >= 0) roots[n_roots++] = producer;
     int near = n_roots;   /* roots[near ..): brought forward, their shadows filled here */
     int i0 = producer >= 0 ? producer : id;
-    c->row_vals = NULL;   /* far siblings load the values themselves */
     for (int q = *taken; before && s->numel <= FAR_NUMEL && q < n_next && q < *taken + FAR_WINDOW && n_sums < MAX_SIBLINGS; q++) {
         int b = next[q], pb;
         if (done[q] || plan_home(c->plan, b) != b || sum_alike(c->g, c->mat, id, b, outer, len, inner, s->numel) < 0) continue;
@@ -1509,7 +1426,6 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
         n_far++;
     }
     free(before);
-    c->row_vals = rs->mark;
     c->root = id;
     char head[900];
     const char *ht = head_type(it);
@@ -1548,7 +1464,7 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
         kernel_launch(p, id, outs * chunks * 32, BLOCK);
         return true;
     }
-    if (thin_sum(c, p, it, outer, len, inner, producer, srcs, sums, n_sums, roots, n_roots, n_far, rs)) return true;
+    if (thin_sum(c, p, it, outer, len, inner, producer, srcs, sums, n_sums, roots, n_roots, n_far)) return true;
     /* Lanes (neighbouring columns a thread) where each thread still sums 16 rows with them: with
      * fewer rows the column totals at the end outweigh the wider loads (four lanes on every sum
      * the shapes allow: char_gpt_small bf16 0.335 -> 0.393 ms, mnist_mlp f32 0.104 -> 0.117) */
@@ -1558,7 +1474,6 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
     for (int l = lanes_wanted(&forced); l > 1 && L == 1 && !n_far && floats(c, &producer, 1); l = forced ? 1 : l / 2)
         if (inner % l == 0 && (forced || column_plan(outs, len, l, &blocks, &chunks) >= 16)) L = l;
     if (L > 1) sum_lanes(c, it, len, inner, producer, srcs, n_sums, L);
-    row_stats_used(c, rs);
     column_plan(outs, len, L, &blocks, &chunks);
     int64_t chunk = (len + chunks - 1) / chunks;
     /* Chunks of whole row groups: each thread's loop then has a count known at compile time (the
@@ -1586,18 +1501,16 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
              "    const int64_t oc = ((int64_t)blockIdx.x * 32 + y) * %d;\n"
              "    const %s o = oj / %lld, j = oj %% %lld, k0 = (%s)blockIdx.y * %lld;\n"
              "    const %s k1 = oj >= %lldll ? k0 : k0 + %lld < %lldll ? k0 + %lld : %lldll;\n"
-             "    %s %s;\n",
+             "    %s %s;\n"
+             "#pragma unroll 8\n",   /* loads in flight: a thread's are independent, only its sum is not */
              n_sums, Y, ht, L, L, ht, (long long)inner, (long long)inner, ht, (long long)chunk, ht, (long long)outs, (long long)chunk,
              (long long)len, (long long)chunk, (long long)len, acc_type, accs);
-    const bool shuffled = fixed && chunk / Y <= 32;
-    strbuf pre = { 0 }, turn = { 0 }, whole = { 0 };
-    row_stat_defs(c, rs, shuffled, chunk / Y, len, &pre, &turn);
-    sb_printf(&whole, "%s%s#pragma unroll 8\n", head, sb_str(&pre));   /* loads in flight: a thread's are independent, only its sum is not */
     if (fixed)
-        sb_printf(&whole, "    for (int it = 0; it < %lld; it++) {\n        const %s k = k0 + y + it * %d;\n%s        if (k >= k1) continue;\n%s",
-                  (long long)(chunk / Y), ht, Y, shuffled ? sb_str(&turn) : "", shuffled ? "" : sb_str(&turn));
+        snprintf(head + strlen(head), sizeof head - strlen(head),
+                 "    for (int it = 0; it < %lld; it++) {\n        const %s k = k0 + y + it * %d;\n        if (k >= k1) continue;\n",
+                 (long long)(chunk / Y), ht, Y);
     else
-        sb_printf(&whole, "    for (%s k = k0 + y; k < k1; k += %d) {\n%s", ht, Y, sb_str(&turn));
+        snprintf(head + strlen(head), sizeof head - strlen(head), "    for (%s k = k0 + y; k < k1; k += %d) {\n", ht, Y);
     /* Warp y writes output oc of each sum: straight when the block summed every row, else its
      * partial sums to scratch, and the last block of the column group adds them up. */
     strbuf tail = { 0 };
@@ -1620,22 +1533,17 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
                                  "    if (lane == 0 && oc + %d < %lldll) P%d[oc + %d] = (%s)tot%d;\n",
                           a, (long long)(q * chunks * outs), (long long)chunks, (long long)outs, v, v, (long long)outs, sums[q], v, cg_ctype(n), a);
     }
-    end_kernel_roots(c, roots, n_roots, NULL, 0, sb_str(&whole), sb_str(&tail), 32 * Y);
+    end_kernel_roots(c, roots, n_roots, NULL, 0, head, sb_str(&tail), 32 * Y);
     free(tail.s);
-    free(pre.s);
-    free(turn.s);
-    free(whole.s);
     kernel_launch(p, id, blocks * 32 * Y, 32 * Y);
     p->launch[p->n - 1].grid_y = chunks;
     for (int r = near; r < n_roots; r++) fill_shadow(c, p, roots[r]);
     return true;
 }
 
-/* sum_kernel_body, its row nesting (row_lane) and row statistics undone on every way out */
+/* sum_kernel_body, its row nesting (row_lane) undone on every way out */
 static bool sum_kernel(cg *c, cuda_plan *p, int id, int producer, const int *next, bool *done, int n_next, int *taken) {
-    row_stats rs = { .n = 0 };
-    bool ok = sum_kernel_body(c, p, id, producer, next, done, n_next, taken, &rs);
-    row_stats_end(c, &rs);
+    bool ok = sum_kernel_body(c, p, id, producer, next, done, n_next, taken);
     row_lane(c, 0, "", "", 0);
     return ok;
 }
