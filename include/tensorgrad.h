@@ -466,15 +466,15 @@ typedef tg_tensor (*tg_forward_fn)(const void *ctx, const tg_tensor *inputs);
  *         attention's backward does (in BF16 too); everything else f32.
  *   BF16  mixed precision as torch.autocast(dtype=torch.bfloat16) does it: the operands of
  *         products and attention are rounded to bfloat16, sums stay f32; so are activations
- *         (the output of a product or of attention, and element-wise work on it such as a
- *         bias, GELU or ReLU,
- *         but not a sum with an f32 tensor of its size, such as the residual stream; a product
- *         plus a bias per column is rounded once, the bias rounded to bf16 first, as autocast's
- *         linear and cuBLASLt's bias epilogue compute it, and so is a product plus another's
- *         output, as a product with beta = 1 computes it), which
- *         lets a backend keep them in two bytes; parameters, their gradients, optimizer state,
- *         softmax, norms, reductions, attention's gradients and the loss stay f32. bf16 keeps
- *         f32's exponent range, so no loss scaling is needed (unlike fp16).
+ *         (the output of a product or of attention, attention's gradients of k and v, and
+ *         element-wise work on them such as a bias, GELU or ReLU, but not a sum with an f32
+ *         tensor of its size, such as the residual stream; a product plus a bias per column is
+ *         rounded once, the bias rounded to bf16 first, as autocast's linear and cuBLASLt's
+ *         bias epilogue compute it, and so is a product plus another's output, as a product
+ *         with beta = 1 computes it), which lets a backend keep them in two bytes; parameters,
+ *         their gradients, optimizer state, softmax, norms, reductions, attention's gradient
+ *         of q (added up in f32) and the loss stay f32. bf16 keeps f32's exponent range, so no
+ *         loss scaling is needed (unlike fp16).
  * The reference interpreter rounds at the same points, so each precision has an exact oracle.
  * A backend without the hardware runs what it can, never silently (tg_train_precision says what
  * runs): the "cpu" backend runs BF16 where the CPU has AVX512-BF16 (vdpbf16ps products; denormal

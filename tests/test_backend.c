@@ -403,15 +403,22 @@ static double worst_of(const bcase *c, const double *a, const double *b, int64_t
  * warps, 8 of 40960 gradient elements of gelu(matmul + bias) at 1.3e-4 on an H100; attention's
  * backward, whose p and ds are rounded as operands: 12 of 6720 at 4.6e-4 on the cpu backend at
  * bf16); f32 gets no allowance. On the H100, before activations were rounded, the worst over every
- * op at tf32 and bf16 was 1.6e-5. */
+ * op at tf32 and bf16 was 1.6e-5. Attention's output at bf16 is such an activation, and one step
+ * of one of its elements moves its row's delta = d_out . out, and with it the gradient of every
+ * key that row sees (dk sums over the rows): there 5% (84 of 4480 dk elements at 9.6e-4 for the
+ * causal T = 70, D = 16 case on an H200). */
 static bool matches(const tg_graph *g, double worst, int64_t past, int64_t n) {
-    bool *bf16, rounds = false;   /* does the graph round a computed value? (else, or out of memory: no allowance) */
+    bool *bf16, rounds = false, attention = false;   /* does the graph round a computed value? (else, or out of memory: no allowance) */
     graph_bf16_values(g, &bf16);
-    for (int i = 0; bf16 && i < g->n; i++) rounds |= graph_rounds(g, bf16, i) || g->nodes[i].op == OP_ATTENTION_BWD;
+    for (int i = 0; bf16 && i < g->n; i++) {
+        rounds |= graph_rounds(g, bf16, i) || g->nodes[i].op == OP_ATTENTION_BWD;
+        attention |= g->nodes[i].op == OP_ATTENTION_BWD;
+    }
     free(bf16);
     double two_steps = g->precision == TG_PRECISION_TF32 ? 0x1p-9 : rounds && g->precision == TG_PRECISION_BF16 ? 0x1p-6 : 0;
     if (two_steps == 0) return worst <= TOLERANCE;
-    return worst <= two_steps && past <= (n / 100 > 2 ? n / 100 : 2);
+    const int64_t few = attention && g->precision == TG_PRECISION_BF16 ? n / 20 : n / 100;
+    return worst <= two_steps && past <= (few > 2 ? few : 2);
 }
 
 /* The worst error seen per precision, for the summary line. */

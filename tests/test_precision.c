@@ -234,8 +234,8 @@ static tg_tensor attention_weighted(const void *ctx, const tg_tensor *in) {
 
 /* The gradients of sum(attention(q, k, v) * w) (causal, scale 0.4, [B, T, D]) in float64, with q,
  * k, v and w (the incoming gradient) rounded, and (round_p) the backward's p and ds rounded where
- * they enter its products: g[0..2] = dq, dk, dv. At bf16 the output is a bf16 activation: the
- * backward's delta = w . out reads it rounded. */
+ * they enter its products: g[0..2] = dq, dk, dv. At bf16 the output is a bf16 activation (the
+ * backward's delta = w . out reads it rounded), and so are dk and dv. */
 static void attention_grads(tg_precision prec, const ht *x, bool round_p, ht *g) {
     const int64_t B = x[0].s.d[0], T = x[0].s.d[1], D = x[0].s.d[2];
     double *p = calloc((size_t)T, sizeof(double)), *out = calloc((size_t)D, sizeof(double));
@@ -270,6 +270,8 @@ static void attention_grads(tg_precision prec, const ht *x, bool round_p, ht *g)
                 }
             }
         }
+    for (int i = 1; i < 3 && prec == TG_PRECISION_BF16; i++)
+        for (int64_t e = 0; e < nel(g[i].s); e++) g[i].v[e] = precision_round(prec, (float)g[i].v[e]);
     free(p);
     free(out);
 }

@@ -67,6 +67,10 @@ typedef struct {
     int *inplace;
     const int *inplace_ok;
     bool kcheck_out, aliased;
+    /* CUDA: a node whose rounded copy the sum copy_sum writes as it reads it (attention's dq: no
+     * pass of its own), or -1; that sum's kernel sets copy_written once it did */
+    int copy_by_sum, copy_sum;
+    bool copy_written;
     /* CPU row runs (row 0: off): an element-wise loop nested as flat index i = o * row + u, u < row.
      * The coordinates of a value of that innermost size read at index i are u and functions of o
      * alone, which the compiler hoists out of the loop over u: a permuted or broadcast read is

@@ -1147,9 +1147,13 @@ static char *generate(const tg_graph *g, const bool *materialized, const tg_plan
         else if (n->op == OP_ATTENTION || n->op == OP_ATTENTION_LSE || n->op == OP_ATTENTION_BWD)
             joined = attention_call(&G, i, order + q + 1, n_order - q - 1);
         else special_kernel(&G, i);
-        if ((n->op == OP_MATMUL || n->op == OP_ATTENTION) && graph_rounds(g, c->bf16, i)) {   /* a bf16 activation out of a library kernel */
-            entry_call(&entry, &G, profile, i);
-            round_kernel(&G, i);
+        for (int r = 0; r <= joined; r++) {   /* bf16 activations out of a library kernel (products, attention) */
+            const int o = r ? order[q + r] : i;
+            const tg_op op = g->nodes[o].op;
+            if ((op == OP_MATMUL || op == OP_ATTENTION || op == OP_ATTENTION_BWD) && graph_rounds(g, c->bf16, o)) {
+                entry_call(&entry, &G, profile, i);
+                round_kernel(&G, o);
+            }
         }
         bool writes_leaf = false;
         for (int r = 0; r < G.n_roots; r++) writes_leaf |= inplace_of(&G, G.roots[r]) >= 0;

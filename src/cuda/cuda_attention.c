@@ -23,9 +23,10 @@
  * FlashAttention's and cuDNN's kernels round them; scores, softmax, the forward's probabilities
  * (unnormalised in the online softmax, so no rounding of them could match the reference's) and
  * every sum stay f32. The output and dk, dv also store their rounded copies where products read
- * them (tga_shadow). At bf16 the output is itself a bf16 activation (graph_bf16_values, as
- * autocast's attention returns bf16): rounded once, and with no f32 buffer (o NULL) where nothing
- * reads it in f32; the tensor-core backward then reads its bf16 copy (tga_four).
+ * them (tga_shadow). At bf16 the output, and the gradients of k and v where they are (RKV: bit 1
+ * dk, bit 2 dv), are bf16 activations (graph_bf16_values, as autocast's attention returns bf16):
+ * rounded once (tga_store), with no f32 buffer (NULL) where nothing reads them in f32; the
+ * tensor-core backward then reads the output's bf16 copy (tga_four).
  *
  * Operands may hold the heads interleaved (template parameter H > 1, graph.h's attn_row: rows of
  * one head H * width apart), as a model's splits of heads leave them: every row address goes
@@ -56,6 +57,13 @@ const char CUDA_ATTENTION_SOURCE[] =
     "static __device__ void tga_shadow(void *s, long long i, float v) {\n"
     "    if (RND == 2 && s) ((unsigned short *)s)[i] = tgk_round_bf16(v);\n"
     "    if (RND == 1 && s) ((float *)s)[i] = tgk_round_tf32(v);\n}\n"
+    /* an output's value v at i: rounded to bf16 first where it is a bf16 activation (R), then in
+     * f32 where it is kept (d) and as the rounded copy where products read it (s) */
+    "template <int RND, bool R>\n"
+    "static __device__ void tga_store(float *d, void *s, long long i, float v) {\n"
+    "    if (R) v = tgk_round_bf16_float(v);\n"
+    "    if (d) d[i] = v;\n"
+    "    tga_shadow<RND>(s, i, v);\n}\n"
     /* v rounded as an operand of the graph's precision RND (0 f32, 1 tf32, 2 bf16; the prelude's
      * roundings) */
     "template <int RND>\n"
@@ -167,16 +175,13 @@ const char CUDA_ATTENTION_SOURCE[] =
     "#pragma unroll\n"
     "        for (int j = 0; j < EJ; j++)\n"
     "            if (OUT && tx + 16 * j < E) {\n"
-    "                const long long at = ob + (long long)r * H * E + tx + 16 * j;\n"
-    "                const float x = RND == 2 ? tgk_round_bf16_float(acc[i][j] * inv) : acc[i][j] * inv;\n"
-    "                if (o) o[at] = x;\n"
-    "                tga_shadow<RND>(os, at, x);\n"
+    "                tga_store<RND, RND == 2>(o, os, ob + (long long)r * H * E + tx + 16 * j, acc[i][j] * inv);\n"
     "            }\n"
     "        if (lse && tx == 0) lse[b * T + r] = (m[i] + log2f(l[i])) * 0.6931471805599453f;\n"
     "    }\n"
     "}\n"
     /* backward: one block per (key tile, batch element); d_out [T, E], lse [T]; dq zeroed before */
-    "template <int T, int S, int D, int E, bool CAUSAL, int RND, int OH, int H>\n"
+    "template <int T, int S, int D, int E, bool CAUSAL, int RND, int OH, int H, int RKV>\n"
     "static __device__ void tgk_attention_bwd(const float *__restrict__ q, const float *__restrict__ k,\n"
     "        const float *__restrict__ v, const float *__restrict__ o, const float *__restrict__ dout,\n"
     "        const float *__restrict__ lse, float *dq, float *__restrict__ dk, float *__restrict__ dv,\n"
@@ -224,7 +229,7 @@ const char CUDA_ATTENTION_SOURCE[] =
     "                Ps[(ty + 16 * i) * (TGA_T + 1) + tx + 16 * j] = tga_round<RND>(p[i][j]);\n"
     "            }\n"
     "        __syncthreads();\n"
-    "        if (dv) {   /* dv_c += sum_r p_rc d_out_r: this thread's key rows c = ty + 16 i */\n"
+    "        if (dv || dvs) {   /* dv_c += sum_r p_rc d_out_r: this thread's key rows c = ty + 16 i */\n"
     "#pragma unroll 4\n"
     "            for (int r = 0; r < TGA_T; r++) {\n"
     "                float pp[4], g[EJ];\n"
@@ -245,7 +250,7 @@ const char CUDA_ATTENTION_SOURCE[] =
     "            for (int j = 0; j < 4; j++)\n"
     "                Ps[(ty + 16 * i) * (TGA_T + 1) + tx + 16 * j] = tga_round<RND>(p[i][j] * (dp[i][j] - Dl[ty + 16 * i]) * scale);\n"
     "        __syncthreads();\n"
-    "        if (dk) {   /* dk_c += sum_r ds_rc q_r */\n"
+    "        if (dk || dks) {   /* dk_c += sum_r ds_rc q_r */\n"
     "#pragma unroll 4\n"
     "            for (int r = 0; r < TGA_T; r++) {\n"
     "                float ds[4], qq[DJ];\n"
@@ -288,18 +293,10 @@ const char CUDA_ATTENTION_SOURCE[] =
     "        if (c >= S) continue;\n"
     "#pragma unroll\n"
     "        for (int j = 0; j < DJ; j++)\n"
-    "            if (dk && tx + 16 * j < D) {\n"
-    "                const long long at = kb + (long long)c * H * D + tx + 16 * j;\n"
-    "                dk[at] = dka[i][j];\n"
-    "                tga_shadow<RND>(dks, at, dka[i][j]);\n"
-    "            }\n"
+    "            if (tx + 16 * j < D) tga_store<RND, (RKV & 2) != 0>(dk, dks, kb + (long long)c * H * D + tx + 16 * j, dka[i][j]);\n"
     "#pragma unroll\n"
     "        for (int j = 0; j < EJ; j++)\n"
-    "            if (dv && tx + 16 * j < E) {\n"
-    "                const long long at = vb + (long long)c * H * E + tx + 16 * j;\n"
-    "                dv[at] = dva[i][j];\n"
-    "                tga_shadow<RND>(dvs, at, dva[i][j]);\n"
-    "            }\n"
+    "            if (tx + 16 * j < E) tga_store<RND, (RKV & 4) != 0>(dv, dvs, vb + (long long)c * H * E + tx + 16 * j, dva[i][j]);\n"
     "    }\n"
     "}\n\n";
 
@@ -357,6 +354,12 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "static __device__ void tgm_shadow2(void *s, long long i, float x0, float x1) {\n"
     "    if (RND == 2 && s) *(unsigned *)((unsigned short *)s + i) = tgk_pack_bf16(x0, x1);\n"
     "    if (RND == 1 && s) *(float2 *)((float *)s + i) = make_float2(tgk_round_tf32(x0), tgk_round_tf32(x1));\n}\n"
+    /* tga_store's, for two neighbouring values */
+    "template <int RND, bool R>\n"
+    "static __device__ void tgm_store2(float *d, void *s, long long i, float x0, float x1) {\n"
+    "    if (R) x0 = tgk_round_bf16_float(x0), x1 = tgk_round_bf16_float(x1);\n"
+    "    if (d) *(float2 *)(d + i) = make_float2(x0, x1);\n"
+    "    tgm_shadow2<RND>(s, i, x0, x1);\n}\n"
     /* tf32: rounded to nearest, ties away, as precision_round (and the copies) round */
     "static __device__ unsigned tgm_round_tf32(float x) {\n"
     "    unsigned u;\n"
@@ -599,11 +602,8 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "        if (OUT)\n"
     "#pragma unroll\n"
     "            for (int ne = 0; ne < EN; ne++) {\n"
-    "                const long long at = ob + (long long)r * H * E + ne * 8 + 2 * t;\n"
-    "                float x0 = acc[ne][2 * h] * inv, x1 = acc[ne][2 * h + 1] * inv;\n"
-    "                if (M::RND == 2) x0 = tgk_round_bf16_float(x0), x1 = tgk_round_bf16_float(x1);\n"
-    "                if (o) *(float2 *)(o + at) = make_float2(x0, x1);\n"
-    "                tgm_shadow2<M::RND>(os, at, x0, x1);\n"
+    "                tgm_store2<M::RND, M::RND == 2>(o, os, ob + (long long)r * H * E + ne * 8 + 2 * t, acc[ne][2 * h] * inv,\n"
+    "                                                acc[ne][2 * h + 1] * inv);\n"
     "            }\n"
     "        if (lse && t == 0) lse[b * T + r] = (m[h] + log2f(l[h])) * 0.6931471805599453f;\n"
     "    }\n"
@@ -675,7 +675,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
      * d_out and dk += ds^T q in registers; dq += ds k through shared memory (ds in f32, split as
      * it is read) and tgm_add_dq. Shared: the rows' lse and delta, two stages of the query tile (q,
      * d_out), the key tile, ds. */
-    "template <class M, int T, int S, int D, int E, bool CAUSAL, int OH, int H, class OX>\n"
+    "template <class M, int T, int S, int D, int E, bool CAUSAL, int OH, int H, int RKV, class OX>\n"
     "static __device__ void tgk_attention_bwd_mma(const typename M::E *__restrict__ q, const typename M::E *__restrict__ k,\n"
     "        const typename M::E *__restrict__ v, const OX *__restrict__ o, const typename M::E *__restrict__ dout,\n"
     "        const float *__restrict__ lse, float *dq, float *__restrict__ dk, float *__restrict__ dv, void *dks, void *dvs,\n"
@@ -754,17 +754,9 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "        if (c >= S) continue;\n"
     "#pragma unroll\n"
     "        for (int nd = 0; nd < D / 8; nd++)\n"
-    "            if (dk) {\n"
-    "                const long long at = kb + (long long)c * H * D + nd * 8 + 2 * t;\n"
-    "                *(float2 *)(dk + at) = make_float2(dka[nd][2 * h], dka[nd][2 * h + 1]);\n"
-    "                tgm_shadow2<M::RND>(dks, at, dka[nd][2 * h], dka[nd][2 * h + 1]);\n"
-    "            }\n"
+    "            tgm_store2<M::RND, (RKV & 2) != 0>(dk, dks, kb + (long long)c * H * D + nd * 8 + 2 * t, dka[nd][2 * h], dka[nd][2 * h + 1]);\n"
     "#pragma unroll\n"
     "        for (int ne = 0; ne < E / 8; ne++)\n"
-    "            if (dv) {\n"
-    "                const long long at = vb + (long long)c * H * E + ne * 8 + 2 * t;\n"
-    "                *(float2 *)(dv + at) = make_float2(dva[ne][2 * h], dva[ne][2 * h + 1]);\n"
-    "                tgm_shadow2<M::RND>(dvs, at, dva[ne][2 * h], dva[ne][2 * h + 1]);\n"
-    "            }\n"
+    "            tgm_store2<M::RND, (RKV & 4) != 0>(dv, dvs, vb + (long long)c * H * E + ne * 8 + 2 * t, dva[ne][2 * h], dva[ne][2 * h + 1]);\n"
     "    }\n"
     "}\n\n";

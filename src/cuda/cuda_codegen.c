@@ -194,10 +194,10 @@ void cuda_shadow_wanted(const tg_graph *g, int sm, const bool *materialized, con
      * attention read, keeps no f32 copy at all; nor does a bf16 activation (graph_bf16_values:
      * its f32 value is its bf16 one) computed by one of our kernels or by cuBLAS, where every
      * reader is a product or reads it through the expression engine (cg_value). Attention writes
-     * f32, but for its output at bf16. */
+     * f32 where its results are not bf16 activations (its statistics, dq). */
     for (int i = 0; i < g->n; i++) {
         const tg_op op = g->nodes[i].op;
-        bool computed = !cg_is_bound(op) && alias[i] < 0 && (!is_attention(op) || (op == OP_ATTENTION && bf16 && bf16[i]));
+        bool computed = !cg_is_bound(op) && alias[i] < 0 && (!is_attention(op) || (bf16 && bf16[i]));
         only[i] = computed && ((want[i] && writes_shadow(g, materialized, i)) ||
                                (bf16 && bf16[i] && (writes_shadow(g, materialized, i) || on_cublas(g, materialized, i))));
     }
@@ -501,6 +501,7 @@ static void end_kernel_roots(cg *c, const int *roots, int n_roots, const int *ex
         if (!cg_unplaced(c, roots[r])) pointer(c, &decl, roots[r], true);
         shadow_pointer(c, &decl, roots[r]);
     }
+    if (c->copy_written) shadow_pointer(c, &decl, c->copy_by_sum);
     for (int i = 0; i < c->g->n; i++)   /* a leaf read where a root replaces it: through the root's own pointer */
         if (c->used[i] && replaced_by(c, roots, n_roots, i) >= 0)
             sb_printf(&decl, "    const float *P%d = P%d;\n", i, replaced_by(c, roots, n_roots, i));
@@ -1388,7 +1389,12 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
         for (int u = 0; u < c->g->n; u++)
             if (u != producer && (c->used[u] || u == id) && arena_overlap(c, u, producer)) return false;
     } else {
-        cg_line(c, "acc0 += %s;", cg_value(c, x, flat));
+        const char *v = cg_value(c, x, flat);
+        cg_line(c, "acc0 += %s;", v);
+        if (id == c->copy_sum && plan_home(c->plan, x) == c->copy_by_sum) {   /* its copy, from the value read */
+            cg_line(c, "S%d[%s] = %s(%s);", c->copy_by_sum, flat, round_fn(c), v);
+            c->copy_written = true;
+        }
     }
     int sums[MAX_SIBLINGS] = { id }, srcs[MAX_SIBLINGS] = { x }, n_sums = 1;
     bool *before = rows ? NULL : tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
@@ -1464,14 +1470,14 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
         kernel_launch(p, id, outs * chunks * 32, BLOCK);
         return true;
     }
-    if (thin_sum(c, p, it, outer, len, inner, producer, srcs, sums, n_sums, roots, n_roots, n_far)) return true;
+    if (!c->copy_written && thin_sum(c, p, it, outer, len, inner, producer, srcs, sums, n_sums, roots, n_roots, n_far)) return true;
     /* Lanes (neighbouring columns a thread) where each thread still sums 16 rows with them: with
      * fewer rows the column totals at the end outweigh the wider loads (four lanes on every sum
      * the shapes allow: char_gpt_small bf16 0.335 -> 0.393 ms, mnist_mlp f32 0.104 -> 0.117) */
     bool forced;
     int L = 1;
     int64_t blocks, chunks;
-    for (int l = lanes_wanted(&forced); l > 1 && L == 1 && !n_far && floats(c, &producer, 1); l = forced ? 1 : l / 2)
+    for (int l = lanes_wanted(&forced); l > 1 && L == 1 && !n_far && !c->copy_written && floats(c, &producer, 1); l = forced ? 1 : l / 2)
         if (inner % l == 0 && (forced || column_plan(outs, len, l, &blocks, &chunks) >= 16)) L = l;
     if (L > 1) sum_lanes(c, it, len, inner, producer, srcs, n_sums, L);
     column_plan(outs, len, L, &blocks, &chunks);
@@ -1967,10 +1973,12 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     for (int k = 0; k < 11; k++) args.at[k] = -1;
     for (int o = 0; o < n_ops; o++) rounded[ops[o]] = true;
     for (int k = 0; k < n->nsrc; k++) args.at[k] = buffer_at(c, n->src[k], rounded[k]);
-    if (bwd) {   /* dq, dk, dv; the rounded copies of dk, dv (at[9], at[10]) where products read them */
+    int rkv = 0;   /* dk's and dv's bf16 roundings (bits 1, 2) */
+    if (bwd) {   /* dq, dk, dv (maybe their copies only); the rounded copies of dk, dv (at[9], at[10]) where products read them */
         for (int r = 0; r < n_out; r++) {
             const int w = (int)N(c, outs[r])->iarg[1];
-            args.at[6 + w] = buffer_at(c, outs[r], false);
+            args.at[6 + w] = cg_unplaced(c, outs[r]) ? -1 : buffer_at(c, outs[r], false);
+            if (graph_rounds(c->g, c->bf16, outs[r])) rkv |= 1 << w;
             if (w > 0 && has_shadow(c, outs[r])) args.at[8 + w] = buffer_at(c, outs[r], true);
             if (w == 0) memset_launch(p, outs[r]);   /* dq is added up in memory (tgm_add_dq) */
         }
@@ -1982,15 +1990,17 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     }
     const long long heads = bwd && n->iarg[2] > 1 ? n->iarg[2] : 1;   /* out's layout (graph.h: attn_row) */
     const long long inter = a[7] > 1 ? a[7] : 1;                       /* the operands' (graph.h: iarg[3]) */
-    char name[sizeof p->launch->name], last[60];   /* last: the template's OUT (forward), RND (SIMT), heads (backward), inter */
+    char name[sizeof p->launch->name], last[60];   /* last: the template's OUT (forward), RND (SIMT), heads (backward), inter, RKV (backward) */
     snprintf(name, sizeof name, "attn%s_%s%s_%lldx%lldx%lldx%lld%s", bwd ? "_bwd" : fwd ? "" : "_lse", mma ? "" : "simt_",
              bf ? "bf16" : f32 ? (mma ? "f32x3" : "f32") : "tf32", T, S, D, E, a[5] ? "_causal" : "");
     snprintf(last, sizeof last, "%s%s", bwd ? "" : fwd ? ", true" : ", false", rnd);
     if (bwd) {
         snprintf(last + strlen(last), sizeof last - strlen(last), ", %lld", heads);
         snprintf(name + strlen(name), sizeof name - strlen(name), "_h%lld", heads);
+        if (rkv) snprintf(name + strlen(name), sizeof name - strlen(name), "_r%d", rkv);
     }
     snprintf(last + strlen(last), sizeof last - strlen(last), ", %lld", inter);
+    if (bwd) snprintf(last + strlen(last), sizeof last - strlen(last), ", %d", rkv);
     if (inter > 1) snprintf(name + strlen(name), sizeof name - strlen(name), "_i%lld", inter);
     if (rounded[3]) snprintf(name + strlen(name), sizeof name - strlen(name), "_ob");   /* out read as bf16 */
     bool compiled = false;
@@ -2020,6 +2030,31 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     else
         l->shared = mma ? (int)(elem * 2 * 64 * (D + pad + E + pad)) : (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
     return n_out - 1;
+}
+
+/* Does node k's kernel read home node id (through views and nodes it computes inline)? */
+static bool reads_home(const cg *c, int k, int id) {
+    for (int s = 0; s < N(c, k)->nsrc; s++) {
+        const int x = N(c, k)->src[s];
+        if (plan_home(c->plan, x) == id || (!c->mat[x] && reads_home(c, x, id))) return true;
+    }
+    return false;
+}
+
+/* The sum that writes home node id's rounded copy as it reads it, or -1: where a pass would fill
+ * the copy after id's kernel (attention's dq, added up in memory) and the first kernel after
+ * order[next - 1] to read id is a sum of it. That sum reads every element once and writes the
+ * copy beside (sum_kernel_body), where a pass of its own would read the f32 values again (bf16
+ * char_gpt: 10 us a layer on an H200). */
+static int sum_copying(const cg *c, int id, const int *order, const bool *done, int next, int n_order) {
+    int lo, hi;
+    if (!fills_shadow(c->g, c->mat, id) || !has_shadow(c, id)) return -1;
+    for (int q = next; q < n_order; q++) {
+        const int k = order[q];
+        if (done[q] || !reads_home(c, k, id)) continue;
+        return N(c, k)->op == OP_SUM && plan_home(c->plan, k) == k && plan_home(c->plan, sum_source(c->g, c->mat, k, &lo, &hi)) == id ? k : -1;
+    }
+    return -1;
 }
 
 /* After a product through cuBLAS that wrote f32: its values rounded in place when it is a bf16
@@ -2472,6 +2507,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     c.inplace_ok = inplace_ok;
     if (inplace_ok && (c.inplace = tg_alloc(sizeof(int) * (size_t)(g->n + 1))))
         for (int i = 0; i < g->n; i++) c.inplace[i] = -1;
+    c.copy_by_sum = c.copy_sum = -1;
     leaf_kernel(&c, launches);
     int *order = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
     bool *done = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));   /* brought forward into an earlier kernel (sum_kernel) */
@@ -2492,7 +2528,15 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
         else if (op == OP_SUM && sum_kernel(&c, launches, i, -1, order + q + 1, done + q + 1, n_order - q - 1, &taken)) q += taken;
         else if (is_attention(op)) q += attention_kernel(&c, launches, i, order + q + 1, n - q - 1);
         else special_kernel(&c, launches, i);
-        for (int k = first; k <= q; k++) fill_shadow(&c, launches, order[k]);
+        bool target = false;   /* this kernel was the one to write copy_by_sum's copy */
+        for (int k = first; k <= q; k++) target |= order[k] == c.copy_sum;
+        if (target && !c.copy_written) fill_shadow(&c, launches, c.copy_by_sum);   /* the sum did not take it */
+        if (target) c.copy_by_sum = c.copy_sum = -1, c.copy_written = false;
+        for (int k = first; k <= q; k++) {
+            const int by = c.copy_by_sum < 0 ? sum_copying(&c, order[k], order, done, q + 1, n_order) : -1;
+            if (by >= 0) c.copy_by_sum = order[k], c.copy_sum = by;
+            else fill_shadow(&c, launches, order[k]);
+        }
     }
     free(order);
     free(done);

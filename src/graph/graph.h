@@ -137,11 +137,12 @@ static inline float precision_round(tg_precision p, float x) {
 
 /* precision.c: the activations of a bf16 graph. As autocast does, a bf16 graph rounds to bf16
  * (precision_round) the output of every matrix product (except those a parameter's gradient adds
- * up) and of attention (ATTENTION; its statistics and gradients stay f32), and of every
- * element-wise op whose full-size float operands are all such values (a bias, scale or per-row
- * statistic may be f32; a full-size f32 operand, the residual stream, keeps the result f32);
- * movement ops keep their source's kind. Softmax, norms' statistics, sums, attention's insides
- * and gradients, the loss, gradients of parameters and the optimizer stay f32. Every backend rounds
+ * up) and of attention (ATTENTION, and ATTENTION_BWD's gradients of k and v, with the same
+ * exception; its statistics and q's gradient, added up in f32 as the key tiles arrive, stay f32),
+ * and of every element-wise op whose full-size float operands are all such values (a bias, scale
+ * or per-row statistic may be f32; a full-size f32 operand, the residual stream, keeps the result
+ * f32); movement ops keep their source's kind. Softmax, norms' statistics, sums, attention's
+ * insides, the loss, gradients of parameters and the optimizer stay f32. Every backend rounds
  * at these nodes, so that it may store them in two bytes; the reference does too.
  * graph_bf16_values sets *out to a flag per node (the caller frees it), NULL for the other
  * precisions; false when memory runs out. graph_rounds: does node id round (a bf16 value not
