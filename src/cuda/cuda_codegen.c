@@ -1423,7 +1423,8 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
     int i0 = producer >= 0 ? producer : id;
     for (int q = *taken; before && s->numel <= FAR_NUMEL && q < n_next && q < *taken + FAR_WINDOW && n_sums < MAX_SIBLINGS; q++) {
         int b = next[q], pb;
-        if (done[q] || plan_home(c->plan, b) != b || sum_alike(c->g, c->mat, id, b, outer, len, inner, s->numel) < 0) continue;
+        if (done[q] || b == c->copy_sum || plan_home(c->plan, b) != b || sum_alike(c->g, c->mat, id, b, outer, len, inner, s->numel) < 0)
+            continue;   /* (copy_sum writes a copy, in a kernel of its own) */
         if ((pb = far_sibling(c, next, done, q, flat, i0, roots, n_roots, n_sums, before)) == -2) continue;
         done[q] = true;
         if (pb >= 0) done[q - 1] = true;
@@ -2538,6 +2539,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
             else fill_shadow(&c, launches, order[k]);
         }
     }
+    if (c.copy_by_sum >= 0) fill_shadow(&c, launches, c.copy_by_sum);   /* (its sum was never reached: no reader either) */
     free(order);
     free(done);
     if (inplace_ok && !c.kcheck_out) grad_check_kernel(&c, launches);   /* no kernel replaced a leaf */
