@@ -23,8 +23,8 @@
  * FlashAttention's and cuDNN's kernels round them; scores, softmax, the forward's probabilities
  * (unnormalised in the online softmax, so no rounding of them could match the reference's) and
  * every sum stay f32. The output and dk, dv also store their rounded copies where products read
- * them (tga_shadow). At bf16 the output, and the gradients of k and v where they are (RKV: bit 1
- * dk, bit 2 dv), are bf16 activations (graph_bf16_values, as autocast's attention returns bf16):
+ * them (tga_shadow). At bf16 the output, and the gradients of k and v, where they are (RB: bit 0
+ * out, bit 1 dk, bit 2 dv), are bf16 activations (graph_bf16_values, as autocast's attention returns bf16):
  * rounded once (tga_store), with no f32 buffer (NULL) where nothing reads them in f32; the
  * tensor-core backward then reads the output's bf16 copy (tga_four).
  *
@@ -44,8 +44,6 @@ const char CUDA_ATTENTION_SOURCE[] =
      * rows of H heads interleaved (H > 1; each next row H W further) or not */
     "template <int T, int W, int H>\n"
     "static __device__ long long tga_row(long long b) { return H > 1 ? ((b / H) * T * H + b % H) * W : b * T * W; }\n"
-    /* an output's rounded copy (the shadow a product at tf32, RND 1, or bf16, RND 2, reads), where
-     * it has one: element i of s, beside the f32 value v */
     /* four values of a row of out from i on, as f32 or as bf16 (a bf16 graph's attention output
      * is a bf16 activation: graph_bf16_values) */
     "static __device__ float4 tga_four(const float *p) { return *(const float4 *)p; }\n"
@@ -53,6 +51,8 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    const uint2 u = *(const uint2 *)p;\n"
     "    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),\n"
     "                       __uint_as_float(u.y & 0xffff0000u));\n}\n"
+    /* an output's rounded copy (the shadow a product at tf32, RND 1, or bf16, RND 2, reads), where
+     * it has one: element i of s, beside the f32 value v */
     "template <int RND>\n"
     "static __device__ void tga_shadow(void *s, long long i, float v) {\n"
     "    if (RND == 2 && s) ((unsigned short *)s)[i] = tgk_round_bf16(v);\n"
@@ -100,7 +100,7 @@ const char CUDA_ATTENTION_SOURCE[] =
     "            for (int j = 0; j < 4; j++) acc[i][j] += x[i] * y[j];\n"
     "    }\n}\n"
     /* forward: one block per (query tile, batch element); q [T, D], k [S, D], v [S, E] */
-    "template <int T, int S, int D, int E, bool CAUSAL, bool OUT, int RND, int H>\n"
+    "template <int T, int S, int D, int E, bool CAUSAL, bool OUT, int RND, int H, int RB>\n"
     "static __device__ void tgk_attention(const float *__restrict__ q, const float *__restrict__ k,\n"
     "                                     const float *__restrict__ v, float *__restrict__ o,\n"
     "                                     float *__restrict__ lse, void *os, float scale_log2) {\n"
@@ -175,13 +175,13 @@ const char CUDA_ATTENTION_SOURCE[] =
     "#pragma unroll\n"
     "        for (int j = 0; j < EJ; j++)\n"
     "            if (OUT && tx + 16 * j < E) {\n"
-    "                tga_store<RND, RND == 2>(o, os, ob + (long long)r * H * E + tx + 16 * j, acc[i][j] * inv);\n"
+    "                tga_store<RND, (RB & 1) != 0>(o, os, ob + (long long)r * H * E + tx + 16 * j, acc[i][j] * inv);\n"
     "            }\n"
     "        if (lse && tx == 0) lse[b * T + r] = (m[i] + log2f(l[i])) * 0.6931471805599453f;\n"
     "    }\n"
     "}\n"
     /* backward: one block per (key tile, batch element); d_out [T, E], lse [T]; dq zeroed before */
-    "template <int T, int S, int D, int E, bool CAUSAL, int RND, int OH, int H, int RKV>\n"
+    "template <int T, int S, int D, int E, bool CAUSAL, int RND, int OH, int H, int RB>\n"
     "static __device__ void tgk_attention_bwd(const float *__restrict__ q, const float *__restrict__ k,\n"
     "        const float *__restrict__ v, const float *__restrict__ o, const float *__restrict__ dout,\n"
     "        const float *__restrict__ lse, float *dq, float *__restrict__ dk, float *__restrict__ dv,\n"
@@ -293,10 +293,10 @@ const char CUDA_ATTENTION_SOURCE[] =
     "        if (c >= S) continue;\n"
     "#pragma unroll\n"
     "        for (int j = 0; j < DJ; j++)\n"
-    "            if (tx + 16 * j < D) tga_store<RND, (RKV & 2) != 0>(dk, dks, kb + (long long)c * H * D + tx + 16 * j, dka[i][j]);\n"
+    "            if (tx + 16 * j < D) tga_store<RND, (RB & 2) != 0>(dk, dks, kb + (long long)c * H * D + tx + 16 * j, dka[i][j]);\n"
     "#pragma unroll\n"
     "        for (int j = 0; j < EJ; j++)\n"
-    "            if (tx + 16 * j < E) tga_store<RND, (RKV & 4) != 0>(dv, dvs, vb + (long long)c * H * E + tx + 16 * j, dva[i][j]);\n"
+    "            if (tx + 16 * j < E) tga_store<RND, (RB & 4) != 0>(dv, dvs, vb + (long long)c * H * E + tx + 16 * j, dva[i][j]);\n"
     "    }\n"
     "}\n\n";
 
@@ -533,7 +533,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "        }\n}\n"
     /* forward: 4 warps, 16 query rows each, one block per (64-row tile, batch element); shared:
      * two stages of a key tile and a value tile */
-    "template <class M, int T, int S, int D, int E, bool CAUSAL, bool OUT, int H>\n"
+    "template <class M, int T, int S, int D, int E, bool CAUSAL, bool OUT, int H, int RB>\n"
     "static __device__ void tgk_attention_mma(const typename M::E *__restrict__ q, const typename M::E *__restrict__ k,\n"
     "                                         const typename M::E *__restrict__ v, float *__restrict__ o,\n"
     "                                         float *__restrict__ lse, void *os, float scale_log2) {\n"
@@ -602,7 +602,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "        if (OUT)\n"
     "#pragma unroll\n"
     "            for (int ne = 0; ne < EN; ne++) {\n"
-    "                tgm_store2<M::RND, M::RND == 2>(o, os, ob + (long long)r * H * E + ne * 8 + 2 * t, acc[ne][2 * h] * inv,\n"
+    "                tgm_store2<M::RND, (RB & 1) != 0>(o, os, ob + (long long)r * H * E + ne * 8 + 2 * t, acc[ne][2 * h] * inv,\n"
     "                                                acc[ne][2 * h + 1] * inv);\n"
     "            }\n"
     "        if (lse && t == 0) lse[b * T + r] = (m[h] + log2f(l[h])) * 0.6931471805599453f;\n"
@@ -675,7 +675,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
      * d_out and dk += ds^T q in registers; dq += ds k through shared memory (ds in f32, split as
      * it is read) and tgm_add_dq. Shared: the rows' lse and delta, two stages of the query tile (q,
      * d_out), the key tile, ds. */
-    "template <class M, int T, int S, int D, int E, bool CAUSAL, int OH, int H, int RKV, class OX>\n"
+    "template <class M, int T, int S, int D, int E, bool CAUSAL, int OH, int H, int RB, class OX>\n"
     "static __device__ void tgk_attention_bwd_mma(const typename M::E *__restrict__ q, const typename M::E *__restrict__ k,\n"
     "        const typename M::E *__restrict__ v, const OX *__restrict__ o, const typename M::E *__restrict__ dout,\n"
     "        const float *__restrict__ lse, float *dq, float *__restrict__ dk, float *__restrict__ dv, void *dks, void *dvs,\n"
@@ -754,9 +754,9 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "        if (c >= S) continue;\n"
     "#pragma unroll\n"
     "        for (int nd = 0; nd < D / 8; nd++)\n"
-    "            tgm_store2<M::RND, (RKV & 2) != 0>(dk, dks, kb + (long long)c * H * D + nd * 8 + 2 * t, dka[nd][2 * h], dka[nd][2 * h + 1]);\n"
+    "            tgm_store2<M::RND, (RB & 2) != 0>(dk, dks, kb + (long long)c * H * D + nd * 8 + 2 * t, dka[nd][2 * h], dka[nd][2 * h + 1]);\n"
     "#pragma unroll\n"
     "        for (int ne = 0; ne < E / 8; ne++)\n"
-    "            tgm_store2<M::RND, (RKV & 4) != 0>(dv, dvs, vb + (long long)c * H * E + ne * 8 + 2 * t, dva[ne][2 * h], dva[ne][2 * h + 1]);\n"
+    "            tgm_store2<M::RND, (RB & 4) != 0>(dv, dvs, vb + (long long)c * H * E + ne * 8 + 2 * t, dva[ne][2 * h], dva[ne][2 * h + 1]);\n"
     "    }\n"
     "}\n\n";

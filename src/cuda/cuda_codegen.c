@@ -1974,34 +1974,34 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     for (int k = 0; k < 11; k++) args.at[k] = -1;
     for (int o = 0; o < n_ops; o++) rounded[ops[o]] = true;
     for (int k = 0; k < n->nsrc; k++) args.at[k] = buffer_at(c, n->src[k], rounded[k]);
-    int rkv = 0;   /* dk's and dv's bf16 roundings (bits 1, 2) */
+    int rb = 0;   /* the outputs that are bf16 activations (bit 0 out, bits 1, 2 dk, dv) */
     if (bwd) {   /* dq, dk, dv (maybe their copies only); the rounded copies of dk, dv (at[9], at[10]) where products read them */
         for (int r = 0; r < n_out; r++) {
             const int w = (int)N(c, outs[r])->iarg[1];
             args.at[6 + w] = cg_unplaced(c, outs[r]) ? -1 : buffer_at(c, outs[r], false);
-            if (graph_rounds(c->g, c->bf16, outs[r])) rkv |= 1 << w;
+            if (graph_rounds(c->g, c->bf16, outs[r])) rb |= 1 << w;
             if (w > 0 && has_shadow(c, outs[r])) args.at[8 + w] = buffer_at(c, outs[r], true);
             if (w == 0) memset_launch(p, outs[r]);   /* dq is added up in memory (tgm_add_dq) */
         }
     } else {   /* out, lse, and out's rounded copy (at[5]) */
         if (!fwd) args.at[2] = args.at[1];   /* v unread */
         args.at[3] = fwd && !cg_unplaced(c, id) ? buffer_at(c, id, false) : -1;   /* at bf16 maybe its copy only */
+        if (fwd && graph_rounds(c->g, c->bf16, id)) rb = 1;
         args.at[4] = !fwd ? buffer_at(c, id, false) : n_out > 1 ? buffer_at(c, outs[1], false) : -1;
         if (fwd && has_shadow(c, id)) args.at[5] = buffer_at(c, id, true);
     }
     const long long heads = bwd && n->iarg[2] > 1 ? n->iarg[2] : 1;   /* out's layout (graph.h: attn_row) */
     const long long inter = a[7] > 1 ? a[7] : 1;                       /* the operands' (graph.h: iarg[3]) */
-    char name[sizeof p->launch->name], last[60];   /* last: the template's OUT (forward), RND (SIMT), heads (backward), inter, RKV (backward) */
+    char name[sizeof p->launch->name], last[60];   /* last: the template's OUT (forward), RND (SIMT), heads (backward), inter, RB */
     snprintf(name, sizeof name, "attn%s_%s%s_%lldx%lldx%lldx%lld%s", bwd ? "_bwd" : fwd ? "" : "_lse", mma ? "" : "simt_",
              bf ? "bf16" : f32 ? (mma ? "f32x3" : "f32") : "tf32", T, S, D, E, a[5] ? "_causal" : "");
     snprintf(last, sizeof last, "%s%s", bwd ? "" : fwd ? ", true" : ", false", rnd);
     if (bwd) {
         snprintf(last + strlen(last), sizeof last - strlen(last), ", %lld", heads);
         snprintf(name + strlen(name), sizeof name - strlen(name), "_h%lld", heads);
-        if (rkv) snprintf(name + strlen(name), sizeof name - strlen(name), "_r%d", rkv);
     }
-    snprintf(last + strlen(last), sizeof last - strlen(last), ", %lld", inter);
-    if (bwd) snprintf(last + strlen(last), sizeof last - strlen(last), ", %d", rkv);
+    if (rb) snprintf(name + strlen(name), sizeof name - strlen(name), "_r%d", rb);
+    snprintf(last + strlen(last), sizeof last - strlen(last), ", %lld, %d", inter, rb);
     if (inter > 1) snprintf(name + strlen(name), sizeof name - strlen(name), "_i%lld", inter);
     if (rounded[3]) snprintf(name + strlen(name), sizeof name - strlen(name), "_ob");   /* out read as bf16 */
     bool compiled = false;
