@@ -412,12 +412,12 @@ static bool matches(const tg_graph *g, double worst, int64_t past, int64_t n) {
     graph_bf16_values(g, &bf16);
     for (int i = 0; bf16 && i < g->n; i++) {
         rounds |= graph_rounds(g, bf16, i) || g->nodes[i].op == OP_ATTENTION_BWD;
-        attention |= g->nodes[i].op == OP_ATTENTION_BWD;
+        attention |= g->nodes[i].op == OP_ATTENTION && graph_rounds(g, bf16, i);
     }
     free(bf16);
     double two_steps = g->precision == TG_PRECISION_TF32 ? 0x1p-9 : rounds && g->precision == TG_PRECISION_BF16 ? 0x1p-6 : 0;
     if (two_steps == 0) return worst <= TOLERANCE;
-    const int64_t few = attention && g->precision == TG_PRECISION_BF16 ? n / 20 : n / 100;
+    const int64_t few = attention ? n / 20 : n / 100;   /* (bf16 only: a rounded attention output) */
     return worst <= two_steps && past <= (few > 2 ? few : 2);
 }
 

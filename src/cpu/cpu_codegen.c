@@ -1149,8 +1149,7 @@ static char *generate(const tg_graph *g, const bool *materialized, const tg_plan
         else special_kernel(&G, i);
         for (int r = 0; r <= joined; r++) {   /* bf16 activations out of a library kernel (products, attention) */
             const int o = r ? order[q + r] : i;
-            const tg_op op = g->nodes[o].op;
-            if ((op == OP_MATMUL || op == OP_ATTENTION || op == OP_ATTENTION_BWD) && graph_rounds(g, c->bf16, o)) {
+            if (graph_library_output(g->nodes[o].op) && graph_rounds(g, c->bf16, o)) {
                 entry_call(&entry, &G, profile, i);
                 round_kernel(&G, o);
             }

@@ -149,6 +149,9 @@ static inline float precision_round(tg_precision p, float x) {
  * merely moved)? */
 bool graph_bf16_values(const tg_graph *g, bool **out);
 bool graph_rounds(const tg_graph *g, const bool *bf16, int id);
+/* Ops whose output a library kernel computes (products, attention) and that round as products do:
+ * a backend rounds them after that kernel, where the expression engine rounds the others inline. */
+bool graph_library_output(tg_op op);
 /* A product plus its addend, rounded once: where a product's only reader adds to it a vector
  * along its last axis (a bias: one value per column, over every row) or a bf16 activation of its
  * shape (a gradient accumulated: the sum of x's gradients through three products) and the sum is

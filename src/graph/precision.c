@@ -12,7 +12,7 @@ static bool moves(tg_op op) {
 /* Products and attention: rounded as autocast rounds them (attention's output, and the gradients
  * of k and v; q's is added up in f32 as the key tiles arrive, and stays f32), unless a parameter's
  * gradient adds them up (f32_products). */
-static bool library_output(tg_op op) { return op == OP_MATMUL || op == OP_ATTENTION || op == OP_ATTENTION_BWD; }
+bool graph_library_output(tg_op op) { return op == OP_MATMUL || op == OP_ATTENTION || op == OP_ATTENTION_BWD; }
 
 /* Element-by-element arithmetic, rounded when its full-size operands are bf16 values. */
 static bool arithmetic(tg_op op) {
@@ -53,13 +53,13 @@ static void f32_products(const tg_graph *g, bool *f32, int *stack) {
             int *r = &sums[g->nodes[i].src[k]];
             *r = g->nodes[i].op != OP_SUM && g->nodes[i].op != OP_COL2IM ? -1 : *r < 0 ? -1 : *r + 1;
         }
-    for (int i = 0; i < g->n; i++) f32[i] = library_output(g->nodes[i].op) && sums[i] > 0 && i != g->output;
+    for (int i = 0; i < g->n; i++) f32[i] = graph_library_output(g->nodes[i].op) && sums[i] > 0 && i != g->output;
     for (int p = 0; p < g->n_params; p++) {
         int top = 0;
         if (g->grad_of_param && g->grad_of_param[p] >= 0) stack[top++] = g->grad_of_param[p];
         while (top > 0) {
             const tg_node *n = &g->nodes[stack[--top]];
-            if (library_output(n->op)) f32[stack[top]] = true;
+            if (graph_library_output(n->op)) f32[stack[top]] = true;
             if (n->op != OP_ADD && !moves(n->op)) continue;
             for (int k = 0; k < n->nsrc && top < g->n; k++) stack[top++] = n->src[k];
         }
@@ -121,7 +121,7 @@ bool graph_bf16_values(const tg_graph *g, bool **out) {
         const tg_node *n = &g->nodes[i];
         bf16[i] = false;
         if (n->dtype != TG_FLOAT32) continue;
-        if (library_output(n->op)) bf16[i] = !f32[i] && !(n->op == OP_ATTENTION_BWD && n->iarg[1] == 0);
+        if (graph_library_output(n->op)) bf16[i] = !f32[i] && !(n->op == OP_ATTENTION_BWD && n->iarg[1] == 0);
         else if (moves(n->op)) bf16[i] = bf16[n->src[0]];
         else if (arithmetic(n->op)) bf16[i] = follows(g, n, bf16);
     }
