@@ -315,6 +315,8 @@ static const bcase CASES[] = {
     { "attention T=33 S=130 D=80 E=24", FUSED_ATTN, 3, { F("q", 2, 33, 80), F("k", 2, 130, 80), F("v", 2, 130, 24) }, 0, false, true },
     { "attention causal T=130 D=64", FUSED_ATTN_CAUSAL, 3, { F("q", 1, 2, 130, 64), F("k", 1, 2, 130, 64), F("v", 1, 2, 130, 64) }, 0, false, true },
     { "attention causal T=64 D=128", FUSED_ATTN_CAUSAL, 3, { F("q", 2, 64, 128), F("k", 2, 64, 128), F("v", 2, 64, 128) }, 0, false, true },
+    /* heads of 64 at bf16 on an H100/H200 run on warpgroup MMAs: keys past, below and at one tile, not causal */
+    { "attention T=70 S=130 D=64", FUSED_ATTN, 3, { F("q", 2, 70, 64), F("k", 2, 130, 64), F("v", 2, 130, 64) }, 0, false, true },
     /* heads merged after attention, as a model does: its gradients read the output from the
      * merged copy ([B, T, H, E], ATTENTION_BWD's iarg[2]), across tiles and with odd heads */
     { "attention causal, 3 heads merged, T=70 D=16", MERGED_ATTN, 3, { F("q", 2, 3, 70, 16), F("k", 2, 3, 70, 16), F("v", 2, 3, 70, 16) }, 0, false, true },
@@ -326,6 +328,7 @@ static const bcase CASES[] = {
     { "attention causal, heads interleaved, T=1 H=4 D=16", SPLIT_ATTN_CAUSAL, 3, { F("q", 3, 1, 4, 16), F("k", 3, 1, 4, 16), F("v", 3, 1, 4, 16) }, 0, false, false },
     { "attention, heads interleaved, T=5 S=9 H=2 D=8 E=12", SPLIT_ATTN, 3, { F("q", 2, 5, 2, 8), F("k", 2, 9, 2, 8), F("v", 2, 9, 2, 12) }, 0, false, true },
     { "attention, heads interleaved, T=67 S=40 H=5 D=32 E=16", SPLIT_ATTN, 3, { F("q", 67, 5, 32), F("k", 40, 5, 32), F("v", 40, 5, 16) }, 0, false, true },
+    { "attention, heads interleaved, T=33 S=100 H=2 D=64", SPLIT_ATTN, 3, { F("q", 33, 2, 64), F("k", 100, 2, 64), F("v", 100, 2, 64) }, 0, false, true },
     { "attention 2-D T=7 S=3 D=5", FUSED_ATTN, 3, { F("q", 7, 5), F("k", 3, 5), F("v", 3, 4) }, 0, false, false },
     /* the three bias gradients' sums, which the gradient's order puts between their products, as
      * one CUDA kernel (cuda_sums_early): over 512 rows in chunks, and over 20 in one pass; at f32
@@ -789,7 +792,7 @@ static void test_small_reduction_schedule(void) {
 }
 
 /* Without a GPU, every case's CUDA kernels (forward and gradients) are still generated and
- * compiled by NVRTC for sm_90 when NVRTC is installed, so a broken template fails here: every
+ * compiled by NVRTC for sm_90a when NVRTC is installed, so a broken template fails here: every
  * case at f32, and those with products or attention at tf32 and bf16 too (operand shadows, the
  * tensor-core attention). */
 static void nvrtc_compile_all(void) {
@@ -828,7 +831,7 @@ static void nvrtc_compile_all(void) {
         compiled += p != NULL;
         tg_probe_free(p);
     }
-    if (compiled) printf("test_backend: %d graphs' CUDA kernels compiled by NVRTC for sm_90\n", compiled);
+    if (compiled) printf("test_backend: %d graphs' CUDA kernels compiled by NVRTC for sm_90a\n", compiled);
     tg_model_free(m);
 }
 

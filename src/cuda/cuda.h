@@ -76,6 +76,8 @@ extern const char *const CUDA_PRODUCT3_NAMES[4], *const CUDA_PRODUCT3_KERNELS[4]
 bool cuda_x3_product(int64_t M, int64_t N, int64_t K, int64_t batch);
 /* The tensor-core kernels (bf16 and tf32, cuda_attention_mma), after CUDA_ATTENTION_SOURCE. */
 extern const char CUDA_ATTENTION_MMA_SOURCE[];
+/* Their bf16 forms for heads of 64 on Hopper's warpgroup MMAs (sm_90, compiled as sm_90a), after both. */
+extern const char CUDA_ATTENTION_WG_SOURCE[];
 /* The CUDA generator's refinement of fuse_schedule: a sum that only another sum reads, over an
  * adjacent axis, gets no kernel of its own (the reader sums over both axes at once, as the
  * gradient of a broadcast bias does over batch and time). */

@@ -29,7 +29,7 @@
  * through cublasGemmEx where cuBLASLt has none, or everywhere with TG_CUDA_LT=0. On sm_90 and
  * later our kernels are launched early (cuda_start); TG_CUDA_EARLY=0 launches them as usual.
  * "cuda-nvrtc" is a compile-only variant for tests on machines without a GPU: it generates and
- * NVRTC-compiles every kernel for sm_90 and runs nothing. */
+ * NVRTC-compiles every kernel for sm_90a and runs nothing. */
 #include "compile/expr.h"
 #include "cuda/cuda.h"
 #include "cuda/cuda_api.h"
@@ -137,7 +137,7 @@ typedef struct {
     /* products run at once (together_plan): streams that fork from `stream` and join it again */
     CUstream side[TOGETHER_MAX - 1];
     CUevent fork, joined[TOGETHER_MAX - 1];
-    char arch[16];          /* "sm_90" */
+    char arch[16];          /* "sm_90a" */
     char name[128];
 } cuda_device;
 
@@ -212,7 +212,8 @@ static bool setup_device(int d, cuda_device *v) {
             snprintf(v->why, sizeof v->why, "CUDA device %d setup failed: %s", d, cu_error(r));
             return false;
         }
-    snprintf(v->arch, sizeof v->arch, "sm_%d%d", major, minor);
+    /* sm_90 as sm_90a: Hopper's own instructions (warpgroup MMAs: attention), cubins for this device only */
+    snprintf(v->arch, sizeof v->arch, "sm_%d%d%s", major, minor, major == 9 && minor == 0 ? "a" : "");
     CUdeviceptr ws;
     if (cublas.Create(&v->blas) || cublas.SetStream(v->blas, v->stream) || cublas.SetMathMode(v->blas, 0) ||
         cu.MemAlloc(&ws, 32u << 20) || cublas.SetWorkspace(v->blas, (void *)ws, 32u << 20)) {
@@ -1671,7 +1672,7 @@ static const tg_backend *cuda_on_device(int ordinal, tg_error *err) {
     return !ok ? NULL : ordinal == 0 ? &backend_cuda : &device_tables[ordinal];
 }
 
-/* ----- compile-only variant: host buffers, NVRTC for sm_90, nothing runs ----- */
+/* ----- compile-only variant: host buffers, NVRTC for sm_90a, nothing runs ----- */
 
 static void *host_alloc(size_t numel) { return calloc(numel ? numel : 1, 4); }
 static void host_write(void *buf, tg_dtype dt, const double *src, size_t n) {
@@ -1692,7 +1693,7 @@ static void *nvrtc_prepare(const tg_graph *g, const int *keep, int n_keep, tg_er
     cuda_exec *e = tg_alloc(sizeof *e);
     if (!e) { tg_seterr(err, "out of memory preparing the CUDA kernels"); return NULL; }
     cuda_part parts[MAX_PARTS];
-    int n_parts = generate(e, g, keep, n_keep, "sm_90", err) ? compile_parts(e->source, e->launches.prelude, "sm_90", parts, err) : 0;
+    int n_parts = generate(e, g, keep, n_keep, "sm_90a", err) ? compile_parts(e->source, e->launches.prelude, "sm_90a", parts, err) : 0;
     parts_free(parts, n_parts);
     e->bound = tg_alloc(sizeof(void *) * (size_t)(g->n + 1));
     if (!n_parts || !e->bound) {

@@ -92,6 +92,15 @@ bool cuda_attention_mma(const tg_graph *g, int id, int sm) {
 
 static bool is_attention(tg_op op) { return op == OP_ATTENTION || op == OP_ATTENTION_LSE || op == OP_ATTENTION_BWD; }
 
+/* Does attention node id run on warpgroup MMAs (cuda_attention.c's CUDA_ATTENTION_WG_SOURCE): bf16
+ * heads of 64 on sm_90 (compiled as sm_90a)? TG_CUDA_WGMMA=0: never (the mma.sync kernels; A/B runs, tests). */
+static bool attention_wg(const tg_graph *g, int id, int sm) {
+    const char *env = getenv("TG_CUDA_WGMMA");
+    int64_t a[8];
+    cg_attention_args(g, id, a);
+    return sm == 90 && g->precision == TG_PRECISION_BF16 && a[3] == 64 && a[4] == 64 && !(env && env[0] == '0');
+}
+
 /* Does attention node i read its operands as rounded copies (on tensor cores at bf16; at tf32
  * it rounds them as it loads them, at f32 it splits them)? */
 static bool attention_reads_copies(const tg_graph *g, int i, int sm) {
@@ -1961,6 +1970,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     const bool bf = prec == TG_PRECISION_BF16, f32 = prec == TG_PRECISION_F32, bwd = n->op == OP_ATTENTION_BWD;
     const bool fwd = n->op == OP_ATTENTION;   /* else ATTENTION_LSE alone: no output rows */
     const bool mma = cuda_attention_mma(c->g, id, p->sm);   /* tensor cores: operands read as rounded copies at bf16 */
+    const bool wg = mma && attention_wg(c->g, id, p->sm);
     const char *policy = !mma ? "" : bf ? "tgm_bf16, " : f32 ? "tgm_f32x3, " : "tgm_tf32, ";
     const char *rnd = mma ? "" : bf ? ", 2" : f32 ? ", 0" : ", 1";   /* SIMT: operands rounded on load */
     const long long pad = bf ? 8 : 4, elem = bf ? 2 : 4;   /* the policy's row padding and element bytes */
@@ -2004,16 +2014,21 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     snprintf(last + strlen(last), sizeof last - strlen(last), ", %lld, %d", inter, rb);
     if (inter > 1) snprintf(name + strlen(name), sizeof name - strlen(name), "_i%lld", inter);
     if (rounded[3]) snprintf(name + strlen(name), sizeof name - strlen(name), "_ob");   /* out read as bf16 */
+    if (wg) snprintf(name + strlen(name), sizeof name - strlen(name), "_wg");
     bool compiled = false;
     for (int i = 0; i < p->n; i++) compiled |= p->launch[i].kind == CL_KERNEL && !strcmp(p->launch[i].name, name);
     if (!compiled) {
         /* bf16's tensor-core forward bounded to 128 registers (137 unbounded), four blocks an SM
          * (char_gpt's layer, when blocks were 8 warps: 56 -> 49 us, two an SM against one); tf32's
          * and f32's need more */
-        const char *bounds = mma && !bwd && bf ? "__launch_bounds__(128, 4) " : "";
+        const char *bounds = wg && bwd ? "__launch_bounds__(128, 3) " : mma && !bwd && bf ? "__launch_bounds__(128, 4) " : "";
         sb_printf(c->out, "extern \"C\" __global__ void %s%s(float *A, void *const *B, const double *H, tga_args a) {\n"
-                          "    tgk_prior();\n    tgk_attention%s%s<%s%lld, %lld, %lld, %lld, %s%s>(",
-                  bounds, name, bwd ? "_bwd" : "", mma ? "_mma" : "", policy, T, S, D, E, a[5] ? "true" : "false", last);
+                          "    tgk_prior();\n    tgk_attention%s%s<",
+                  bounds, name, bwd ? "_bwd" : "", wg ? "_wg" : mma ? "_mma" : "");
+        if (wg)   /* shapes and sizes: heads of 64 at bf16 */
+            sb_printf(c->out, "%lld, %lld, %s%s>(", T, S, a[5] ? "true" : "false", last);
+        else
+            sb_printf(c->out, "%s%lld, %lld, %lld, %lld, %s%s>(", policy, T, S, D, E, a[5] ? "true" : "false", last);
         for (int k = 0; k < (bwd ? 11 : 6); k++)
             sb_printf(c->out, "tga_at<%s%s>(A, B, a.at[%d]), ", k < (bwd ? 6 : 3) ? "const " : "",
                       rounded[k] ? shadow_type(c) : k >= (bwd ? 9 : 5) ? "void" : "float", k);
@@ -2025,7 +2040,10 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     snprintf(l->name, sizeof l->name, "%s", name);
     l->takes_args = true;
     l->args = args;
-    if (bwd)
+    if (wg)   /* 64 x 64 bf16 tiles (8 KB), 1 KB to align them: q and two stages of k, v forward; k, v,
+               * two stages of q, d_out, ds, and the rows' lse and delta backward */
+        l->shared = bwd ? 1024 + 7 * 8192 + 4 * 128 : 1024 + 5 * 8192;
+    else if (bwd)
         l->shared = mma ? (int)(4 * 128 + elem * (2 * 64 * (D + pad + E + pad) + 64 * (D + pad)) + 4 * 64 * 72)
                         : (int)(4 * (64 * (D + 1) * 2 + 64 * (E + 1) * 2 + 64 * 65 + 128));
     else
@@ -2495,7 +2513,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     sb_printf(&out, "%s", DEVICE_KERNELS);
     for (int i = 0; i < g->n; i++)   /* only graphs with attention pay for compiling it */
         if (materialized[i] && is_attention(g->nodes[i].op)) {
-            sb_printf(&out, "%s%s", CUDA_ATTENTION_SOURCE, sm >= 80 ? CUDA_ATTENTION_MMA_SOURCE : "");
+            sb_printf(&out, "%s%s%s", CUDA_ATTENTION_SOURCE, sm >= 80 ? CUDA_ATTENTION_MMA_SOURCE : "", sm == 90 ? CUDA_ATTENTION_WG_SOURCE : "");
             break;
         }
     if (g->precision != TG_PRECISION_BF16) sb_printf(&out, "%s", CUDA_PRODUCT_SOURCE);

@@ -42,6 +42,9 @@ int main(int argc, char **argv) {
     fa.at[0] = q; fa.at[1] = k; fa.at[2] = v; fa.at[3] = o; fa.at[4] = lse; fa.at[5] = os; fa.scale = 0.125f * 1.4426950408889634f;
     ba.at[0] = q; ba.at[1] = k; ba.at[2] = v; ba.at[3] = o; ba.at[4] = g; ba.at[5] = lse; ba.at[6] = dq; ba.at[7] = dk; ba.at[8] = dv;
     ba.at[9] = dks; ba.at[10] = dvs; ba.scale = 0.125f;
+#ifdef BWD_OB   /* a backward that reads the output's bf16 copy (attention.py: a kernel name ending _ob) */
+    ba.at[3] = os;
+#endif
     const int fsm = FWD_SMEM, bsm = BWD_SMEM;
     CK(cudaFuncSetAttribute(ATTN_FWD, cudaFuncAttributeMaxDynamicSharedMemorySize, fsm));
     CK(cudaFuncSetAttribute(ATTN_BWD, cudaFuncAttributeMaxDynamicSharedMemorySize, bsm));
