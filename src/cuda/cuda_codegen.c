@@ -2041,8 +2041,9 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     l->takes_args = true;
     l->args = args;
     if (wg)   /* 64 x 64 bf16 tiles (8 KB), 1 KB to align them: q and two stages of k, v forward; k, v,
-               * two stages of q and d_out (3 KB more each: dq's rows), ds, the rows' lse and delta backward */
-        l->shared = bwd ? 1024 + 7 * 8192 + 2 * 3072 + 4 * 128 : 1024 + 5 * 8192;
+               * two stages of q and d_out (3 KB more each: dq's rows), ds, the rows' lse and delta, and
+               * out's rows where it is read as bf16 backward */
+        l->shared = bwd ? 1024 + (rounded[3] ? 8 : 7) * 8192 + 2 * 3072 + 4 * 128 : 1024 + 5 * 8192;
     else if (bwd)
         l->shared = mma ? (int)(4 * 128 + elem * (2 * 64 * (D + pad + E + pad) + 64 * (D + pad)) + 4 * 64 * 72)
                         : (int)(4 * (64 * (D + 1) * 2 + 64 * (E + 1) * 2 + 64 * 65 + 128));
