@@ -2020,7 +2020,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     if (!compiled) {
         /* bf16's tensor-core forward bounded to 128 registers (137 unbounded), four blocks an SM
          * (char_gpt's layer, when blocks were 8 warps: 56 -> 49 us, two an SM against one); tf32's
-         * and f32's need more */
+         * and f32's need more. The warpgroup backward at three an SM (168 registers, 74 KB) */
         const char *bounds = wg && bwd ? "__launch_bounds__(128, 3) " : mma && !bwd && bf ? "__launch_bounds__(128, 4) " : "";
         sb_printf(c->out, "extern \"C\" __global__ void %s%s(float *A, void *const *B, const double *H, tga_args a) {\n"
                           "    tgk_prior();\n    tgk_attention%s%s<",
