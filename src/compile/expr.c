@@ -716,6 +716,7 @@ bool cg_init(cg *c, const tg_graph *g, const bool *materialized, const tg_plan *
     c->plan = plan;
     c->out = out;
     c->unsupported = -1;
+    c->io_root = -1;
     c->used = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
     c->cap_memo = 64;
     c->memo = tg_alloc(sizeof(memo_t) * (size_t)c->cap_memo);
@@ -737,6 +738,7 @@ void cg_release(cg *c) {
     free(c->memo);
     free(c->used);
     free(c->bf16);
+    free(c->io);
 }
 
 void cg_begin(cg *c, int root) {

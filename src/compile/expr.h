@@ -56,6 +56,12 @@ typedef struct {
      * variable V<node>, which every thread of the row holds (a row's sum or statistic that later
      * members read back: a register, not a store, a barrier and a load) */
     const bool *row_vals;
+    /* CUDA: the arena the kernel being generated reads and writes, as spans [lo, hi) in floats from
+     * its start, written or not, for its launch (cuda_codegen.c's io_node, kernel_launch): which
+     * launches may run beside each other. io_bound: it writes a bound leaf (an update in place). */
+    int64_t (*io)[3];
+    int n_io, cap_io, io_root;
+    bool io_bound;
     /* CUDA (NULL: off): per node, whether each value it stores is checked to be finite, a value
      * that is not setting the write-back flag, float at H + flag_slot (cuda_codegen.c's WB_MARK) */
     const bool *wb_check;

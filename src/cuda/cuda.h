@@ -31,6 +31,10 @@ typedef struct {
                                       * (N values, added to each row) or a value of C's shape */
     int64_t M, N, K, batch, *aoff, *boff;
     int64_t n;                       /* CL_MEMSET: elements */
+    /* CL_KERNEL: the arena it reads and writes, n_io spans {lo, hi, written} in floats from the
+     * arena's start (io NULL: not known, so nothing runs beside it: cuda_backend.c's side plan) */
+    int64_t (*io)[3];
+    int n_io;
 } cuda_launch;
 typedef struct {
     const tg_graph *g;

@@ -39,6 +39,7 @@ static cuda_launch *add_launch(cuda_plan *p, cuda_launch_kind kind, int node) {
     else {
         free(l->aoff);   /* a product's offsets from an earlier lost launch */
         free(l->boff);
+        free(l->io);
     }
     memset(l, 0, sizeof *l);
     l->kind = kind;
@@ -47,13 +48,59 @@ static cuda_launch *add_launch(cuda_plan *p, cuda_launch_kind kind, int node) {
     return l;
 }
 
-static cuda_launch *kernel_launch(cuda_plan *p, int node, int64_t threads, int block) {
+/* The launch of the kernel just generated for `node`, with what it reads and writes where that was
+ * noted for it (io_node) and it writes no bound leaf. */
+static cuda_launch *kernel_launch(cg *c, cuda_plan *p, int node, int64_t threads, int block) {
     cuda_launch *l = add_launch(p, CL_KERNEL, node);
     snprintf(l->name, sizeof l->name, "k%d", node);
     l->block = block;
     l->grid = (threads + block - 1) / block;
     l->grid_y = 1;
+    if (c->io_root == node && !c->io_bound && c->n_io > 0 && (l->io = tg_alloc(sizeof *l->io * (size_t)c->n_io))) {
+        memcpy(l->io, c->io, sizeof *l->io * (size_t)c->n_io);
+        l->n_io = c->n_io;
+    }
+    c->n_io = 0;
+    c->io_root = -1;
+    c->io_bound = false;
     return l;
+}
+
+/* Noted for the kernel being generated: it reads (or writes) `floats` floats of the arena from lo.
+ * Out of memory, it writes a bound leaf as far as its launch is concerned: nothing runs beside it. */
+static void io_span(cg *c, size_t lo, int64_t floats, bool write) {
+    if (c->n_io == c->cap_io) {
+        int cap = c->cap_io ? 2 * c->cap_io : 64;
+        int64_t(*grown)[3] = tg_realloc(c->io, sizeof *grown * (size_t)cap);
+        if (!grown) {
+            c->io_bound = true;
+            return;
+        }
+        c->io = grown;
+        c->cap_io = cap;
+    }
+    c->io[c->n_io][0] = (int64_t)lo;
+    c->io[c->n_io][1] = (int64_t)lo + floats;
+    c->io[c->n_io++][2] = write;
+}
+
+static bool has_shadow(const cg *c, int id);
+
+/* Noted: the kernel reads (or writes) node id: its buffer and its rounded copies, wherever it has
+ * them (more than it touches is only less at once). A bound leaf's buffer lies outside the
+ * arena: written (an update in place), nothing may run beside the kernel. */
+static void io_node(cg *c, int id, bool write) {
+    const int home = plan_home(c->plan, id);
+    if (cg_is_bound(N(c, home)->op) || (c->inplace && c->inplace[home] >= 0)) {
+        c->io_bound |= write;
+        return;
+    }
+    const int64_t n = N(c, home)->numel > N(c, id)->numel ? N(c, home)->numel : N(c, id)->numel;
+    const int64_t copy = c->g->precision == TG_PRECISION_BF16 ? (n + 1) / 2 : n;
+    if (c->plan->offset[home] != PLAN_BOUND) io_span(c, c->plan->offset[home], n, write);
+    if (has_shadow(c, home)) io_span(c, c->plan->shadow[home], copy, write);
+    if (id != home && has_shadow(c, id)) io_span(c, c->plan->shadow[id], copy, write);
+    if (c->plan->tshadow && c->plan->tshadow[home] != PLAN_BOUND) io_span(c, c->plan->tshadow[home], n, write);
 }
 
 static void memset_launch(cuda_plan *p, int node) { add_launch(p, CL_MEMSET, node)->n = p->g->nodes[node].numel; }
@@ -287,7 +334,7 @@ static void segments_kernel(cg *c, cuda_plan *p, const char *name, const strbuf 
                       "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n%s%s%s}\n\n",
               name, sb_str(decl), BLOCK, head, sb_str(&code), tail);
     free(code.s);
-    kernel_launch(p, first, total, BLOCK);
+    kernel_launch(c, p, first, total, BLOCK);
     snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "%s", name);
 }
 
@@ -514,6 +561,11 @@ static void end_kernel_roots(cg *c, const int *roots, int n_roots, const int *ex
     for (int i = 0; i < c->g->n; i++)   /* a leaf read where a root replaces it: through the root's own pointer */
         if (c->used[i] && replaced_by(c, roots, n_roots, i) >= 0)
             sb_printf(&decl, "    const float *P%d = P%d;\n", i, replaced_by(c, roots, n_roots, i));
+    for (int i = 0; i < c->g->n; i++)
+        if (c->used[i] && replaced_by(c, roots, n_roots, i) < 0) io_node(c, i, false);
+    for (int r = 0; r < n_roots; r++) io_node(c, roots[r], true);
+    if (c->copy_written) io_node(c, c->copy_by_sum, true);
+    c->io_root = roots[0];
     char bounds[40] = "";
     if (threads) snprintf(bounds, sizeof bounds, "__launch_bounds__(%d) ", threads);
     sb_printf(c->out, "extern \"C\" __global__ void %sk%d(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s%s%s%s}\n\n",
@@ -1099,23 +1151,25 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     c->aliased = false;
     free(guarded.s);
     free(tail.s);
-    kernel_launch(p, roots[0], exact ? total / elems / lanes : threads, BLOCK);
+    kernel_launch(c, p, roots[0], exact ? total / elems / lanes : threads, BLOCK);
     free(gr.seen);
     return q;
 }
 
 /* Sums cut into chunks leave their partial sums past the plan's arena: SUM_COUNTERS counters
  * (zero when allocated, and left zero by every kernel that uses them), then the partials, as
- * doubles. Returns where the counters are (in floats from the arena's start), noting the end. */
+ * doubles. Each kernel has scratch of its own, so that sums may run at once (cuda_backend.c's side
+ * plan; char_gpt's 50 take about 6 MB). Returns where the counters are (in floats from the arena's
+ * start), noting the first and the end. */
 enum { SUM_COUNTERS = 1024 };
 enum { Y = 32 };   /* a column sum's row groups: blocks of 32 x 32 threads */
 enum { FLOAT_TERMS = 64 };   /* the most values a column sum's thread adds in float (sum_kernel_body) */
 
-static size_t sum_scratch(const cg *c, cuda_plan *p, int64_t partials) {
-    size_t at = (c->plan->arena + 1) & ~(size_t)1;   /* doubles aligned */
-    size_t end = at + SUM_COUNTERS + 2 * (size_t)partials;
-    p->scratch_at = at;
-    if (end > p->scratch_end) p->scratch_end = end;
+static size_t sum_scratch(cg *c, cuda_plan *p, int64_t partials) {
+    if (!p->scratch_end) p->scratch_at = p->scratch_end = (c->plan->arena + 1) & ~(size_t)1;   /* doubles aligned */
+    const size_t at = p->scratch_end;
+    p->scratch_end = at + SUM_COUNTERS + 2 * (size_t)partials;
+    io_span(c, at, (int64_t)(p->scratch_end - at), true);
     return at;
 }
 
@@ -1355,7 +1409,7 @@ static bool thin_sum(cg *c, cuda_plan *p, const char *it, int64_t outer, int64_t
         for (int v = 0; v < L; v++) sb_printf(&tail, "    P%d[oj + %d] = (%s)acc%d;\n", sums[q], v, cg_ctype(N(c, sums[q])), q * L + v);
     end_kernel_roots(c, roots, n_roots, NULL, 0, head, sb_str(&tail), 0);
     free(tail.s);
-    kernel_launch(p, sums[0], outs / L, BLOCK);
+    kernel_launch(c, p, sums[0], outs / L, BLOCK);
     return true;
 }
 
@@ -1477,7 +1531,7 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
                  "    for (int s = 16; s > 0; s /= 2) acc0 += __shfl_xor_sync(0xffffffffu, acc0, s);\n"
                  "    if ((threadIdx.x & 31) == 0) %s\n", st);
         end_kernel(c, NULL, 0, head, tail);
-        kernel_launch(p, id, outs * chunks * 32, BLOCK);
+        kernel_launch(c, p, id, outs * chunks * 32, BLOCK);
         return true;
     }
     if (!c->copy_written && thin_sum(c, p, it, outer, len, inner, producer, srcs, sums, n_sums, roots, n_roots, n_far)) return true;
@@ -1551,7 +1605,7 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
     }
     end_kernel_roots(c, roots, n_roots, NULL, 0, head, sb_str(&tail), 32 * Y);
     free(tail.s);
-    kernel_launch(p, id, blocks * 32 * Y, 32 * Y);
+    kernel_launch(c, p, id, blocks * 32 * Y, 32 * Y);
     p->launch[p->n - 1].grid_y = chunks;
     for (int r = near; r < n_roots; r++) fill_shadow(c, p, roots[r]);
     return true;
@@ -1709,7 +1763,7 @@ static void row_columns_emit(cg *c, cuda_plan *p, const int *members, int nm, co
     memcpy(roots, members, sizeof(int) * (size_t)nm);
     memcpy(roots + nm, cols, sizeof(int) * (size_t)n_cols);
     end_kernel_roots(c, roots, nm + n_cols, NULL, 0, sb_str(&head), sb_str(&tail), 0);
-    kernel_launch(p, members[0], blocks * BLOCK, BLOCK);
+    kernel_launch(c, p, members[0], blocks * BLOCK, BLOCK);
     free(head.s);
     free(tail.s);
 }
@@ -1895,7 +1949,7 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, const 
                  "    const %s r = ((int64_t)blockIdx.x * %d + threadIdx.x) / %d;\n    const int lane = threadIdx.x %% %d;\n"
                  "    if (r >= %lldll) return;\n", ht, BLOCK, step, step, (long long)R);
         end_kernel_roots(c, members, nm, NULL, 0, head, "", 0);
-        kernel_launch(p, members[0], R * step, BLOCK);
+        kernel_launch(c, p, members[0], R * step, BLOCK);
         free(regs);
         free(vals);
         return nm;
@@ -1919,7 +1973,7 @@ static void call_kernel(cg *c, cuda_plan *p, int id, const int *srcs, int nsrc, 
     char head[700];
     snprintf(head, sizeof head, "    %s;\n", call);
     end_kernel(c, srcs, nsrc, head, "");
-    kernel_launch(p, id, threads, block);
+    kernel_launch(c, p, id, threads, block);
 }
 
 /* Batched product through cuBLAS; the backend turns regular offsets into one strided-batched
@@ -2034,9 +2088,12 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
                       rounded[k] ? shadow_type(c) : k >= (bwd ? 9 : 5) ? "void" : "float", k);
         sb_printf(c->out, "a.scale);\n}\n\n");
     }
+    for (int k = 0; k < n->nsrc; k++) io_node(c, n->src[k], false);
+    for (int r = 0; r < n_out; r++) io_node(c, outs[r], true);
+    c->io_root = id;
     int64_t tiles = bwd ? (S + 63) / 64 : (T + 63) / 64;
     int block = mma ? 128 : 256;   /* tensor cores: 4 warps of 16 rows */
-    cuda_launch *l = kernel_launch(p, id, tiles * B * block, block);
+    cuda_launch *l = kernel_launch(c, p, id, tiles * B * block, block);
     snprintf(l->name, sizeof l->name, "%s", name);
     l->takes_args = true;
     l->args = args;
@@ -2105,7 +2162,9 @@ static void fill_shadow(cg *c, cuda_plan *p, int id) {
               id, sb_str(&decl), BLOCK, w, n, w == 4 ? "float4" : "float", w == 4 ? "*(const float4 *)" : "*", id, sb_str(&body));
     free(decl.s);
     free(body.s);
-    kernel_launch(p, id, n / w, BLOCK);
+    io_node(c, id, true);
+    c->io_root = id;
+    kernel_launch(c, p, id, n / w, BLOCK);
     snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "kfill%d", id);
 }
 
@@ -2149,7 +2208,7 @@ static void softmax_kernel(cg *c, cuda_plan *p, int id, int64_t outer, int64_t l
              "    float mx = -INFINITY, sum = 0;\n",
              BLOCK, step, step, (long long)(outer * inner), (long long)inner, (long long)(len * inner), (long long)inner);
     end_kernel(c, NULL, 0, head, "");
-    kernel_launch(p, id, outer * inner * step, BLOCK);
+    kernel_launch(c, p, id, outer * inner * step, BLOCK);
 }
 
 static void special_kernel(cg *c, cuda_plan *p, int id) {
@@ -2588,6 +2647,7 @@ void cuda_plan_free(cuda_plan *p) {
     for (int i = 0; i < p->n; i++) {
         free(p->launch[i].aoff);
         free(p->launch[i].boff);
+        free(p->launch[i].io);
     }
     free(p->launch);
     free(p->inplace);
