@@ -1012,6 +1012,72 @@ static void cuda_together(void) {
     free(w[1]);
 }
 
+/* Launches off the critical path on a side stream (cuda_backend.c, side_plan): MODEL_RESIDUAL_LN's
+ * step over 256 rows, whose layer norm's and biases' column sums (at tf32 and bf16 also weight
+ * gradients' products; at f32 ours, on the shared workspace, stay) no later launch reads, trained
+ * three steps so (TG_CUDA_SIDE=verbose says which go beside, on stderr) and with every launch on
+ * one stream (=0): the same bits in the losses and in lh's weight at every precision (a launch
+ * beside that read a buffer before it was written, or after the plan handed it on, would not
+ * keep them). */
+static bool residual_steps(tg_precision p, const char *side, const float *x, const int32_t *y, int rows, float *losses, float *w) {
+    char said[16384] = "";
+    int saved = dup(2);
+    FILE *log = tmpfile();
+    if (log) fflush(stderr), dup2(fileno(log), 2);
+    setenv("TG_CUDA_SIDE", side, 1);
+    tg_model *m = tg_model_new(17);
+    residual_ln_layers(m);
+    tg_error err = { { 0 } };
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = residual_ln_loss, .optimizer = tg_adam(1e-3), .backend = "cuda",
+                                               .precision = p, .n_inputs = 2,
+                                               .inputs = (tg_input_decl[]){ TG_F32("x", rows, 6), TG_I32("y", rows) } },
+                             &err);
+    CHECK(t != NULL, "side stream: compile: %s", err.msg);
+    for (int s = 0; s < 3 && t; s++) {
+        tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, (size_t)rows * 6), tg_i32("y", y, (size_t)rows) }, 2);
+        losses[s] = r.status == TG_OK ? r.loss : NAN;
+    }
+    CHECK(t && tg_download_param(t, "lh.W", w, 520 * 520, &err) == TG_OK, "side stream: lh.W: %s", err.msg);
+    tg_destroy(t);
+    tg_model_free(m);
+    unsetenv("TG_CUDA_SIDE");
+    if (log) {
+        fflush(stderr);
+        dup2(saved, 2);
+        rewind(log);
+        said[fread(said, 1, sizeof said - 1, log)] = 0;
+        fclose(log);
+    }
+    close(saved);
+    return strstr(said, "beside:") != NULL;
+}
+
+static void cuda_side_stream(void) {
+    enum { ROWS = 256 };
+    const size_t weights = sizeof(float) * 520 * 520;
+    float *x = malloc(sizeof(float) * ROWS * 6), *w[2] = { malloc(weights), malloc(weights) };
+    int32_t *y = malloc(sizeof(int32_t) * ROWS);
+    check_rng = 5;
+    for (int i = 0; x && i < ROWS * 6; i++) x[i] = (float)check_uniform(-1, 1);
+    for (int i = 0; y && i < ROWS; i++) y[i] = (int32_t)(check_next() % 5);
+    for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16 && x && y && w[0] && w[1]; p++) {
+        float losses[2][3];
+        bool beside = residual_steps((tg_precision)p, "verbose", x, y, ROWS, losses[0], w[0]);
+        bool alone = !residual_steps((tg_precision)p, "0", x, y, ROWS, losses[1], w[1]);
+        CHECK(beside && alone, "cuda %s: launches beside the critical path by default (%s), none with TG_CUDA_SIDE=0 (%s)",
+              tg_precision_name((tg_precision)p), beside ? "yes" : "no", alone ? "yes" : "no");
+        CHECK(isfinite(losses[0][2]) && losses[0][2] != losses[0][0], "cuda %s: side stream: the steps train (losses %.6f -> %.6f)",
+              tg_precision_name((tg_precision)p), losses[0][0], losses[0][2]);
+        CHECK(memcmp(losses[0], losses[1], sizeof losses[0]) == 0 && memcmp(w[0], w[1], weights) == 0,
+              "cuda %s: side stream (losses %.9g -> %.9g) and one stream (%.9g -> %.9g): not the same bits",
+              tg_precision_name((tg_precision)p), losses[0][0], losses[0][2], losses[1][0], losses[1][2]);
+    }
+    free(x);
+    free(y);
+    free(w[0]);
+    free(w[1]);
+}
+
 static int count_text(const char *s, const char *what) {
     int n = 0;
     for (; s && (s = strstr(s, what)); s++) n++;
@@ -1367,6 +1433,27 @@ static void nvrtc_chunked_sums(void) {
     tg_model_free(m);
 }
 
+/* Each column sum cut into chunks leaves its partial sums in scratch of its own (cuda_codegen.c's
+ * sum_scratch), so that sums may run at once on the side stream: the bf16 wide MLP's step over
+ * 8,192 rows has several, none at the scratch of another. */
+static void nvrtc_scratch_apart(void) {
+    tg_model *m;
+    tg_error err = { { 0 } };
+    tg_train *t = wide_step(&m, TG_PRECISION_BF16, 8192, &err);
+    const char *src = t ? tg_train_kernel_source(t) : NULL;
+    CHECK(src != NULL, "scratch apart: NVRTC compiles the step: %s", err.msg);
+    long long at[64];
+    int n = 0, same = 0;
+    for (const char *q = src; q && n < 64 && (q = strstr(q, "double *sums = (double *)(A + ")); q++) {
+        at[n] = atoll(q + strlen("double *sums = (double *)(A + "));
+        for (int k = 0; k < n; k++) same += at[k] == at[n];
+        n++;
+    }
+    CHECK(n >= 2 && same == 0, "scratch apart: %d chunked sums, %d at another's scratch", n, same);
+    tg_destroy(t);
+    tg_model_free(m);
+}
+
 /* MODEL_RESIDUAL_LN's step compiled by cuda-nvrtc: with TG_CUDA_ROW_COLUMNS=1 its layer norm's two
  * parameter gradients are summed in one row kernel (one finish), in chunks of 512 columns over 38
  * blocks; by default (300 rows: fewer than row_columns takes) and with =0 in a column-sum kernel of
@@ -1630,6 +1717,7 @@ int main(void) {
             cuda_padded_products();
             cuda_counters();
             cuda_together();
+            cuda_side_stream();
             train_models("cuda");
         }
         return check_report("test_backend");
@@ -1668,6 +1756,7 @@ int main(void) {
         if (b) cuda_precisions();
         if (b) cuda_counters();
         if (b) cuda_together();
+        if (b) cuda_side_stream();
         train_models(backends[b]);
     }
     if (!cuda) {
@@ -1692,6 +1781,7 @@ int main(void) {
             nvrtc_thin_sums();
             nvrtc_row_columns();
             nvrtc_chunked_sums();
+            nvrtc_scratch_apart();
         }
     }
     char cmd[100];

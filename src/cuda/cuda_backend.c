@@ -137,6 +137,7 @@ typedef struct {
     /* products run at once (together_plan): streams that fork from `stream` and join it again */
     CUstream side[TOGETHER_MAX - 1];
     CUevent fork, joined[TOGETHER_MAX - 1];
+    CUstream beside;        /* the launches off the critical path (side_plan) */
     char arch[16];          /* "sm_90a" */
     char name[128];
 } cuda_device;
@@ -203,7 +204,7 @@ static bool setup_device(int d, cuda_device *v) {
         (r = cu.DeviceGetAttribute(&minor, CU_ATTR_CC_MINOR, dev)) || (r = cu.DeviceGetAttribute(&sms, CU_ATTR_SMS, dev)) ||
         (r = cu.DeviceGetName(v->name, 127, dev)) ||
         (r = cu.DevicePrimaryCtxRetain(&v->ctx, dev)) || (r = cu.CtxSetCurrent(v->ctx)) || (r = cu.StreamCreate(&v->stream, 0)) ||
-        (r = cu.EventCreate(&v->fork, CU_EVENT_DISABLE_TIMING))) {
+        (r = cu.StreamCreate(&v->beside, 0)) || (r = cu.EventCreate(&v->fork, CU_EVENT_DISABLE_TIMING))) {
         snprintf(v->why, sizeof v->why, "CUDA device %d setup failed: %s", d, cu_error(r));
         return false;
     }
@@ -538,6 +539,11 @@ typedef struct {
     CUevent done;
 } queue_slot;
 
+/* What a launch reads and writes (side_plan): spans of device memory, each read or written; known
+ * false where that is not known (nothing then runs beside it). */
+typedef struct { CUdeviceptr lo, hi; bool write, scratch; } touch;   /* scratch: a product's workspace */
+typedef struct { touch *a; int n; bool known; } touches;
+
 typedef struct {
     cuda_device *dev;        /* where its buffers live and its launches run (NULL: cuda-nvrtc) */
     const tg_graph *g;       /* the graph it runs: the caller's, or `folded` */
@@ -587,6 +593,9 @@ typedef struct {
     lt_product *lt;
     bool lt_ready;
     int *together;           /* per launch: how many from it run at once, 1 alone, 0 a later one (together_plan) */
+    touches *touched;        /* per launch: what it reads and writes (side_plan) */
+    bool *side;              /* per launch: on the side stream */
+    CUevent *side_done;      /* per launch on the side stream: recorded after it */
     CUfunction own[4];       /* our small-product kernel by (ta, tb) (f32 and tf32 graphs), else NULL */
     CUfunction x3[4];        /* our tensor-core f32 product kernel by (ta, tb) (f32 graphs), else NULL */
     CUfunction x3_sum;       /* and its split reductions' sum */
@@ -617,6 +626,8 @@ static void print_profile(const cuda_exec *e) {
                       calls, e->launches.n, e->profiled_runs, e->profile_all);
     free(calls);
 }
+
+static void side_free(cuda_exec *e);
 
 static void cuda_release(void *h) {
     cuda_exec *e = h;
@@ -653,6 +664,7 @@ static void cuda_release(void *h) {
     for (int i = 0; e->lt && i < e->launches.n; i++) lt_product_free(&e->lt[i]);
     free(e->lt);
     free(e->together);
+    side_free(e);
     counters_free(&e->counters);
     cuda_plan_free(&e->launches);
     plan_free(&e->plan);
@@ -1013,16 +1025,17 @@ static bool counters_ready(cuda_exec *e, tg_error *err) {
 
 typedef struct { CUdeviceptr lo, hi; } extent;   /* bytes [lo, hi) of device memory */
 
+static double product_flop(const cuda_launch *l) { return 2.0 * (double)l->M * (double)l->N * (double)l->K * (double)l->batch; }
+
 static bool meets(extent a, extent b) { return a.lo < b.hi && b.lo < a.hi && a.lo < a.hi && b.lo < b.hi; }
 
-/* What launch i reads (A, B, the addend) and writes (C, its workspace); false when it cannot run
- * beside others (not one cuBLASLt call on buffers of its own). */
+/* What launch i reads (A, B, the addend) and writes (C, its workspace: our kernel's split parts go
+ * to the shared one); false when it cannot run beside others (not one call of cuBLASLt or of our
+ * kernel on operands in place). */
 static bool product_extents(cuda_exec *e, int i, extent reads[3], extent writes[2]) {
     const cuda_launch *l = &e->launches.launch[i];
     const lt_product *p = e->lt ? &e->lt[i] : NULL;
-    if (l->kind != CL_GEMM || !p || !p->desc || p->own || product_calls(l) != 1 ||
-        2.0 * (double)l->M * (double)l->N * (double)l->K * (double)l->batch > TOGETHER_FLOP)
-        return false;
+    if (l->kind != CL_GEMM || !p || !p->desc || product_calls(l) != 1) return false;
     const bool f32 = e->g->precision == TG_PRECISION_F32;
     const size_t es = e->g->precision == TG_PRECISION_BF16 ? 2 : 4;
     CUdeviceptr A = f32 ? node_ptr(e, l->a) : rounded_copy(e, l, 0);
@@ -1038,7 +1051,7 @@ static bool product_extents(cuda_exec *e, int i, extent reads[3], extent writes[
     writes[0] = (extent){ C, C + (CUdeviceptr)(l->M * l->N * l->batch * (int64_t)cs) };
     CUdeviceptr ws = counters_window(&e->counters, i, 0);
     if (!ws) ws = e->dev->lt.workspace;
-    writes[1] = (extent){ ws, ws + (CUdeviceptr)p->workspace };
+    writes[1] = (extent){ ws, ws + (CUdeviceptr)(p->own ? e->dev->lt.workspace_bytes : p->workspace) };
     return C != 0;
 }
 
@@ -1051,6 +1064,133 @@ static bool apart(const extent *ra, const extent *wa, const extent *rb, const ex
             if (meets(wa[w], wb[v])) return false;
     }
     return true;
+}
+
+/* ----- work beside the critical path -----
+ * A launch whose results no later launch of the run reads (a parameter's gradient: a weight's
+ * product, a bias's column sum, a layer norm's parameter sums; the update reads them after the
+ * end) goes on a side stream, forked from the device's stream where it stands in the order: the
+ * chain the next layer waits for goes on meanwhile, memory-bound sums beside products and
+ * products beside row kernels, in the gaps either leaves. The device's stream waits for the side
+ * launches (up to the latest such) before a launch that writes what one of them reads or writes,
+ * or reads what one writes (a buffer the plan hands on once its last reader ran in order), before
+ * a launch whose buffers are not known (cuda_launch's io: the leaves' kernel, the check, the
+ * update in place), and at the end. Only launches that leave room on the GPU go (leaves_room); a
+ * product only as one call on its operands in place. TG_CUDA_SIDE=0: every launch on the
+ * device's stream; =verbose: which go beside, on stderr. */
+
+static bool touch_add(touches *l, CUdeviceptr lo, CUdeviceptr hi, bool write, bool scratch) {
+    if (lo >= hi) return true;
+    touch *grown = tg_realloc(l->a, sizeof *grown * (size_t)(l->n + 1));
+    if (!grown) return false;
+    l->a = grown;
+    l->a[l->n++] = (touch){ lo, hi, write, scratch };
+    return true;
+}
+
+/* What launch i reads and writes, into e->touched[i] (left unknown where it is not known) */
+static bool touches_of(cuda_exec *e, int i) {
+    const cuda_launch *l = &e->launches.launch[i];
+    touches *a = &e->touched[i];
+    bool ok = true;
+    if (l->kind == CL_KERNEL && l->io) {
+        for (int k = 0; k < l->n_io && ok; k++)
+            ok = touch_add(a, e->arena + 4 * (CUdeviceptr)l->io[k][0], e->arena + 4 * (CUdeviceptr)l->io[k][1], l->io[k][2] != 0,
+                           false);
+    } else if (l->kind == CL_MEMSET) {
+        ok = touch_add(a, node_ptr(e, l->node), node_ptr(e, l->node) + 4 * (CUdeviceptr)l->n, true, false);
+    } else if (l->kind == CL_GEMM) {
+        extent r[3], w[2];
+        if (!product_extents(e, i, r, w)) return true;
+        for (int k = 0; k < 3 && ok; k++) ok = touch_add(a, r[k].lo, r[k].hi, false, false);
+        for (int k = 0; k < 2 && ok; k++) ok = touch_add(a, w[k].lo, w[k].hi, true, k == 1);
+    } else {
+        return true;
+    }
+    a->known = ok;
+    return ok;
+}
+
+/* Does b write what a touches, or a write what b reads? (Both known.) */
+static bool clash(const touches *a, const touches *b) {
+    for (int x = 0; x < a->n; x++)
+        for (int y = 0; y < b->n; y++)
+            if ((a->a[x].write || b->a[y].write) && a->a[x].lo < b->a[y].hi && b->a[y].lo < a->a[x].hi) return true;
+    return false;
+}
+
+/* Does b touch what a writes, its scratch aside? */
+static bool reads_results(const touches *a, const touches *b) {
+    for (int x = 0; x < a->n; x++)
+        for (int y = 0; y < b->n; y++)
+            if (a->a[x].write && !a->a[x].scratch && a->a[x].lo < b->a[y].hi && b->a[y].lo < a->a[x].hi) return true;
+    return false;
+}
+
+/* Is launch i worth running beside? A kernel of at most half the threads the SMs hold at once, a
+ * product of at most TOGETHER_FLOP on a workspace of its own: at char_gpt's size (its column sums
+ * a whole wave of 264 x 1024 threads) the sums beside the chain made the bf16 step 4.70 -> 4.73
+ * ms, where char_gpt_small's (1,024 rows) went 0.234 -> 0.222; and a product beside on the shared
+ * workspace (our f32 kernels' split parts) has every later product that uses it wait:
+ * char_gpt_small's f32 step 0.379 -> 0.396 ms, 0.350 without (H200). */
+static bool leaves_room(cuda_exec *e, int i) {
+    const cuda_launch *l = &e->launches.launch[i];
+    if (l->kind == CL_GEMM)
+        return product_flop(l) <= TOGETHER_FLOP && !e->lt[i].own &&
+               (counters_window(&e->counters, i, 0) || !e->lt[i].workspace);
+    return l->kind == CL_KERNEL && (double)l->grid * (double)l->grid_y * l->block <= 1024.0 * e->dev->lt.sms;
+}
+
+static void side_free(cuda_exec *e) {
+    for (int i = 0; e->touched && i < e->launches.n; i++) free(e->touched[i].a);
+    for (int i = 0; e->side_done && i < e->launches.n; i++)
+        if (e->side_done[i]) cu.EventDestroy(e->side_done[i]);
+    free(e->touched);
+    free(e->side);
+    free(e->side_done);
+    e->touched = NULL;
+    e->side = NULL;
+    e->side_done = NULL;
+}
+
+/* e->side: which launches go beside (above); e->touched, what each reads and writes. */
+static bool side_plan(cuda_exec *e, tg_error *err) {
+    const char *env = getenv("TG_CUDA_SIDE");
+    const int n = e->launches.n;
+    side_free(e);
+    if ((env && env[0] == '0') || e->profile) return true;
+    e->touched = tg_alloc(sizeof *e->touched * (size_t)(n + 1));
+    e->side = tg_alloc(sizeof *e->side * (size_t)(n + 1));
+    e->side_done = tg_alloc(sizeof *e->side_done * (size_t)(n + 1));
+    bool ok = e->touched && e->side && e->side_done;
+    if (ok) {
+        memset(e->touched, 0, sizeof *e->touched * (size_t)n);
+        memset(e->side, 0, sizeof *e->side * (size_t)n);
+        memset(e->side_done, 0, sizeof *e->side_done * (size_t)n);
+    }
+    for (int i = 0; i < n && ok; i++) ok = touches_of(e, i);
+    for (int i = 0; i < n && ok; i++) {
+        const touches *a = &e->touched[i];
+        bool beside = a->known && a->n > 0 && leaves_room(e, i);
+        for (int j = i + 1; j < n && beside; j++)
+            beside = !e->touched[j].known || !reads_results(a, &e->touched[j]);
+        if (!beside) continue;
+        CUresult r = cu.EventCreate(&e->side_done[i], CU_EVENT_DISABLE_TIMING);
+        if (r) {
+            tg_seterr(err, "CUDA event for the side stream failed: %s", cu_error(r));
+            side_free(e);
+            return false;
+        }
+        e->side[i] = true;
+        if (env && !strcmp(env, "verbose"))
+            fprintf(stderr, "tensorgrad: cuda: beside: %s (node %d)\n",
+                    e->launches.launch[i].kind == CL_GEMM ? "product" : e->launches.launch[i].name, e->launches.launch[i].node);
+    }
+    if (!ok) {
+        side_free(e);
+        tg_seterr(err, "out of memory planning the side stream");
+    }
+    return ok;
 }
 
 /* e->together: per launch, how many launches from it run at once (1: alone; 0: a later member). */
@@ -1067,7 +1207,8 @@ static bool together_plan(cuda_exec *e, tg_error *err) {
     extent reads[TOGETHER_MAX][3], writes[TOGETHER_MAX][2];
     for (int i = 0; i < n; i++) {
         int k = 0;
-        while (k < TOGETHER_MAX && i + k < n && product_extents(e, i + k, reads[k], writes[k])) {
+        while (k < TOGETHER_MAX && i + k < n && !(e->side && e->side[i + k]) && !e->lt[i + k].own &&
+               product_extents(e, i + k, reads[k], writes[k]) && product_flop(&e->launches.launch[i + k]) <= TOGETHER_FLOP) {
             bool ok = true;
             for (int j = 0; j < k && ok; j++) ok = apart(reads[j], writes[j], reads[k], writes[k]);
             if (!ok) break;
@@ -1120,7 +1261,7 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
         }
     }
     counters_place(&e->counters);   /* without memory for the windows, every product as before */
-    e->lt_ready = sums_ready(e, err) && together_plan(e, err);
+    e->lt_ready = sums_ready(e, err) && side_plan(e, err) && together_plan(e, err);
     return e->lt_ready;
 }
 
@@ -1166,29 +1307,67 @@ static bool gemm(cuda_exec *e, int i, bool early, CUstream stream, tg_error *err
     return rc == 0 && (!later || add_addend(e, l, out, out_cs, err));
 }
 
-/* May launch i start early (cuda_start)? Where a kernel ran right before it on the stream (a
- * memset does not overlap anything, nor do products run at once, whose streams it waits for)
- * and no profile times launches one by one. */
-static bool early_at(const cuda_exec *e, int i) {
-    return e->dev->lt.early && !e->profile && i > 0 && e->launches.launch[i - 1].kind != CL_MEMSET &&
-           !(e->together && e->together[i - 1] != 1);
+/* May a launch start early (cuda_start) right after launch `prev` on its stream? Where a kernel
+ * ran there (a memset does not overlap anything, nor do products run at once, whose streams it
+ * waits for) and no profile times launches one by one. */
+static bool early_after(const cuda_exec *e, int prev) {
+    return e->dev->lt.early && !e->profile && prev >= 0 && e->launches.launch[prev].kind != CL_MEMSET &&
+           !(e->together && e->together[prev] != 1);
 }
 
-/* Enqueue launch i on the stream; a kernel of ours early where it may. */
-static bool enqueue_one(cuda_exec *e, int i, tg_error *err) {
+/* Enqueue launch i on `stream`; a kernel of ours early if so. */
+static bool enqueue_one(cuda_exec *e, int i, CUstream stream, bool early, tg_error *err) {
     const cuda_launch *l = &e->launches.launch[i];
     CUdeviceptr table = e->table, hyper = e->hyper_dev;
-    bool early = early_at(e, i);
     if (l->kind == CL_MEMSET) {
-        TRY(cu.MemsetD32Async(node_ptr(e, l->node), 0, (size_t)l->n, e->dev->stream), "memset");
+        TRY(cu.MemsetD32Async(node_ptr(e, l->node), 0, (size_t)l->n, stream), "memset");
     } else if (l->kind == CL_GEMM) {
-        if (!gemm(e, i, early, e->dev->stream, err)) return false;
+        if (!gemm(e, i, early, stream, err)) return false;
     } else {
         cuda_kernel_args by_value = l->args;
         void *args[] = { &e->arena, &table, &hyper, l->takes_args ? &by_value : NULL };
         const unsigned grid[3] = { (unsigned)l->grid, (unsigned)l->grid_y, 1 };
-        TRY(cuda_start(e->fn[i], grid, (unsigned)l->block, (unsigned)l->shared, e->dev->stream, args, early), l->name);
+        TRY(cuda_start(e->fn[i], grid, (unsigned)l->block, (unsigned)l->shared, stream, args, early), l->name);
     }
+    return true;
+fail:
+    return false;
+}
+
+/* The side stream as the enqueue goes (side_plan): the device's stream moved on since it last
+ * forked; the side launches from `open` on are not yet waited for, `last` the latest. */
+typedef struct { bool moved; int open, last; } side_state;
+
+/* Side launch i: forked from the device's stream where that moved on, then done's event. */
+static bool enqueue_beside(cuda_exec *e, int i, side_state *s, tg_error *err) {
+    cuda_device *v = e->dev;
+    if (s->moved) {
+        TRY(cu.EventRecord(v->fork, v->stream), "forking the side stream");
+        TRY(cu.StreamWaitEvent(v->beside, v->fork, 0), "forking the side stream");
+        s->moved = false;
+    }
+    if (!enqueue_one(e, i, v->beside, false, err)) return false;
+    TRY(cu.EventRecord(e->side_done[i], v->beside), "joining the side stream");
+    if (s->last < s->open) s->open = i;
+    s->last = i;
+    return true;
+fail:
+    return false;
+}
+
+/* Before launch i on the device's stream (i = n: the end): a wait for the side launches up to the
+ * latest that i must follow (all for a launch not known); whether it waited. */
+static bool join_for(cuda_exec *e, int i, side_state *s, bool *waited, tg_error *err) {
+    *waited = false;
+    if (!e->side || s->last < s->open) return true;
+    const bool all = i == e->launches.n || !e->touched[i].known;
+    int k = s->last;
+    while (k >= s->open && !all && !(e->side[k] && clash(&e->touched[k], &e->touched[i]))) k--;
+    if (k < s->open) return true;
+    TRY(cu.StreamWaitEvent(e->dev->stream, e->side_done[k], 0), "joining the side stream");
+    s->open = k + 1;
+    while (s->open <= s->last && !e->side[s->open]) s->open++;
+    *waited = true;
     return true;
 fail:
     return false;
@@ -1196,7 +1375,7 @@ fail:
 
 /* Launches [i, i + k) at once (together_plan): the later ones each on a side stream that forks
  * from the device's stream, which then waits for all of them. */
-static bool enqueue_together(cuda_exec *e, int i, int k, tg_error *err) {
+static bool enqueue_together(cuda_exec *e, int i, int k, bool early, tg_error *err) {
     cuda_device *v = e->dev;
     TRY(cu.EventRecord(v->fork, v->stream), "forking the stream");
     for (int j = 1; j < k; j++) {
@@ -1204,7 +1383,7 @@ static bool enqueue_together(cuda_exec *e, int i, int k, tg_error *err) {
         if (!gemm(e, i + j, false, v->side[j - 1], err)) return false;
         TRY(cu.EventRecord(v->joined[j - 1], v->side[j - 1]), "joining the stream");
     }
-    if (!gemm(e, i, early_at(e, i), v->stream, err)) return false;
+    if (!gemm(e, i, early, v->stream, err)) return false;
     for (int j = 1; j < k; j++) TRY(cu.StreamWaitEvent(v->stream, v->joined[j - 1], 0), "joining the stream");
     return true;
 fail:
@@ -1222,7 +1401,7 @@ static bool time_in_graph(cuda_exec *e, int i, double *sec, tg_error *err) {
     float ms = 0;
     TRY(cu.StreamBeginCapture(e->dev->stream, CU_CAPTURE_THREAD_LOCAL), "beginning graph capture");
     bool ok = true;
-    for (int r = 0; r < PROFILE_COPIES && ok; r++) ok = enqueue_one(e, i, err);
+    for (int r = 0; r < PROFILE_COPIES && ok; r++) ok = enqueue_one(e, i, e->dev->stream, early_after(e, i - 1), err);
     CUresult rc = cu.StreamEndCapture(e->dev->stream, &graph);
     if (!ok) goto fail;
     TRY(rc, "ending graph capture");
@@ -1257,19 +1436,30 @@ static bool enqueue(cuda_exec *e, tg_error *err) {
     if (e->profile_graph) {
         for (int i = 0; i < e->launches.n; i++) {
             double sec;
-            if (!enqueue_one(e, i, err) || !time_in_graph(e, i, &sec, err)) return false;
+            if (!enqueue_one(e, i, e->dev->stream, early_after(e, i - 1), err) || !time_in_graph(e, i, &sec, err)) return false;
             e->profile[i] += sec;
         }
         e->profiled_runs++;
         return true;
     }
-    for (int i = 0; i < e->launches.n; i++) {
+    side_state side = { true, 0, -1 };
+    bool waited;
+    for (int i = 0, prev = -1; i < e->launches.n; i++) {   /* prev: the last launch on the device's stream */
         const int k = e->together && !e->profile ? e->together[i] : 1;
+        if (e->side && e->side[i]) {
+            if (!enqueue_beside(e, i, &side, err)) return false;
+            continue;
+        }
+        if (!join_for(e, i, &side, &waited, err)) return false;
+        const bool early = !waited && early_after(e, prev);
         if (e->profile) TRY(cu.EventRecord(e->marks[i], e->dev->stream), "profile event");
-        if (k > 1 && !enqueue_together(e, i, k, err)) return false;
-        if (k == 1 && !enqueue_one(e, i, err)) return false;
+        if (k > 1 && !enqueue_together(e, i, k, early, err)) return false;
+        if (k == 1 && !enqueue_one(e, i, e->dev->stream, early, err)) return false;
         i += k > 1 ? k - 1 : 0;
+        prev = i;
+        side.moved = true;
     }
+    if (!join_for(e, e->launches.n, &side, &waited, err)) return false;
     if (e->profile) {   /* the events bracket each launch, without a host round trip between them */
         TRY(cu.EventRecord(e->marks[e->launches.n], e->dev->stream), "profile event");
         TRY(cu.StreamSynchronize(e->dev->stream), "profile");
