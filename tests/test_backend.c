@@ -955,13 +955,30 @@ static tg_tensor qkv_mix_loss(const void *ctx, const tg_tensor *in) {
     return tg_mean(tg_square(tg_add(tg_mul(h[0], h[1]), h[2])), TG_ALL, 0);
 }
 
+/* What the library says on stderr between stderr_grab and stderr_take (into said, size bytes). */
+typedef struct { int saved; FILE *log; } stderr_capture;
+static stderr_capture stderr_grab(void) {
+    stderr_capture c = { dup(2), tmpfile() };
+    if (c.log) fflush(stderr), dup2(fileno(c.log), 2);
+    return c;
+}
+static void stderr_take(stderr_capture c, char *said, size_t size) {
+    said[0] = 0;
+    if (c.log) {
+        fflush(stderr);
+        dup2(c.saved, 2);
+        rewind(c.log);
+        said[fread(said, 1, size - 1, c.log)] = 0;
+        fclose(c.log);
+    }
+    close(c.saved);
+}
+
 /* The losses of three steps of qkv_mix_loss on x ([rows, 128]), q's weight after them into w, and
  * whether stderr said that products ran at once. */
 static bool qkv_mix_steps(tg_precision p, const float *x, int rows, float *losses, float *w) {
-    char said[4096] = "";
-    int saved = dup(2);
-    FILE *log = tmpfile();
-    if (log) fflush(stderr), dup2(fileno(log), 2);
+    char said[4096];
+    stderr_capture cap = stderr_grab();
     tg_model *m = tg_model_new(13);
     for (int k = 0; k < 3; k++) qkv[k] = tg_linear_new(m, (const char *[]){ "q", "k", "v" }[k], QKV_WIDTH, QKV_WIDTH, NULL);
     tg_error err = { { 0 } };
@@ -976,14 +993,7 @@ static bool qkv_mix_steps(tg_precision p, const float *x, int rows, float *losse
     CHECK(t && tg_download_param(t, "q.W", w, QKV_WIDTH * QKV_WIDTH, &err) == TG_OK, "together: q.W: %s", err.msg);
     tg_destroy(t);
     tg_model_free(m);
-    if (log) {
-        fflush(stderr);
-        dup2(saved, 2);
-        rewind(log);
-        said[fread(said, 1, sizeof said - 1, log)] = 0;
-        fclose(log);
-    }
-    close(saved);
+    stderr_take(cap, said, sizeof said);
     return strstr(said, "run at once") != NULL;
 }
 
@@ -1020,10 +1030,8 @@ static void cuda_together(void) {
  * beside that read a buffer before it was written, or after the plan handed it on, would not
  * keep them). */
 static bool residual_steps(tg_precision p, const char *side, const float *x, const int32_t *y, int rows, float *losses, float *w) {
-    char said[16384] = "";
-    int saved = dup(2);
-    FILE *log = tmpfile();
-    if (log) fflush(stderr), dup2(fileno(log), 2);
+    char said[16384];
+    stderr_capture cap = stderr_grab();
     setenv("TG_CUDA_SIDE", side, 1);
     tg_model *m = tg_model_new(17);
     residual_ln_layers(m);
@@ -1041,14 +1049,7 @@ static bool residual_steps(tg_precision p, const char *side, const float *x, con
     tg_destroy(t);
     tg_model_free(m);
     unsetenv("TG_CUDA_SIDE");
-    if (log) {
-        fflush(stderr);
-        dup2(saved, 2);
-        rewind(log);
-        said[fread(said, 1, sizeof said - 1, log)] = 0;
-        fclose(log);
-    }
-    close(saved);
+    stderr_take(cap, said, sizeof said);
     return strstr(said, "beside:") != NULL;
 }
 
