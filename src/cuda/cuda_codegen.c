@@ -551,21 +551,24 @@ static void end_kernel_roots(cg *c, const int *roots, int n_roots, const int *ex
     strbuf decl = { 0 };
     for (int i = 0; i < n_extra; i++) c->used[extra[i]] = true;
     for (int r = 0; r < n_roots; r++) c->used[roots[r]] = false;
-    for (int i = 0; i < c->g->n; i++)
-        if (c->used[i] && replaced_by(c, roots, n_roots, i) < 0) pointer(c, &decl, i, false);
+    for (int i = 0; i < c->g->n; i++)   /* each pointer declared is noted for the launch (io_node) */
+        if (c->used[i] && replaced_by(c, roots, n_roots, i) < 0) {
+            pointer(c, &decl, i, false);
+            io_node(c, i, false);
+        }
     for (int r = 0; r < n_roots; r++) {
         if (!cg_unplaced(c, roots[r])) pointer(c, &decl, roots[r], true);
         shadow_pointer(c, &decl, roots[r]);
+        io_node(c, roots[r], true);
     }
-    if (c->copy_written) shadow_pointer(c, &decl, c->copy_by_sum);
+    if (c->copy_written) {
+        shadow_pointer(c, &decl, c->copy_by_sum);
+        io_node(c, c->copy_by_sum, true);
+    }
+    c->io_root = roots[0];
     for (int i = 0; i < c->g->n; i++)   /* a leaf read where a root replaces it: through the root's own pointer */
         if (c->used[i] && replaced_by(c, roots, n_roots, i) >= 0)
             sb_printf(&decl, "    const float *P%d = P%d;\n", i, replaced_by(c, roots, n_roots, i));
-    for (int i = 0; i < c->g->n; i++)
-        if (c->used[i] && replaced_by(c, roots, n_roots, i) < 0) io_node(c, i, false);
-    for (int r = 0; r < n_roots; r++) io_node(c, roots[r], true);
-    if (c->copy_written) io_node(c, c->copy_by_sum, true);
-    c->io_root = roots[0];
     char bounds[40] = "";
     if (threads) snprintf(bounds, sizeof bounds, "__launch_bounds__(%d) ", threads);
     sb_printf(c->out, "extern \"C\" __global__ void %sk%d(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s%s%s%s}\n\n",
