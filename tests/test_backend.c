@@ -1022,17 +1022,27 @@ static void cuda_together(void) {
     free(w[1]);
 }
 
+static int count_text(const char *s, const char *what) {
+    int n = 0;
+    for (; s && (s = strstr(s, what)); s++) n++;
+    return n;
+}
+
 /* Launches off the critical path on a side stream (cuda_backend.c, side_plan): MODEL_RESIDUAL_LN's
  * step over 256 rows, whose layer norm's and biases' column sums (at tf32 and bf16 also weight
  * gradients' products; at f32 ours, on the shared workspace, stay) no later launch reads, trained
- * three steps so (TG_CUDA_SIDE=verbose says which go beside, on stderr) and with every launch on
- * one stream (=0): the same bits in the losses and in lh's weight at every precision (a launch
- * beside that read a buffer before it was written, or after the plan handed it on, would not
- * keep them). */
-static bool residual_steps(tg_precision p, const char *side, const float *x, const int32_t *y, int rows, float *losses, float *w) {
+ * three steps so (TG_CUDA_SIDE=verbose says which go beside, on stderr), with every product that
+ * may beside, ours too, on the side stream's workspace (TG_CUDA_SIDE_FLOP=0, as char_gpt's large
+ * weight gradients go) and with every launch on one stream (=0): the same bits in the losses and
+ * in lh's weight at every precision (a launch beside that read a buffer before it was written, or
+ * after the plan handed it on, or shared a workspace with a product at once, would not keep
+ * them). Returns how many launches went beside. */
+static int residual_steps(tg_precision p, const char *side, const char *flop, const float *x, const int32_t *y, int rows,
+                          float *losses, float *w) {
     char said[16384];
     stderr_capture cap = stderr_grab();
     setenv("TG_CUDA_SIDE", side, 1);
+    if (flop) setenv("TG_CUDA_SIDE_FLOP", flop, 1);
     tg_model *m = tg_model_new(17);
     residual_ln_layers(m);
     tg_error err = { { 0 } };
@@ -1049,40 +1059,39 @@ static bool residual_steps(tg_precision p, const char *side, const float *x, con
     tg_destroy(t);
     tg_model_free(m);
     unsetenv("TG_CUDA_SIDE");
+    unsetenv("TG_CUDA_SIDE_FLOP");
     stderr_take(cap, said, sizeof said);
-    return strstr(said, "beside:") != NULL;
+    return count_text(said, "beside:");
 }
 
 static void cuda_side_stream(void) {
     enum { ROWS = 256 };
     const size_t weights = sizeof(float) * 520 * 520;
-    float *x = malloc(sizeof(float) * ROWS * 6), *w[2] = { malloc(weights), malloc(weights) };
+    float *x = malloc(sizeof(float) * ROWS * 6), *w[3] = { malloc(weights), malloc(weights), malloc(weights) };
     int32_t *y = malloc(sizeof(int32_t) * ROWS);
     check_rng = 5;
     for (int i = 0; x && i < ROWS * 6; i++) x[i] = (float)check_uniform(-1, 1);
     for (int i = 0; y && i < ROWS; i++) y[i] = (int32_t)(check_next() % 5);
-    for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16 && x && y && w[0] && w[1]; p++) {
-        float losses[2][3];
-        bool beside = residual_steps((tg_precision)p, "verbose", x, y, ROWS, losses[0], w[0]);
-        bool alone = !residual_steps((tg_precision)p, "0", x, y, ROWS, losses[1], w[1]);
-        CHECK(beside && alone, "cuda %s: launches beside the critical path by default (%s), none with TG_CUDA_SIDE=0 (%s)",
-              tg_precision_name((tg_precision)p), beside ? "yes" : "no", alone ? "yes" : "no");
+    for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16 && x && y && w[0] && w[1] && w[2]; p++) {
+        float losses[3][3];
+        const char *name = tg_precision_name((tg_precision)p);
+        int beside = residual_steps((tg_precision)p, "verbose", NULL, x, y, ROWS, losses[0], w[0]);
+        int products = residual_steps((tg_precision)p, "verbose", "0", x, y, ROWS, losses[2], w[2]);
+        int alone = residual_steps((tg_precision)p, "0", NULL, x, y, ROWS, losses[1], w[1]);
+        CHECK(beside > 0 && alone == 0, "cuda %s: %d launches beside the critical path by default, %d with TG_CUDA_SIDE=0", name,
+              beside, alone);
+        CHECK(products > beside || (products == beside && p != TG_PRECISION_F32),
+              "cuda %s: %d launches beside with every product that may, %d by default", name, products, beside);
         CHECK(isfinite(losses[0][2]) && losses[0][2] != losses[0][0], "cuda %s: side stream: the steps train (losses %.6f -> %.6f)",
-              tg_precision_name((tg_precision)p), losses[0][0], losses[0][2]);
-        CHECK(memcmp(losses[0], losses[1], sizeof losses[0]) == 0 && memcmp(w[0], w[1], weights) == 0,
-              "cuda %s: side stream (losses %.9g -> %.9g) and one stream (%.9g -> %.9g): not the same bits",
-              tg_precision_name((tg_precision)p), losses[0][0], losses[0][2], losses[1][0], losses[1][2]);
+              name, losses[0][0], losses[0][2]);
+        for (int v = 0; v < 2; v++)
+            CHECK(memcmp(losses[2 * v], losses[1], sizeof losses[1]) == 0 && memcmp(w[2 * v], w[1], weights) == 0,
+                  "cuda %s: side stream%s (losses %.9g -> %.9g) and one stream (%.9g -> %.9g): not the same bits", name,
+                  v ? " with every product" : "", losses[2 * v][0], losses[2 * v][2], losses[1][0], losses[1][2]);
     }
     free(x);
     free(y);
-    free(w[0]);
-    free(w[1]);
-}
-
-static int count_text(const char *s, const char *what) {
-    int n = 0;
-    for (; s && (s = strstr(s, what)); s++) n++;
-    return n;
+    for (int v = 0; v < 3; v++) free(w[v]);
 }
 
 /* The q, k and v step's kernels, TG_CUDA_FOLD set to `fold` (NULL: the default). */

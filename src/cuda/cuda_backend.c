@@ -138,6 +138,7 @@ typedef struct {
     CUstream side[TOGETHER_MAX - 1];
     CUevent fork, joined[TOGETHER_MAX - 1];
     CUstream beside;        /* the launches off the critical path (side_plan) */
+    CUdeviceptr beside_ws;  /* the workspace of the products on it, which run one after another */
     char arch[16];          /* "sm_90a" */
     char name[128];
 } cuda_device;
@@ -217,7 +218,7 @@ static bool setup_device(int d, cuda_device *v) {
     snprintf(v->arch, sizeof v->arch, "sm_%d%d%s", major, minor, major == 9 && minor == 0 ? "a" : "");
     CUdeviceptr ws;
     if (cublas.Create(&v->blas) || cublas.SetStream(v->blas, v->stream) || cublas.SetMathMode(v->blas, 0) ||
-        cu.MemAlloc(&ws, 32u << 20) || cublas.SetWorkspace(v->blas, (void *)ws, 32u << 20)) {
+        cu.MemAlloc(&ws, 32u << 20) || cublas.SetWorkspace(v->blas, (void *)ws, 32u << 20) || cu.MemAlloc(&v->beside_ws, 32u << 20)) {
         snprintf(v->why, sizeof v->why, "cuBLAS setup failed on device %d", d);
         return false;
     }
@@ -1050,7 +1051,7 @@ static bool product_extents(cuda_exec *e, int i, extent reads[3], extent writes[
     CUdeviceptr C = (CUdeviceptr)product_output(e, l, &cs);
     writes[0] = (extent){ C, C + (CUdeviceptr)(l->M * l->N * l->batch * (int64_t)cs) };
     CUdeviceptr ws = counters_window(&e->counters, i, 0);
-    if (!ws) ws = e->dev->lt.workspace;
+    if (!ws) ws = e->side && e->side[i] ? e->dev->beside_ws : e->dev->lt.workspace;
     writes[1] = (extent){ ws, ws + (CUdeviceptr)(p->own ? e->dev->lt.workspace_bytes : p->workspace) };
     return C != 0;
 }
@@ -1076,7 +1077,8 @@ static bool apart(const extent *ra, const extent *wa, const extent *rb, const ex
  * or reads what one writes (a buffer the plan hands on once its last reader ran in order), before
  * a launch whose buffers are not known (cuda_launch's io: the leaves' kernel, the check, the
  * update in place), and at the end. Only launches that leave room on the GPU go (leaves_room); a
- * product only as one call on its operands in place. TG_CUDA_SIDE=0: every launch on the
+ * product only as one call on its operands in place, on the side stream's workspace (the side
+ * launches run one after another, so one serves them all). TG_CUDA_SIDE=0: every launch on the
  * device's stream; =verbose: which go beside, on stderr. */
 
 static bool touch_add(touches *l, CUdeviceptr lo, CUdeviceptr hi, bool write, bool scratch) {
@@ -1127,17 +1129,23 @@ static bool reads_results(const touches *a, const touches *b) {
     return false;
 }
 
-/* Is launch i worth running beside? A kernel of at most half the threads the SMs hold at once, a
- * product of at most TOGETHER_FLOP on a workspace of its own: at char_gpt's size (its column sums
- * a whole wave of 264 x 1024 threads) the sums beside the chain made the bf16 step 4.70 -> 4.73
- * ms, where char_gpt_small's (1,024 rows) went 0.234 -> 0.222; and a product beside on the shared
- * workspace (our f32 kernels' split parts) has every later product that uses it wait:
- * char_gpt_small's f32 step 0.379 -> 0.396 ms, 0.350 without (H200). */
+/* Is launch i worth running beside? A kernel of at most half the threads the SMs hold at once: at
+ * char_gpt's size (its column sums a whole wave of 264 x 1024 threads) the sums beside the chain
+ * made the bf16 step 4.70 -> 4.73 ms, where char_gpt_small's (1,024 rows) went 0.234 -> 0.222. A
+ * product of more than SIDE_FLOP (TG_CUDA_SIDE_FLOP; 0 in tests: every product), on the side
+ * stream's workspace: char_gpt's weight gradients (4.8 and 19 GFLOP, several waves of tiles) beside
+ * the input gradients, layer norms and attention of the chain took its bf16 step 4.79 -> 4.65 ms,
+ * tf32 9.04 -> 8.98, f32 21.4 -> 21.2 (H200). A smaller one only where it needs no workspace or
+ * has a window of its own, never ours: with those on the side stream's workspace too
+ * char_gpt_small's f32 step went 0.35 -> 0.40 ms. */
+#define SIDE_FLOP TOGETHER_FLOP
 static bool leaves_room(cuda_exec *e, int i) {
     const cuda_launch *l = &e->launches.launch[i];
-    if (l->kind == CL_GEMM)
-        return product_flop(l) <= TOGETHER_FLOP && !e->lt[i].own &&
-               (counters_window(&e->counters, i, 0) || !e->lt[i].workspace);
+    if (l->kind == CL_GEMM) {
+        const char *big = getenv("TG_CUDA_SIDE_FLOP");
+        if (product_flop(l) > (big ? atof(big) : SIDE_FLOP)) return true;
+        return !e->lt[i].own && (counters_window(&e->counters, i, 0) || !e->lt[i].workspace);
+    }
     return l->kind == CL_KERNEL && (double)l->grid * (double)l->grid_y * l->block <= 1024.0 * e->dev->lt.sms;
 }
 
@@ -1182,6 +1190,9 @@ static bool side_plan(cuda_exec *e, tg_error *err) {
             return false;
         }
         e->side[i] = true;
+        free(e->touched[i].a);   /* its workspace is the side stream's now */
+        e->touched[i] = (touches){ 0 };
+        if (!(ok = touches_of(e, i))) break;
         if (env && !strcmp(env, "verbose"))
             fprintf(stderr, "tensorgrad: cuda: beside: %s (node %d)\n",
                     e->launches.launch[i].kind == CL_GEMM ? "product" : e->launches.launch[i].name, e->launches.launch[i].node);
@@ -1271,8 +1282,9 @@ static bool products_ready(cuda_exec *e, tg_error *err) {
  * cublasGemmEx, by the column-major identity C^T = op(B)^T op(A)^T. */
 static bool gemm(cuda_exec *e, int i, bool early, CUstream stream, tg_error *err) {
     const cuda_launch *l = &e->launches.launch[i];
-    lt_device d = e->dev->lt;   /* on `stream`: the device's, or one of a group's (together_plan) */
+    lt_device d = e->dev->lt;   /* on `stream`: the device's, one of a group's (together_plan), or the side stream */
     d.stream = stream;
+    if (stream == e->dev->beside) d.workspace = e->dev->beside_ws;
     const float one = 1, zero = 0;
     const char *a, *b;
     char *C, *out;
