@@ -700,6 +700,8 @@ static int *inplace_candidates(const tg_graph *g, const tg_plan *plan, const int
     return ok;
 }
 
+static void hold_side_inputs(const tg_graph *g, const bool *mat, const int *alias, int *live_until);
+
 /* Schedule, plan and generate; true with e->source set, false (err set) when memory runs out. */
 static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_keep, const char *arch, tg_error *err) {
     const char *small = getenv("TG_CUDA_SMALL_REDUCTIONS");   /* =0: none computed inline (tests) */
@@ -716,6 +718,7 @@ static bool generate(cuda_exec *e, const tg_graph *g, const int *keep, int n_kee
                       mat, alias);
         cuda_refine(g, keep, n_keep, mat);
         cuda_kernel_runs(g, mat, alias, runs);
+        hold_side_inputs(g, mat, alias, runs);
         cuda_sums_early(g, mat, alias, born);
         cuda_shadow_wanted(g, atoi(arch + 3), mat, alias, keep, n_keep, want, want_t, only);
     }
@@ -1129,21 +1132,57 @@ static bool reads_results(const touches *a, const touches *b) {
     return false;
 }
 
+/* Products of more than this many FLOP whose results no later launch reads run beside the critical
+ * path (leaves_room): TG_CUDA_SIDE_FLOP, by default 2^30. */
+static double side_flop(void) {
+    const char *env = getenv("TG_CUDA_SIDE_FLOP");
+    return env ? atof(env) : TOGETHER_FLOP;
+}
+
+/* A weight gradient's product beside the chain (side_plan) still reads its operands while the
+ * chain goes on; where the plan handed their memory to the next kernel of the chain, that kernel
+ * waited for the product: char_gpt's GELU backward started only when its layer's [1536 x 384]
+ * weight gradient (35 us) had ended. So what such a product reads (one of more than side_flop()
+ * FLOP, whose value is a parameter's gradient) stays live until the next product of the chain:
+ * char_gpt's waits for the side stream 23 -> 17 a step, its plan 1,457 -> 1,507 MB, the step at
+ * tf32 9.06 -> 8.86 ms, f32 21.3 -> 20.9, bf16 the same (H200); held until the second to fourth
+ * product, no better. */
+static void hold_side_inputs(const tg_graph *g, const bool *mat, const int *alias, int *live_until) {
+    const char *env = getenv("TG_CUDA_SIDE");
+    if ((env && env[0] == '0') || !g->grad_of_param) return;
+    bool *grad = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));
+    if (!grad) return;   /* the plan as it was: the chain may wait */
+    for (int p = 0; p < g->n_params; p++) {
+        int k = g->grad_of_param[p];
+        while (k >= 0 && alias[k] >= 0) k = alias[k];
+        if (k >= 0) grad[k] = g->nodes[k].op == OP_MATMUL && mat[k];
+    }
+    for (int i = 0; i < g->n; i++) {
+        const tg_node *n = &g->nodes[i];
+        if (!grad[i]) continue;
+        const tg_shape *a = &g->nodes[n->src[0]].shape;
+        const double K = (double)a->d[a->ndim - (n->iarg[0] ? 2 : 1)];
+        if (2.0 * (double)n->numel * K <= side_flop()) continue;
+        int next = i + 1;
+        while (next < g->n && !(g->nodes[next].op == OP_MATMUL && mat[next] && alias[next] < 0 && !grad[next])) next++;
+        if (live_until[i] < next) live_until[i] = next;
+    }
+    free(grad);
+}
+
 /* Is launch i worth running beside? A kernel of at most half the threads the SMs hold at once: at
  * char_gpt's size (its column sums a whole wave of 264 x 1024 threads) the sums beside the chain
  * made the bf16 step 4.70 -> 4.73 ms, where char_gpt_small's (1,024 rows) went 0.234 -> 0.222. A
- * product of more than SIDE_FLOP (TG_CUDA_SIDE_FLOP; 0 in tests: every product), on the side
+ * product of more than side_flop() (TG_CUDA_SIDE_FLOP; 0 in tests: every product), on the side
  * stream's workspace: char_gpt's weight gradients (4.8 and 19 GFLOP, several waves of tiles) beside
  * the input gradients, layer norms and attention of the chain took its bf16 step 4.79 -> 4.65 ms,
  * tf32 9.04 -> 8.98, f32 21.4 -> 21.2 (H200). A smaller one only where it needs no workspace or
  * has a window of its own, never ours: with those on the side stream's workspace too
  * char_gpt_small's f32 step went 0.35 -> 0.40 ms. */
-#define SIDE_FLOP TOGETHER_FLOP
 static bool leaves_room(cuda_exec *e, int i) {
     const cuda_launch *l = &e->launches.launch[i];
     if (l->kind == CL_GEMM) {
-        const char *big = getenv("TG_CUDA_SIDE_FLOP");
-        if (product_flop(l) > (big ? atof(big) : SIDE_FLOP)) return true;
+        if (product_flop(l) > side_flop()) return true;
         return !e->lt[i].own && (counters_window(&e->counters, i, 0) || !e->lt[i].workspace);
     }
     return l->kind == CL_KERNEL && (double)l->grid * (double)l->grid_y * l->block <= 1024.0 * e->dev->lt.sms;
@@ -1376,6 +1415,11 @@ static bool join_for(cuda_exec *e, int i, side_state *s, bool *waited, tg_error 
     int k = s->last;
     while (k >= s->open && !all && !(e->side[k] && clash(&e->touched[k], &e->touched[i]))) k--;
     if (k < s->open) return true;
+    const char *env = getenv("TG_CUDA_SIDE");
+    if (env && !strcmp(env, "verbose"))
+        fprintf(stderr, "tensorgrad: cuda: %s (node %d) waits for the side stream (node %d)\n",
+                i == e->launches.n ? "the end" : e->launches.launch[i].kind == CL_GEMM ? "product" : e->launches.launch[i].name,
+                i == e->launches.n ? -1 : e->launches.launch[i].node, e->launches.launch[k].node);
     TRY(cu.StreamWaitEvent(e->dev->stream, e->side_done[k], 0), "joining the side stream");
     s->open = k + 1;
     while (s->open <= s->last && !e->side[s->open]) s->open++;

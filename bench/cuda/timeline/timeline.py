@@ -6,20 +6,35 @@ A step starts at each launch of the marker kernel (ours: kleaves, the first kern
 tf32 and bf16, at f32 the step's first kernel by its exact name, e.g. 'k2$'; PyTorch under inductor: its embedding kernel, e.g. triton_poi_fused_embedding_0).
 Over the last five whole steps: the wall time a step, the kernels' exclusive time (each kernel's
 end less the later of its start and the previous kernel's end: a kernel launched early, while the
-one before it runs, counts from that one's end) and the idle time with no kernel running; then
+one before it runs, counts from that one's end) and the idle time with no kernel running; the
+time with kernels on one stream, on several at once (a side stream's beside the chain), on none; then
 the idle time by the categories of the kernels either side of each gap (a memset node waits for
 the kernel before it, and the kernel after it for the memset); then each kernel's exclusive
 time a step, by category and by name."""
 import collections, sys
 
 def load(path):
+    """(start, end, name, stream) of each kernel and memset, by start"""
     ev = []
     for line in open(path):
-        p = line.split(None, 6)
-        if len(p) == 7 and p[0] in 'KM':
-            ev.append((int(p[1]), int(p[2]), p[6].strip()))
+        p = line.split(None, 7)
+        if len(p) == 8 and p[0] in 'KM':
+            ev.append((int(p[1]), int(p[2]), p[7].strip(), int(p[6])))
     ev.sort()
     return ev
+
+def streams(ev, steps):
+    """Time a step with kernels running on one stream, on several at once, on none. (In a replayed
+    CUDA graph the streams are the graph's own: which one holds the critical path can change.)"""
+    t = collections.Counter()
+    for a, b in steps:
+        lo_step, hi_step = ev[a][0], ev[b][0]
+        cuts = sorted({x for s, e, _, _ in ev[a:b] for x in (s, e) if lo_step <= x <= hi_step} | {lo_step, hi_step})
+        for lo, hi in zip(cuts, cuts[1:]):
+            mid = (lo + hi) / 2
+            on = {st for s, e, _, st in ev[a:b] if s <= mid < e}
+            t['several' if len(on) > 1 else 'one' if on else 'none'] += hi - lo
+    return t
 
 def category(name):
     if 'nvjet' in name or 'gemm' in name or 'splitK' in name: return 'products (cuBLAS)'
@@ -39,7 +54,7 @@ def main():
     for a, b in steps:
         wall += ev[b][0] - ev[a][0]
         prev, before = ev[a][0], 'start'
-        for s, e, name in ev[a:b]:
+        for s, e, name, _ in ev[a:b]:
             x = max(0, e - max(s, prev))
             if s > prev: gaps[(before, category(name))] += s - prev
             prev, before = max(prev, e), category(name)
@@ -49,6 +64,8 @@ def main():
     n = len(steps)
     print('%d steps: %.3f ms a step, kernels %.3f ms exclusive, idle %.3f ms, %d launches a step' %
           (n, wall / n / 1e6, busy / n / 1e6, (wall - busy) / n / 1e6, (steps[-1][1] - steps[-1][0])))
+    t = streams(ev, steps)
+    print('  streams busy: ' + ', '.join('%s %.1f us' % (k, t[k] / n / 1e3) for k in ('one', 'several', 'none')))
     for k, v in sorted(cats.items(), key=lambda x: -x[1]): print('  %-20s %8.1f us' % (k, v / n / 1e3))
     for k, v in sorted(gaps.items(), key=lambda x: -x[1])[:6]: print('  idle after %s before %s: %.1f us' % (k[0], k[1], v / n / 1e3))
     for k, v in sorted(names.items(), key=lambda x: -x[1])[:top]: print('  %8.1f us  %s' % (v / n / 1e3, k))

@@ -30,14 +30,16 @@ static void CUPTIAPI buf_done(CUcontext ctx, uint32_t sid, uint8_t *buf, size_t 
     while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
         if (r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || r->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
             KREC *k = (KREC *)r;
-            fprintf(out, "K %llu %llu %d %d %d %s\n", (unsigned long long)k->start, (unsigned long long)k->end, k->gridX * k->gridY * k->gridZ,
-                    k->blockX * k->blockY * k->blockZ, (int)k->registersPerThread, k->name ? k->name : "?");
+            fprintf(out, "K %llu %llu %d %d %d %u %s\n", (unsigned long long)k->start, (unsigned long long)k->end, k->gridX * k->gridY * k->gridZ,
+                    k->blockX * k->blockY * k->blockZ, (int)k->registersPerThread, (unsigned)k->streamId, k->name ? k->name : "?");
         } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
             CUpti_ActivityMemset4 *m = (CUpti_ActivityMemset4 *)r;
-            fprintf(out, "M %llu %llu %llu 0 0 memset\n", (unsigned long long)m->start, (unsigned long long)m->end, (unsigned long long)m->bytes);
+            fprintf(out, "M %llu %llu %llu 0 0 %u memset\n", (unsigned long long)m->start, (unsigned long long)m->end, (unsigned long long)m->bytes,
+                    (unsigned)m->streamId);
         } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
             CUpti_ActivityMemcpy6 *m = (CUpti_ActivityMemcpy6 *)r;
-            fprintf(out, "C %llu %llu %llu 0 0 memcpy\n", (unsigned long long)m->start, (unsigned long long)m->end, (unsigned long long)m->bytes);
+            fprintf(out, "C %llu %llu %llu 0 0 %u memcpy\n", (unsigned long long)m->start, (unsigned long long)m->end, (unsigned long long)m->bytes,
+                    (unsigned)m->streamId);
         }
     }
     free(buf);
