@@ -38,12 +38,7 @@ static product make(prec p, int M, int N, int K, int ta, int tb, cublasLtEpilogu
     LK(cublasLtMatrixLayoutCreate(&r.a, t, tb ? K : N, tb ? N : K, tb ? K : N));
     LK(cublasLtMatrixLayoutCreate(&r.b, t, ta ? M : K, ta ? K : M, ta ? M : K));
     LK(cublasLtMatrixLayoutCreate(&r.c, c_bf16 ? CUDA_R_16BF : CUDA_R_32F, N, M, N));
-    cublasLtMatmulPreference_t pref;
-    LK(cublasLtMatmulPreferenceCreate(&pref));
-    LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof WS));
-    r.n_algos = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(lt, r.desc, r.a, r.b, r.c, r.c, pref, 8, r.h, &r.n_algos) != CUBLAS_STATUS_SUCCESS) r.n_algos = 0;
-    cublasLtMatmulPreferenceDestroy(pref);
+    r.n_algos = lt_algos(r.desc, r.a, r.b, r.c, 8, r.h);
     return r;
 }
 

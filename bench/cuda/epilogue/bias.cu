@@ -29,13 +29,7 @@ static product make(int M, int N, int K, int bias_type, const void *bias) {   /*
     LK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, N, K, N));   /* our B, [K, N] row-major */
     LK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, K, M, K));   /* our A */
     LK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, N, M, N));
-    cublasLtMatmulPreference_t pref;
-    LK(cublasLtMatmulPreferenceCreate(&pref));
-    LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof WS));
-    p.n_algos = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.c, p.c, pref, 8, p.h, &p.n_algos);
-    if (s != CUBLAS_STATUS_SUCCESS) p.n_algos = 0;
-    cublasLtMatmulPreferenceDestroy(pref);
+    p.n_algos = lt_algos(p.desc, p.a, p.b, p.c, 8, p.h);
     return p;
 }
 

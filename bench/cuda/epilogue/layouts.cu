@@ -27,13 +27,7 @@ static product make(bool bf16, int M, int N, int K, int ta, int tb, int want) {
     LK(cublasLtMatrixLayoutCreate(&r.a, t, tb ? K : N, tb ? N : K, tb ? K : N));
     LK(cublasLtMatrixLayoutCreate(&r.b, t, ta ? M : K, ta ? K : M, ta ? M : K));
     LK(cublasLtMatrixLayoutCreate(&r.c, CUDA_R_32F, N, M, N));
-    cublasLtMatmulPreference_t pref;
-    LK(cublasLtMatmulPreferenceCreate(&pref));
-    LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof WS));
-    r.n_algos = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(lt, r.desc, r.a, r.b, r.c, r.c, pref, want, r.h, &r.n_algos) != CUBLAS_STATUS_SUCCESS)
-        r.n_algos = 0;
-    cublasLtMatmulPreferenceDestroy(pref);
+    r.n_algos = lt_algos(r.desc, r.a, r.b, r.c, want, r.h);
     return r;
 }
 

@@ -18,3 +18,16 @@ static cudaStream_t stream;
 static cublasLtHandle_t lt;
 static void *workspace;
 static const size_t WS = 32u << 20;
+
+/* The heuristic's first `want` algorithms for a product of `desc` over layouts a, b and c (C and D
+ * alike) within the workspace, into h; how many (0: none, or the call failed). */
+static int lt_algos(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                    int want, cublasLtMatmulHeuristicResult_t *h) {
+    cublasLtMatmulPreference_t pref;
+    LK(cublasLtMatmulPreferenceCreate(&pref));
+    LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof WS));
+    int n = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, c, c, pref, want, h, &n) != CUBLAS_STATUS_SUCCESS) n = 0;
+    cublasLtMatmulPreferenceDestroy(pref);
+    return n;
+}

@@ -48,15 +48,7 @@ static product make(bool bf16, int M, int N, int K, int ta, int tb, int batch = 
     return r;
 }
 
-static int heuristic(const product &p, int want, cublasLtMatmulHeuristicResult_t *h) {
-    cublasLtMatmulPreference_t pref;
-    LK(cublasLtMatmulPreferenceCreate(&pref));
-    LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof WS));
-    int n = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.c, p.c, pref, want, h, &n) != CUBLAS_STATUS_SUCCESS) n = 0;
-    cublasLtMatmulPreferenceDestroy(pref);
-    return n;
-}
+static int heuristic(const product &p, int want, cublasLtMatmulHeuristicResult_t *h) { return lt_algos(p.desc, p.a, p.b, p.c, want, h); }
 
 static bool check(const product &p, const cublasLtMatmulAlgo_t &a) {
     cublasLtMatmulHeuristicResult_t r;
