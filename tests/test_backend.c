@@ -1464,6 +1464,28 @@ static void nvrtc_scratch_apart(void) {
     tg_model_free(m);
 }
 
+/* What a weight gradient's product beside the chain reads stays live until the chain's next
+ * product (cuda_backend.c, hold_side_inputs): the wide MLP's bf16 step with every product that may
+ * beside (TG_CUDA_SIDE_FLOP=0) keeps l2's weight gradient's [8192, 4096] operand while the
+ * hidden layer's gradient is computed, so its plan needs more memory than with every launch on one
+ * stream (TG_CUDA_SIDE=0), where that memory is handed on. */
+static void nvrtc_side_hold(void) {
+    size_t bytes[2] = { 0, 0 };
+    for (int v = 0; v < 2; v++) {
+        setenv(v ? "TG_CUDA_SIDE_FLOP" : "TG_CUDA_SIDE", "0", 1);
+        tg_model *m;
+        tg_error err = { { 0 } };
+        tg_train *t = wide_step(&m, TG_PRECISION_BF16, 8192, &err);
+        unsetenv(v ? "TG_CUDA_SIDE_FLOP" : "TG_CUDA_SIDE");
+        CHECK(t != NULL, "side hold: NVRTC compiles the step: %s", err.msg);
+        bytes[v] = t ? tg_train_planned_bytes(t) : 0;
+        tg_destroy(t);
+        tg_model_free(m);
+    }
+    CHECK(bytes[0] > 0 && bytes[1] > bytes[0], "side hold: the plan with every product beside %zu bytes, on one stream %zu", bytes[1],
+          bytes[0]);
+}
+
 /* MODEL_RESIDUAL_LN's step compiled by cuda-nvrtc: with TG_CUDA_ROW_COLUMNS=1 its layer norm's two
  * parameter gradients are summed in one row kernel (one finish), in chunks of 512 columns over 38
  * blocks; by default (300 rows: fewer than row_columns takes) and with =0 in a column-sum kernel of
@@ -1792,6 +1814,7 @@ int main(void) {
             nvrtc_row_columns();
             nvrtc_chunked_sums();
             nvrtc_scratch_apart();
+            nvrtc_side_hold();
         }
     }
     char cmd[100];
