@@ -1,8 +1,8 @@
 /* A timeline of any CUDA program, ours or PyTorch's, with no profiler on the machine (the GPU
  * machines have Nsight Compute, which replays kernels one at a time, but no Nsight Systems): a
  * CUPTI injection library that writes every kernel's, memset's and copy's start and end on the
- * GPU clock to $TRACE_OUT, one line each ("K start end blocks threads registers name"; M and C
- * lines: bytes for blocks). Kernels inside a replayed CUDA graph are recorded as they run.
+ * GPU clock to $TRACE_OUT, one line each ("K start end blocks threads registers stream name"; M
+ * and C lines: bytes for blocks). Kernels inside a replayed CUDA graph are recorded as they run.
  * timeline.py reads it. Not part of the build:
  *
  *   CUPTI=/usr/local/cuda/targets/x86_64-linux   # cupti.h and libcupti.so
