@@ -619,8 +619,8 @@ static void mlp_layers(tg_model *m, bool wide_head) {
     l2 = tg_linear_new(m, "l2", wide_head ? 32 : 16, wide_head ? 300 : 5, NULL);
 }
 /* MODEL_RESIDUAL_LN: h = l1(x), h + lh(layer norm(h)), l2: on CUDA the layer norm's weight and bias
- * gradients are summed in the row kernel of its backward (row_columns), at 300 rows of 520 in
- * two groups of blocks and two chunks of columns */
+ * gradients, and l1's bias gradient after them, are summed in the row kernel of its backward
+ * (row_columns), at 300 rows of 520 in two groups of blocks and two chunks of columns */
 static tg_linear lh;
 static tg_layernorm res_ln;
 static tg_tensor residual_ln_loss(const void *ctx, const tg_tensor *in) {
@@ -1205,6 +1205,13 @@ static int wide_coordinates(const char *src, int *narrow) {
     return wide;
 }
 
+/* The name of the kernel declared at k ("__global__ void "), past its launch bounds if any */
+static const char *kernel_name(const char *k) {
+    k += strlen("__global__ void ");
+    if (strncmp(k, "__launch_bounds__(", 18) == 0 && strstr(k, ") ")) k = strstr(k, ") ") + 2;
+    return k;
+}
+
 /* How many kernels of the source begin otherwise than with tgk_prior (the prelude's own kernels,
  * launched as usual, aside); *n: how many there are. */
 static int kernels_without_prior(const char *src, int *n) {
@@ -1212,8 +1219,7 @@ static int kernels_without_prior(const char *src, int *n) {
     int bad = 0;
     *n = 0;
     for (const char *k = strstr(src, K); k; k = strstr(k + 1, K)) {
-        const char *name = k + strlen(K), *body = strstr(k, "{\n");
-        if (strncmp(name, "__launch_bounds__", 17) == 0) name = strchr(name, ' ') + 1;
+        const char *name = kernel_name(k), *body = strstr(k, "{\n");
         if (strncmp(name, "tg_wb_check", 11) == 0 || strncmp(name, "tg_to_", 6) == 0 || strncmp(name, "tg_writeback", 12) == 0 ||
             strncmp(name, "tg_add_addend", 13) == 0)
             continue;
@@ -1241,7 +1247,8 @@ static int inplace_outputs(const char *src, bool *guarded) {
     int n = 0;
     const char *check = strstr(src, "void kcheck("), *first = NULL;
     *guarded = check != NULL;
-    for (const char *k = strstr(src, "__global__ void k"); k; k = strstr(k + 1, "__global__ void k")) {
+    for (const char *k = strstr(src, "__global__ void "); k; k = strstr(k + 1, "__global__ void ")) {
+        if (kernel_name(k)[0] != 'k') continue;
         const char *end = strstr(k, "\n}\n"), *guard = strstr(k, "    const float tgk_loss = ");
         int here = 0;
         for (const char *d = strstr(k, "    float *__restrict__ P"); d && end && d < end; d = strstr(d + 1, "    float *__restrict__ P"))
@@ -1487,10 +1494,11 @@ static void nvrtc_side_hold(void) {
 }
 
 /* MODEL_RESIDUAL_LN's step compiled by cuda-nvrtc: with TG_CUDA_ROW_COLUMNS=1 its layer norm's two
- * parameter gradients are summed in one row kernel (one finish), in chunks of 512 columns over 38
- * blocks; by default (300 rows: fewer than row_columns takes) and with =0 in a column-sum kernel of
- * their own. (At tf32 and bf16 this graph's kernel order puts the two sums apart; char_gpt's are
- * summed in its row kernels at tf32.) */
+ * parameter gradients, and l1's bias gradient after them (the sum of the row kernel's output:
+ * row_trailing_sum), are summed in one row kernel (one finish of 3 x 520 sums), in chunks of 512
+ * columns over 38 blocks; by default (300 rows: fewer than row_columns takes) and with =0 in
+ * column-sum kernels of their own. (At tf32 and bf16 this graph's kernel order puts the two sums
+ * apart; char_gpt's are summed in its row kernels.) */
 static void nvrtc_row_columns(void) {
     for (int on = 2; on >= 0; on--) {
         if (on < 2) setenv("TG_CUDA_ROW_COLUMNS", on ? "1" : "0", 1);
@@ -1503,7 +1511,7 @@ static void nvrtc_row_columns(void) {
         unsetenv("TG_CUDA_ROW_COLUMNS");
         const char *src = t ? tg_train_kernel_source(t) : NULL;
         CHECK(src != NULL, "NVRTC compiles the residual layer norm's step: %s", err.msg);
-        const char *fin = src ? strstr(src, "part, group, 1040, 38, 32)) return;") : NULL;
+        const char *fin = src ? strstr(src, "part, group, 1560, 38, 32)) return;") : NULL;
         bool one = fin && !strstr(fin + 1, "tgk_rows_finish((") && strstr(src, "__shared__ double tgc[8][512];");
         CHECK(on == 1 ? one : src && !strstr(src, "tgk_rows_finish(("), "TG_CUDA_ROW_COLUMNS %s: the layer norm's parameter "
               "gradients are %s its backward's row kernel", on == 2 ? "unset" : on ? "1" : "0", fin ? "summed in" : "not summed in");
@@ -1727,7 +1735,7 @@ static void train_models(const char *backend) {
     if (case_chosen("mlp with a 300-wide head, padded products"))
         train_compare(backend, "mlp with a 300-wide head, padded products", mlp_loss,
                       (tg_input_decl[]){ TG_F32("x", 8, 6), TG_I32("y", 8) }, MODEL_WIDE_HEAD);
-    if (case_chosen("residual layer norm")) {   /* on CUDA its layer norm's sums in the row kernel (nvrtc_row_columns) */
+    if (case_chosen("residual layer norm")) {   /* on CUDA its sums in the row kernel (nvrtc_row_columns) */
         setenv("TG_CUDA_ROW_COLUMNS", "1", 1);
         train_compare(backend, "residual layer norm", residual_ln_loss, (tg_input_decl[]){ TG_F32("x", 300, 6), TG_I32("y", 300) },
                       MODEL_RESIDUAL_LN);

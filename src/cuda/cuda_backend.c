@@ -5,7 +5,7 @@
  * A graph is scheduled and planned like on the CPU, turned into CUDA C (cuda_codegen.c) and
  * compiled by NVRTC for the device's own architecture (cubins cached on disk by a hash of the
  * source, the architecture and the NVRTC version). The first run captures the whole launch list
- * (hyper scalars upload, kernels, cuBLAS products, memsets) into a CUDA graph, replayed by every
+ * (hyper scalars upload, kernels, cuBLAS products) into a CUDA graph, replayed by every
  * later run. A training step's graph also holds the write-backs, guarded on the device by the
  * step's guard node (finite only when the loss and every gradient are), and one copy of the
  * loss and the write-back flag into pinned memory: one graph launch and one synchronisation per
@@ -585,6 +585,7 @@ typedef struct {
     /* bf16: a product's addend that cuBLASLt does not add: its f32 sums into sums (sized by
      * products_ready), then tg_add_addend */
     CUfunction add_addend;
+    CUfunction zero;         /* tg_zero: CL_MEMSET's launches */
     CUdeviceptr sums;
     CUdeviceptr slot[2];
     int slot_holds[2];       /* the node each slot holds in this enqueue, or -1 */
@@ -806,6 +807,7 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
     }
     TRY(cu.ModuleGetFunction(&e->writeback, e->module[0], "tg_writeback"), "tg_writeback");   /* every part has them */
     TRY(cu.ModuleGetFunction(&e->add_addend, e->module[0], "tg_add_addend"), "tg_add_addend");
+    TRY(cu.ModuleGetFunction(&e->zero, e->module[0], "tg_zero"), "tg_zero");
     TRY(cu.ModuleGetFunction(&e->wb_check, e->module[0], "tg_wb_check"), "tg_wb_check");
     size_t floats = e->launches.scratch_end > e->plan.arena ? e->launches.scratch_end : e->plan.arena;
     TRY(cu.MemAlloc(&e->arena, (floats ? floats : 1) * 4), "allocating the arena");
@@ -1358,12 +1360,10 @@ static bool gemm(cuda_exec *e, int i, bool early, CUstream stream, tg_error *err
     return rc == 0 && (!later || add_addend(e, l, out, out_cs, err));
 }
 
-/* May a launch start early (cuda_start) right after launch `prev` on its stream? Where a kernel
- * ran there (a memset does not overlap anything, nor do products run at once, whose streams it
- * waits for) and no profile times launches one by one. */
+/* May a launch start early (cuda_start) right after launch `prev` on its stream? Where no
+ * products run at once (whose streams it waits for) and no profile times launches one by one. */
 static bool early_after(const cuda_exec *e, int prev) {
-    return e->dev->lt.early && !e->profile && prev >= 0 && e->launches.launch[prev].kind != CL_MEMSET &&
-           !(e->together && e->together[prev] != 1);
+    return e->dev->lt.early && !e->profile && prev >= 0 && !(e->together && e->together[prev] != 1);
 }
 
 /* Enqueue launch i on `stream`; a kernel of ours early if so. */
@@ -1371,7 +1371,11 @@ static bool enqueue_one(cuda_exec *e, int i, CUstream stream, bool early, tg_err
     const cuda_launch *l = &e->launches.launch[i];
     CUdeviceptr table = e->table, hyper = e->hyper_dev;
     if (l->kind == CL_MEMSET) {
-        TRY(cu.MemsetD32Async(node_ptr(e, l->node), 0, (size_t)l->n, stream), "memset");
+        CUdeviceptr at = node_ptr(e, l->node);
+        long long n = l->n;
+        void *args[] = { &at, &n };
+        const unsigned grid[3] = { (unsigned)((n + 1023) / 1024), 1, 1 };
+        TRY(cuda_start(e->zero, grid, 256, 0, stream, args, early), "clearing a buffer");
     } else if (l->kind == CL_GEMM) {
         if (!gemm(e, i, early, stream, err)) return false;
     } else {

@@ -543,11 +543,11 @@ static int replaced_by(const cg *c, const int *roots, int n_roots, int leaf) {
 }
 
 /* The kernel k<roots[0]>: pointer declarations for every buffer the body read (plus extra ones)
- * and for its outputs, then the head, the body, the tail. `threads`: a block size above 256 it is
- * launched with (the compiler must then fit a thread's registers to it, else the launch fails);
- * 0 for 256 or fewer. */
+ * and for its outputs, then the head, the body, the tail. `bounds`: its __launch_bounds__ (with a
+ * block above 256 threads the compiler must fit a thread's registers to it, else the launch
+ * fails), or "". */
 static void end_kernel_roots(cg *c, const int *roots, int n_roots, const int *extra, int n_extra, const char *head,
-                             const char *tail, int threads) {
+                             const char *tail, const char *bounds) {
     strbuf decl = { 0 };
     for (int i = 0; i < n_extra; i++) c->used[extra[i]] = true;
     for (int r = 0; r < n_roots; r++) c->used[roots[r]] = false;
@@ -569,15 +569,13 @@ static void end_kernel_roots(cg *c, const int *roots, int n_roots, const int *ex
     for (int i = 0; i < c->g->n; i++)   /* a leaf read where a root replaces it: through the root's own pointer */
         if (c->used[i] && replaced_by(c, roots, n_roots, i) >= 0)
             sb_printf(&decl, "    const float *P%d = P%d;\n", i, replaced_by(c, roots, n_roots, i));
-    char bounds[40] = "";
-    if (threads) snprintf(bounds, sizeof bounds, "__launch_bounds__(%d) ", threads);
     sb_printf(c->out, "extern \"C\" __global__ void %sk%d(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s%s%s%s}\n\n",
               bounds, roots[0], sb_str(&decl), head, sb_str(&c->body), tail);
     free(decl.s);
 }
 
 static void end_kernel(cg *c, const int *extra, int n_extra, const char *head, const char *tail) {
-    end_kernel_roots(c, &c->root, 1, extra, n_extra, head, tail, 0);
+    end_kernel_roots(c, &c->root, 1, extra, n_extra, head, tail, "");
 }
 
 /* Do two nodes' buffers overlap in the arena? (Bound leaves live outside it.) */
@@ -1150,7 +1148,12 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     c->aliased = inplace;
     if (fns.len) sb_printf(c->out, "%s%s\n", CUDA_FUNCTIONS_MARK, fns.s);
     free(fns.s);
-    end_kernel_roots(c, roots, gr.n_roots, inplace ? &c->g->output : NULL, inplace, sb_str(&guarded), sb_str(&tail), 0);
+    /* The update: four blocks an SM at most 64 registers. Its segments left NVRTC at 90, two blocks
+     * an SM, too few loads in flight: char_gpt's bf16 update 105.8 -> 83.0 us (pointers spilled
+     * once, read back at most once; bench/logs/gpu_h200_s39_b_*). */
+    char bounds[40] = "";
+    if (inplace) snprintf(bounds, sizeof bounds, "__launch_bounds__(%d, 4) ", BLOCK);
+    end_kernel_roots(c, roots, gr.n_roots, inplace ? &c->g->output : NULL, inplace, sb_str(&guarded), sb_str(&tail), bounds);
     c->aliased = false;
     free(guarded.s);
     free(tail.s);
@@ -1283,11 +1286,13 @@ static bool outputs_apart(const cg *c, const int *outs, int n) {
     return true;
 }
 
-/* How far ahead in kernel order a sum may be brought forward, and how large it may be: one
- * launch less pays where a launch costs more than the sum's traffic (char_gpt_small's three
- * [1024, 128] sums as one kernel: bf16 0.332 -> 0.321 ms a step on an H100), not beyond
- * (char_gpt's [16384, 384] ones: 8.20 -> 8.24 ms). */
-enum { FAR_WINDOW = 24, FAR_NUMEL = 1 << 20 };
+/* How far ahead in kernel order a sum may be brought forward. One launch less: char_gpt_small's
+ * three [1024, 128] sums as one kernel, bf16 0.332 -> 0.321 ms a step on an H100; char_gpt's k
+ * and v bias gradients ([16384, 384]; q's makes dq's rounded copy, in a kernel of its own), first slower
+ * on an H100 (8.20 -> 8.24 ms, before the side stream and the layer norm's sums in its row
+ * kernel), now faster on an H200: bf16 4.476 / 4.434 -> 4.428 / 4.425, tf32 8.447 -> 8.360
+ * (bench/logs/gpu_h200_s39_f_*). */
+enum { FAR_WINDOW = 24 };
 
 /* A sum further on (next[q], with its producer next[q - 1] where it has one) that sums as many
  * rows of as many columns, brought into this kernel (first node i0) with its line as sum n_sums:
@@ -1352,7 +1357,7 @@ void cuda_sums_early(const tg_graph *g, const bool *mat, const int *alias, int *
         int64_t outer, len, inner;
         if (g->nodes[id].op != OP_SUM) continue;
         int64_t numel = g->nodes[split_of(g, mat, id, &outer, &len, &inner)].numel;
-        if (inner == 1 || numel > FAR_NUMEL) continue;
+        if (inner == 1) continue;
         for (int k = k0, n_sums = 1; k < n && k < k0 + MAX_SIBLINGS + FAR_WINDOW && n_sums < MAX_SIBLINGS; k++) {
             int b = order[k], a = order[k - 1];
             int xb = born[b] == b ? sum_alike(g, mat, id, b, outer, len, inner, numel) : -1;
@@ -1410,7 +1415,7 @@ static bool thin_sum(cg *c, cuda_plan *p, const char *it, int64_t outer, int64_t
     sb_printf(&tail, "    }\n");
     for (int q = 0; q < n_sums; q++)
         for (int v = 0; v < L; v++) sb_printf(&tail, "    P%d[oj + %d] = (%s)acc%d;\n", sums[q], v, cg_ctype(N(c, sums[q])), q * L + v);
-    end_kernel_roots(c, roots, n_roots, NULL, 0, head, sb_str(&tail), 0);
+    end_kernel_roots(c, roots, n_roots, NULL, 0, head, sb_str(&tail), "");
     free(tail.s);
     kernel_launch(c, p, sums[0], outs / L, BLOCK);
     return true;
@@ -1487,7 +1492,7 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
     if (producer >= 0) roots[n_roots++] = producer;
     int near = n_roots;   /* roots[near ..): brought forward, their shadows filled here */
     int i0 = producer >= 0 ? producer : id;
-    for (int q = *taken; before && s->numel <= FAR_NUMEL && q < n_next && q < *taken + FAR_WINDOW && n_sums < MAX_SIBLINGS; q++) {
+    for (int q = *taken; before && q < n_next && q < *taken + FAR_WINDOW && n_sums < MAX_SIBLINGS; q++) {
         int b = next[q], pb;
         if (done[q] || b == c->copy_sum || plan_home(c->plan, b) != b || sum_alike(c->g, c->mat, id, b, outer, len, inner, s->numel) < 0)
             continue;   /* (copy_sum writes a copy, in a kernel of its own) */
@@ -1606,7 +1611,7 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
                                  "    if (lane == 0 && oc + %d < %lldll) P%d[oc + %d] = (%s)tot%d;\n",
                           a, (long long)(q * chunks * outs), (long long)chunks, (long long)outs, v, v, (long long)outs, sums[q], v, cg_ctype(n), a);
     }
-    end_kernel_roots(c, roots, n_roots, NULL, 0, head, sb_str(&tail), 32 * Y);
+    end_kernel_roots(c, roots, n_roots, NULL, 0, head, sb_str(&tail), "__launch_bounds__(1024) ");
     free(tail.s);
     kernel_launch(c, p, id, blocks * 32 * Y, 32 * Y);
     p->launch[p->n - 1].grid_y = chunks;
@@ -1713,18 +1718,26 @@ static bool row_lead(const cg *c, int a, int b) {
 /* ----- column sums inside a row kernel -----
  * A layer norm's backward sums the gradient and the gradient times the normalised input over its
  * rows (the bias's and weight's gradients) right before the row kernel that reads the same two
- * [R, L] values row by row: one kernel (row_columns) reads them once. Its blocks, ROW_COLUMN_BLOCKS
- * at most, step over the rows; each lane adds its elements of every sum's source into registers
- * (floats: a few rows a lane), the block's warps' into shared memory (doubles, in warp order, in
- * chunks of ROW_COLUMN_CHUNK columns), the block's sums into scratch; the blocks finish in groups of
- * ROW_COLUMN_GROUP (tgk_rows_finish): the last of a group adds its group's, the last group the groups', in
- * a fixed order, so every run gives the same sums. On an H200 (char_gpt, 16,384 rows of 384), a
- * fused kernel took 45-52 us where the two took 57 at tf32: the step 9.55 -> 9.46 ms, with at
- * most 528 blocks (264: 9.55, 1,056: 9.52, 2,112: 9.64); at bf16 52 us against 28.5 + 22 (the
- * step no faster), and char_gpt_small's 1,024 rows a little slower (0.350 -> 0.356 ms at tf32).
- * So by default only at f32 and tf32 and from ROW_COLUMN_ROWS rows; TG_CUDA_ROW_COLUMNS=0 never,
- * =1 wherever the kernel order allows it (tests). */
-enum { ROW_COLUMN_BLOCKS = 528, ROW_COLUMN_CHUNK = 512, ROW_COLUMN_GROUP = 32, ROW_COLUMN_ROWS = 4096 };
+ * [R, L] values row by row: one kernel (row_columns) reads them once, and where the sum right
+ * after the row kernel adds up its output (the bias gradient of the product before the layer
+ * norm: row_trailing_sum), that too. Its blocks, ROW_COLUMN_BLOCKS at most (ROW_COLUMN_SM an SM,
+ * which its launch bounds fit the registers to: one wave), step over the rows; each lane adds its
+ * elements of every sum's source into registers (floats: a few rows a lane), the block's warps'
+ * into shared memory (doubles, in warp order, in chunks of ROW_COLUMN_CHUNK columns), the block's
+ * sums into scratch; the blocks finish in groups of ROW_COLUMN_GROUP (tgk_rows_finish): the last
+ * of a group adds its group's, the last group the groups', in a fixed order, so every run gives
+ * the same sums. On an H200 (char_gpt, 16,384 rows of 384), first with at most 528 blocks: 45-52
+ * us where the two kernels took 57 at tf32, the step 9.55 -> 9.46 ms; at bf16 52 against 28.5 +
+ * 22, the step no faster: NVRTC gave it 72 registers, three blocks an SM, a wave and a third.
+ * Alone (bench/cuda/row_columns): 54.9 us so, 47.9 under launch bounds of four blocks an SM (64
+ * registers, a few spilled), 44.6 with 396 blocks of three, against 33.2 + 15.0 for the two
+ * kernels (52 in a row). With 396 under bounds of three, char_gpt's step (one binary, alternating,
+ * bench/logs/gpu_h200_s39_e_*): bf16 4.612 / 4.581 ms -> 4.456 / 4.458, with the bias gradient
+ * 4.429 / 4.427; tf32 8.611 -> 8.537 -> 8.461. By default from ROW_COLUMN_ROWS rows (char_gpt_small's
+ * 1,024 were a little slower: 0.350 -> 0.356 ms at tf32); TG_CUDA_ROW_COLUMNS=0 never, =1 wherever
+ * the kernel order allows it (tests). (132: an H100's or H200's SMs.) */
+enum { ROW_COLUMN_SM = 3, ROW_COLUMN_BLOCKS = ROW_COLUMN_SM * 132, ROW_COLUMN_CHUNK = 512, ROW_COLUMN_GROUP = 32,
+       ROW_COLUMN_ROWS = 4096 };
 
 static void row_columns_emit(cg *c, cuda_plan *p, const int *members, int nm, const int *cols, int n_cols, int64_t R, int64_t L,
                              int lanes, int64_t iters, const char *ht) {
@@ -1762,16 +1775,38 @@ static void row_columns_emit(cg *c, cuda_plan *p, const int *members, int nm, co
         sb_printf(&tail, "        %sif (x < %lld) P%d[x - %lld] = (%s)s;\n", q ? "else " : "", (long long)((q + 1) * L), cols[q],
                   (long long)(q * L), cg_ctype(N(c, cols[q])));
     sb_printf(&tail, "    }\n");
-    int roots[MAX_ROW_MEMBERS + MAX_SIBLINGS];
+    int roots[MAX_ROW_MEMBERS + MAX_SIBLINGS + 1];
     memcpy(roots, members, sizeof(int) * (size_t)nm);
     memcpy(roots + nm, cols, sizeof(int) * (size_t)n_cols);
-    end_kernel_roots(c, roots, nm + n_cols, NULL, 0, sb_str(&head), sb_str(&tail), 0);
+    char bounds[40];
+    snprintf(bounds, sizeof bounds, "__launch_bounds__(%d, %d) ", BLOCK, ROW_COLUMN_SM);
+    end_kernel_roots(c, roots, nm + n_cols, NULL, 0, sb_str(&head), sb_str(&tail), bounds);
     kernel_launch(c, p, members[0], blocks * BLOCK, BLOCK);
     free(head.s);
     free(tail.s);
 }
 
-static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, const int *cols, const int *srcs, int n_cols);
+static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, int *cols, int *srcs, int n_cols);
+
+/* Does the sum right after a row kernel's members (order[nm]) add up one of them over the same
+ * rows? A layer norm's backward feeds its input gradient to the bias gradient of the product
+ * before it: then the kernel adds that up too (as column sum cols[n_cols]), a read of an [R, L]
+ * f32 buffer less. Returns 1 if so, else 0. */
+static int row_trailing_sum(const cg *c, const int *order, int n_order, const int *members, const int *roles, int nm, int64_t R,
+                            int64_t L, int *cols, int *srcs, int n_cols) {
+    int64_t outer, len, inner;
+    if (nm >= n_order || n_cols > MAX_SIBLINGS) return 0;
+    const int b = order[nm];
+    if (N(c, b)->op != OP_SUM || plan_home(c->plan, b) != b || N(c, b)->dtype != TG_FLOAT32) return 0;
+    const int x = sum_split(c, b, &outer, &len, &inner);
+    for (int m = 0; m < nm; m++)
+        if (members[m] == x && roles[m] == ROW_ELEMS && outer == 1 && len == R && inner == L) {
+            cols[n_cols] = b;
+            srcs[n_cols] = x;
+            return 1;
+        }
+    return 0;
+}
 
 /* Column sums order[0..) over the rows of the row kernel that follows them, as one kernel with it
  * (row_columns_emit); how many of order[] it took (0: none). */
@@ -1782,8 +1817,8 @@ static int row_columns(cg *c, cuda_plan *p, const int *order, int n_order) {
     if ((env && env[0] == '0') || N(c, id)->op != OP_SUM || plan_home(c->plan, id) != id || N(c, id)->dtype != TG_FLOAT32) return 0;
     const int x = sum_split(c, id, &outer, &len, &inner);
     if (outer != 1 || inner < 2) return 0;
-    if (!(env && env[0] == '1') && (c->g->precision == TG_PRECISION_BF16 || len < ROW_COLUMN_ROWS)) return 0;
-    int cols[MAX_SIBLINGS] = { id }, srcs[MAX_SIBLINGS] = { x }, n_cols = 1;
+    if (!(env && env[0] == '1') && len < ROW_COLUMN_ROWS) return 0;
+    int cols[MAX_SIBLINGS + 1] = { id }, srcs[MAX_SIBLINGS + 1] = { x }, n_cols = 1;   /* + row_trailing_sum's */
     while (n_cols < n_order && n_cols < MAX_SIBLINGS && plan_home(c->plan, order[n_cols]) == order[n_cols]) {
         const int xb = sum_alike(c->g, c->mat, id, order[n_cols], outer, len, inner, N(c, x)->numel);
         if (xb < 0) break;
@@ -1801,7 +1836,7 @@ static int row_columns(cg *c, cuda_plan *p, const int *order, int n_order) {
  * rows (sources srcs[]; row_columns), every warp takes rows R / (blocks x warps) apart, each lane
  * adding its elements of the sums' sources into registers, and the blocks' partial sums are added
  * up at the end (row_columns_emit). */
-static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, const int *cols, const int *srcs, int n_cols) {
+static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, int *cols, int *srcs, int n_cols) {
     int64_t R, L;
     const int lead = n_order >= 2 && row_lead(c, order[0], order[1]) ? 1 : 0;
     if (!cg_row_sum(c, order[lead], &R, &L)) return 0;
@@ -1894,7 +1929,8 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, const 
         }
         c->regs = NULL;
         c->row_vals = NULL;
-        for (int q = 0; q < n_cols; q++) {   /* lane's elements of column sum q's source into C<q> */
+        const int trailing = n_cols ? row_trailing_sum(c, order, n_order, members, roles, nm, R, L, cols, srcs, n_cols) : 0;
+        for (int q = 0; q < n_cols + trailing; q++) {   /* lane's elements of column sum q's source into C<q> */
             c->root = cols[q];
             c->n_memo = 0;
             c->body.len = 0;
@@ -1922,12 +1958,10 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, const 
                 for (int e = 0; e < nm; e++) member |= members[e] == i;
                 if ((c->used[i] && !member) || (member && i != members[m])) ok = !arena_overlap(c, i, members[m]);
             }
-        if (ok && n_cols) {   /* the sums' outputs apart from everything the kernel reads and writes, and each other */
-            int outs[MAX_ROW_MEMBERS + MAX_SIBLINGS];
-            memcpy(outs, cols, sizeof(int) * (size_t)n_cols);
-            memcpy(outs + n_cols, members, sizeof(int) * (size_t)nm);
-            ok = outputs_apart(c, outs, n_cols + nm);
-        }
+        /* The sums' outputs apart from each other. The last block writes them once every block is done
+         * with the rest (tgk_rows_finish): they may take the memory of what the kernel reads. */
+        for (int a = 0; ok && a < n_cols + trailing; a++)
+            for (int b = 0; b < a; b++) ok &= !arena_overlap(c, cols[a], cols[b]);
         if (!ok && n_cols) {   /* not with fewer members either: the sums' kernel of their own */
             free(text.s);
             break;
@@ -1942,16 +1976,16 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, const 
         free(text.s);
         c->root = members[0];
         if (n_cols) {
-            row_columns_emit(c, p, members, nm, cols, n_cols, R, L, lanes, iters, ht);
+            row_columns_emit(c, p, members, nm, cols, n_cols + trailing, R, L, lanes, iters, ht);
             free(regs);
             free(vals);
-            return nm;
+            return nm + trailing;
         }
         char head[200];
         snprintf(head, sizeof head,
                  "    const %s r = ((int64_t)blockIdx.x * %d + threadIdx.x) / %d;\n    const int lane = threadIdx.x %% %d;\n"
                  "    if (r >= %lldll) return;\n", ht, BLOCK, step, step, (long long)R);
-        end_kernel_roots(c, members, nm, NULL, 0, head, "", 0);
+        end_kernel_roots(c, members, nm, NULL, 0, head, "", "");
         kernel_launch(c, p, members[0], R * step, BLOCK);
         free(regs);
         free(vals);
@@ -2492,6 +2526,14 @@ static const char DEVICE_KERNELS[] =
     "#else\n"
     "    return (unsigned)tgk_round_bf16(lo) | (unsigned)tgk_round_bf16(hi) << 16;\n"
     "#endif\n}\n"
+    /* a buffer cleared for sums added up in memory (CL_MEMSET: attention's dq, scattered rows): a
+     * kernel, not a memset node, so that it and the kernel after it launch early (cuda_start) */
+    "extern \"C\" __global__ void tg_zero(float *p, long long n) {\n"
+    "    tgk_prior();\n"
+    "    const long long i = 4 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);\n"
+    "    if (i + 4 <= n && ((unsigned long long)p & 15) == 0) *(float4 *)(p + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n"
+    "    else for (long long k = i; k < i + 4 && k < n; k++) p[k] = 0.0f;\n"
+    "}\n"
     /* a product's addend where cuBLASLt does not add it (cuda_fold_addends): the product's f32
      * sums plus the addend (a bias: `cols` values for every row; a matrix: cols = n), bf16 or
      * f32, rounded once */
