@@ -1127,6 +1127,31 @@ static void nvrtc_qkv_sums(void) {
     }
 }
 
+/* MODEL_ATTENTION's bf16 step compiled by cuda-nvrtc: each layer's q, k and v bias gradients are
+ * summed in one kernel, which also writes dq's rounded copy as it reads dq (added up in f32 memory
+ * by the attention's backward): q's sum brought forward to k's and v's (sum_copy_store). */
+static void nvrtc_qkv_copy(void) {
+    tg_model *m = tg_model_new(3);
+    attention_layers(m);
+    tg_error err = { { 0 } };
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = attention_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
+                                               .precision = TG_PRECISION_BF16,
+                                               .inputs = (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) }, .n_inputs = 2 },
+                             &err);
+    const char *src = t ? tg_train_kernel_source(t) : NULL;
+    int both = 0;
+    for (const char *k = src ? strstr(src, "__global__ void ") : NULL; k; ) {
+        const char *next = strstr(k + 1, "__global__ void "), *end = next ? next : k + strlen(k);
+        const char *sums = strstr(k, "float acc0 = 0, acc1 = 0, acc2 = 0;"), *copy = strstr(k, "] = tgk_round_bf16(");
+        both += sums && sums < end && copy && copy < end;
+        k = next;
+    }
+    CHECK(src && both == 2, "bf16 attention layers: %d kernels sum q's, k's and v's bias gradients and write dq's copy (expected 2) %s",
+          both, err.msg);
+    tg_destroy(t);
+    tg_model_free(m);
+}
+
 /* A layer norm between two linear layers, its backward inside the gradient (the first layer's
  * output needs one): what the generated kernels are checked for below. */
 static tg_linear ln_in, ln_out;
@@ -1815,6 +1840,7 @@ int main(void) {
             nvrtc_own_products();
             nvrtc_bias_folds();
             nvrtc_qkv_sums();
+            nvrtc_qkv_copy();
             nvrtc_generated_kernels();
             nvrtc_shared_segments();
             nvrtc_transposed_leaves();
