@@ -1374,7 +1374,7 @@ static bool enqueue_one(cuda_exec *e, int i, CUstream stream, bool early, tg_err
         CUdeviceptr at = node_ptr(e, l->node);
         long long n = l->n;
         void *args[] = { &at, &n };
-        const unsigned grid[3] = { (unsigned)((n + 1023) / 1024), 1, 1 };
+        const unsigned grid[3] = { (unsigned)((n + 1023) / 1024) + (n == 0), 1, 1 };   /* four floats a thread */
         TRY(cuda_start(e->zero, grid, 256, 0, stream, args, early), "clearing a buffer");
     } else if (l->kind == CL_GEMM) {
         if (!gemm(e, i, early, stream, err)) return false;
