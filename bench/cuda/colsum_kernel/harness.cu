@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 #include "../graph_ms.h"
+#include "../dump_buffers.h"
 
 __global__ void copy2(const float4 *a, const float4 *b, float4 *c, long long n4) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x) {
@@ -18,18 +19,10 @@ __global__ void copy2(const float4 *a, const float4 *b, float4 *c, long long n4)
 int main() {
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
-    float *A, *bound;
+    float *A;
     void **B;
-    CK(cudaMalloc(&A, ARENA * 4));
-    CK(cudaMemset(A, 0, ARENA * 4));
-    CK(cudaMalloc(&bound, 1 << 20));
-    CK(cudaMemset(bound, 0, 1 << 20));
-    void *table[1024];
-    for (int i = 0; i < 1024; i++) table[i] = bound;
-    CK(cudaMalloc(&B, sizeof table));
-    CK(cudaMemcpy(B, table, sizeof table, cudaMemcpyHostToDevice));
     double *H;
-    CK(cudaMalloc(&H, 4096));
+    dump_buffers(ARENA, &A, &B, &H);
     void (*fn[4])(float *, void *const *, const double *) = { v0, v1, v2, v3 };
     const char *what[4] = { "as generated (unroll 8)", "unroll 4", "unroll 2", "no gelu_grad" };
     const long long n = (long long)GX * 128 * GY * 768;   /* the elements the kernel reads */

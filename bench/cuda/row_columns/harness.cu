@@ -7,22 +7,15 @@
 #include <cuda_runtime.h>
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 #include "../graph_ms.h"
+#include "../dump_buffers.h"
 
 int main() {
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
-    float *A, *bound;
+    float *A;
     void **B;
-    CK(cudaMalloc(&A, ARENA * 4));
-    CK(cudaMemset(A, 0, ARENA * 4));
-    CK(cudaMalloc(&bound, 1 << 20));
-    CK(cudaMemset(bound, 0, 1 << 20));
-    void *table[4096];
-    for (int i = 0; i < 4096; i++) table[i] = bound;
-    CK(cudaMalloc(&B, sizeof table));
-    CK(cudaMemcpy(B, table, sizeof table, cudaMemcpyHostToDevice));
     double *H;
-    CK(cudaMalloc(&H, 4096));
+    dump_buffers(ARENA, &A, &B, &H);
     typedef void (*kernel)(float *, void *const *, const double *);
     kernel fn[6] = { f0, f1, f2, f3, f4, f5 };
     const int grid[6] = { BLOCKS, BLOCKS, 396, BLOCKS, BLOCKS, 396 };
