@@ -30,7 +30,7 @@ typedef struct {
     int addend;                      /* CL_GEMM: the node added to the product (cuda_fold_addends), or -1: a bias
                                       * (N values, added to each row) or a value of C's shape */
     int64_t M, N, K, batch, *aoff, *boff;
-    int64_t n;                       /* CL_MEMSET: elements */
+    int64_t n;                       /* CL_MEMSET: floats to clear (tg_zero) */
     /* CL_KERNEL: the arena it reads and writes, n_io spans {lo, hi, written} in floats from the
      * arena's start (io NULL: not known, so nothing runs beside it: cuda_backend.c's side plan) */
     int64_t (*io)[3];

@@ -1,13 +1,13 @@
 /* CUDA code generation: the same schedule, plan and expression engine as the C backend
  * (expr.h), wrapped in __global__ kernels with every shape baked in, plus a launch list that
  * the CUDA backend replays (and captures into one CUDA graph): kernel launches, cuBLAS matrix
- * products and memsets, in graph order.
+ * products and buffers to clear (CL_MEMSET, by the prelude's tg_zero), in graph order.
  *
  * Every kernel takes (float *A, void *const *B, const double *H): the device arena (plan offsets
  * in floats), the device table of bound leaves by node id, and the device copy of the hyper
  * scalars. Pointwise kernels use one thread per element; sums one thread per output, or a block
- * per output when there are few outputs; row-wise softmax a warp per row; scatters memset then
- * accumulate with atomics. */
+ * per output when there are few outputs; row-wise softmax a warp per row; scatters clear their
+ * output, then accumulate with atomics. */
 #include "compile/expr.h"
 #include "cuda/cuda.h"
 
