@@ -17,12 +17,8 @@ __global__ void copy2(const float4 *a, const float4 *b, float4 *c, long long n4)
 }
 
 int main() {
-    cudaStream_t s;
-    CK(cudaStreamCreate(&s));
-    float *A;
-    void **B;
-    double *H;
-    dump_buffers(ARENA, &A, &B, &H);
+    const dump_buffers d = dump_buffers_new(ARENA);
+    cudaStream_t s = d.s;
     void (*fn[4])(float *, void *const *, const double *) = { v0, v1, v2, v3 };
     const char *what[4] = { "as generated (unroll 8)", "unroll 4", "unroll 2", "no gelu_grad" };
     const long long n = (long long)GX * 128 * GY * 768;   /* the elements the kernel reads */
@@ -30,10 +26,10 @@ int main() {
         for (int v = 0; v < 4; v++) {
             cudaFuncAttributes at;
             CK(cudaFuncGetAttributes(&at, fn[v]));
-            float ms = graph_ms(s, [&] { fn[v]<<<dim3(GX, GY), THREADS, 0, s>>>(A, B, H); });
+            float ms = graph_ms(s, [&] { fn[v]<<<dim3(GX, GY), THREADS, 0, s>>>(d.A, d.B, d.H); });
             printf("%-26s %3d registers  %7.2f us\n", what[v], at.numRegs, ms * 1e3);
         }
-        float ms = graph_ms(s, [&] { copy2<<<132 * 8, 256, 0, s>>>((float4 *)A, (float4 *)(A + n), (float4 *)(A + 2 * n), n / 4); });
+        float ms = graph_ms(s, [&] { copy2<<<132 * 8, 256, 0, s>>>((float4 *)d.A, (float4 *)(d.A + n), (float4 *)(d.A + 2 * n), n / 4); });
         printf("%-26s              %7.2f us (%lld elements: %.2f TB/s)\n", "read two, write one", ms * 1e3, n, 12.0 * n / ms * 1e-9);
     }
     CK(cudaGetLastError());

@@ -10,12 +10,8 @@
 #include "../dump_buffers.h"
 
 int main() {
-    cudaStream_t s;
-    CK(cudaStreamCreate(&s));
-    float *A;
-    void **B;
-    double *H;
-    dump_buffers(ARENA, &A, &B, &H);
+    const dump_buffers d = dump_buffers_new(ARENA);
+    cudaStream_t s = d.s;
     typedef void (*kernel)(float *, void *const *, const double *);
     kernel fn[6] = { f0, f1, f2, f3, f4, f5 };
     const int grid[6] = { BLOCKS, BLOCKS, 396, BLOCKS, BLOCKS, 396 };
@@ -25,12 +21,12 @@ int main() {
         for (int v = 0; v < 6; v++) {
             cudaFuncAttributes at;
             CK(cudaFuncGetAttributes(&at, fn[v]));
-            float ms = graph_ms(s, [&] { fn[v]<<<grid[v], 256, 0, s>>>(A, B, H); });
+            float ms = graph_ms(s, [&] { fn[v]<<<grid[v], 256, 0, s>>>(d.A, d.B, d.H); });
             printf("%-32s %4d blocks %3d registers %5zu B spilled %7.2f us\n", what[v], grid[v], at.numRegs, at.localSizeBytes, ms * 1e3);
         }
-        float row = graph_ms(s, [&] { rowk<<<ROWS * 32 / 256, 256, 0, s>>>(A, B, H); });
-        float col = graph_ms(s, [&] { colk<<<dim3(COLK_X, COLK_Y), 1024, 0, s>>>(A, B, H); });
-        float both = graph_ms(s, [&] { colk<<<dim3(COLK_X, COLK_Y), 1024, 0, s>>>(A, B, H); rowk<<<ROWS * 32 / 256, 256, 0, s>>>(A, B, H); });
+        float row = graph_ms(s, [&] { rowk<<<ROWS * 32 / 256, 256, 0, s>>>(d.A, d.B, d.H); });
+        float col = graph_ms(s, [&] { colk<<<dim3(COLK_X, COLK_Y), 1024, 0, s>>>(d.A, d.B, d.H); });
+        float both = graph_ms(s, [&] { colk<<<dim3(COLK_X, COLK_Y), 1024, 0, s>>>(d.A, d.B, d.H); rowk<<<ROWS * 32 / 256, 256, 0, s>>>(d.A, d.B, d.H); });
         printf("row kernel %7.2f us, column sums %7.2f us, both in a row %7.2f us\n", row * 1e3, col * 1e3, both * 1e3);
     }
     CK(cudaGetLastError());
