@@ -147,15 +147,17 @@ void lt_product_free(lt_product *p);
  * by a memset node before each product call. A window: where a call's workspace lies in `base`
  * (offset -1: the shared workspace), and where its counters lie in it. */
 typedef struct { int64_t offset; size_t bytes, from, to; } counter_window;
-/* a product call of the capture under way: its workspace, the capture's last node before it */
-typedef struct { CUdeviceptr at; size_t bytes; CUgraphNode before; int window; } counter_call;
+/* a product call of the capture under way: its workspace, the capture's last nodes before it (more
+ * than one where the call follows a join of streams; n_before 0: more than COUNTER_DEPS) */
+enum { COUNTER_DEPS = 4 };
+typedef struct { CUdeviceptr at; size_t bytes; CUgraphNode before[COUNTER_DEPS]; int n_before, window; } counter_call;
 typedef struct {
     CUdeviceptr base;         /* every window; 0: none (TG_CUDA_COUNTERS=0, no counters, an older driver) */
     size_t zero_from, zero_to;   /* the bytes of base zeroed at the start: every window's counters */
     int *first;               /* per launch, the window of its first call, or -1 (not a product) */
     counter_window *window;   /* per call of a launch (gemm: one, or one per matrix of a batch) */
     counter_call *calls;      /* the calls of the capture under way or last ended, in order */
-    int n_windows, n_calls, taken;
+    int n_windows, n_calls, taken, kept;   /* taken, kept: memsets of the last graph stripped (kept: any left in it) */
     CUdeviceptr shared;       /* the device's workspace, where calls without a window run */
     bool capturing;
 } cuda_counters;

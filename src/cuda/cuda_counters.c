@@ -15,9 +15,11 @@
  * capture the memsets that open those calls are taken out of the graph (`counters_strip`):
  * nothing between the start and a call touches its counters, so they are still zero when it
  * begins. Each memset is checked against the calls before it in the graph itself and stays where
- * anything is not as planned. TG_CUDA_COUNTERS=0: every product on the shared workspace. */
+ * anything is not as planned. TG_CUDA_COUNTERS=0: every product on the shared workspace; =verbose: how many memsets
+ * left each captured graph and how many stayed, on stderr. */
 #include "cuda_api.h"
 #include "../util/util.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,23 +79,41 @@ CUdeviceptr counters_slice(cuda_counters *c, int launch, const lt_product *p, in
     const CUgraphNode *last = NULL;
     size_t n_last = 0;
     if (c->capturing && c->n_calls < c->n_windows &&
-        cu.StreamGetCaptureInfo(stream, &status, NULL, NULL, &last, &n_last) == 0 && status == CU_CAPTURE_STATUS_ACTIVE)
-        c->calls[c->n_calls++] = (counter_call){ at ? at : c->shared, p->workspace, n_last == 1 ? last[0] : NULL,
-                                                 c->first[launch] + (int)call };
+        cu.StreamGetCaptureInfo(stream, &status, NULL, NULL, &last, &n_last) == 0 && status == CU_CAPTURE_STATUS_ACTIVE) {
+        counter_call *k = &c->calls[c->n_calls++];
+        *k = (counter_call){ .at = at ? at : c->shared, .bytes = p->workspace, .window = c->first[launch] + (int)call };
+        if (n_last <= COUNTER_DEPS) {
+            k->n_before = (int)n_last;
+            memcpy(k->before, last, sizeof(CUgraphNode) * n_last);
+        }
+    }
     return at;
 }
 
-/* The call that memset node m opens, its bytes in `ms`: the one whose last node before it is m's
- * only dependency and whose workspace holds what m sets; -1 for any other memset. */
+/* Are the n nodes of `up` the call's nodes before it, in any order? */
+static bool same_before(const counter_call *k, const CUgraphNode *up, size_t n) {
+    if (k->n_before == 0 || (size_t)k->n_before != n) return false;
+    for (size_t i = 0; i < n; i++) {
+        int j = 0;
+        while (j < k->n_before && k->before[j] != up[i]) j++;
+        if (j == k->n_before) return false;
+    }
+    return true;
+}
+
+/* The call that memset node m opens, its bytes in `ms`: the one whose last nodes before it are
+ * m's dependencies (one, or several where the call follows a join of streams) and whose workspace
+ * holds what m sets; -1 for any other memset. */
 static int opened_call(const cuda_counters *c, CUgraphNode m, cu_memset_params *ms) {
-    CUgraphNode up;
+    CUgraphNode up[COUNTER_DEPS];
     size_t n_up = 0;
     if (cu.GraphMemsetNodeGetParams(m, ms) || ms->value != 0 || ms->height != 1 ||
-        cu.GraphNodeGetDependencies(m, NULL, NULL, &n_up) || n_up != 1 || cu.GraphNodeGetDependencies(m, &up, NULL, &n_up))
+        cu.GraphNodeGetDependencies(m, NULL, NULL, &n_up) || n_up == 0 || n_up > COUNTER_DEPS ||
+        cu.GraphNodeGetDependencies(m, up, NULL, &n_up))
         return -1;
     size_t bytes = ms->width * ms->element_size;
     for (int k = 0; k < c->n_calls; k++)
-        if (c->calls[k].before == up)
+        if (same_before(&c->calls[k], up, n_up))
             return ms->dst >= c->calls[k].at && ms->dst + bytes <= c->calls[k].at + c->calls[k].bytes ? k : -1;
     return -1;
 }
@@ -163,23 +183,30 @@ static void take_out(cuda_counters *c, CUgraph g, CUgraphNode m, int k, const cu
     if (!zero_until(c, k, ms) || cu.GraphNodeGetDependentNodes(m, NULL, NULL, &n_down) || n_down > 4 ||
         cu.GraphNodeGetDependentNodes(m, down, NULL, &n_down))
         return;
+    const counter_call *call = &c->calls[k];
     for (size_t i = 0; i < n_down; i++)
-        if (cu.GraphAddDependencies(g, &c->calls[k].before, &down[i], NULL, 1)) return;   /* an edge more and m kept: still right */
+        for (int j = 0; j < call->n_before; j++)
+            if (cu.GraphAddDependencies(g, &call->before[j], &down[i], NULL, 1)) return;   /* edges more and m kept: still right */
     if (cu.GraphDestroyNode(m) == 0) c->taken++;
 }
 
 int counters_strip(cuda_counters *c, CUgraph g) {
     size_t n = 0;
-    c->taken = 0;
+    c->taken = c->kept = 0;
     if (!c->base || cu.GraphGetNodes(g, NULL, &n) || !n) return 0;
     CUgraphNode *nodes = tg_alloc(sizeof(CUgraphNode) * n);
     if (nodes && cu.GraphGetNodes(g, nodes, &n) == 0)
         for (size_t i = 0; i < n; i++) {
             int type = -1, k;
             cu_memset_params ms;
-            if (cu.GraphNodeGetType(nodes[i], &type) == 0 && type == CU_GRAPH_NODE_TYPE_MEMSET && (k = opened_call(c, nodes[i], &ms)) >= 0)
-                take_out(c, g, nodes[i], k, &ms);
+            if (cu.GraphNodeGetType(nodes[i], &type) || type != CU_GRAPH_NODE_TYPE_MEMSET) continue;
+            int before = c->taken;
+            if ((k = opened_call(c, nodes[i], &ms)) >= 0) take_out(c, g, nodes[i], k, &ms);
+            c->kept += c->taken == before;
         }
     free(nodes);
+    if (getenv("TG_CUDA_COUNTERS") && strcmp(getenv("TG_CUDA_COUNTERS"), "verbose") == 0)
+        fprintf(stderr, "tensorgrad: cuBLASLt's counters: %d memsets out of the step's graph, %d kept (the first the counters' own)\n",
+                c->taken, c->kept);
     return c->taken;
 }
