@@ -1129,27 +1129,37 @@ static void nvrtc_qkv_sums(void) {
 
 /* MODEL_ATTENTION's bf16 step compiled by cuda-nvrtc: each layer's q, k and v bias gradients are
  * summed in one kernel, which also writes dq's rounded copy as it reads dq (added up in f32 memory
- * by the attention's backward): q's sum brought forward to k's and v's (sum_copy_store). */
+ * by the attention's backward): q's sum brought forward to k's and v's (sum_copy_store). With
+ * TG_CUDA_LANES=2 the same kernel sums two columns a thread, six accumulators, and stores the
+ * copy's pairs packed (sum_lanes). */
 static void nvrtc_qkv_copy(void) {
-    tg_model *m = tg_model_new(3);
-    attention_layers(m);
-    tg_error err = { { 0 } };
-    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = attention_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
-                                               .precision = TG_PRECISION_BF16,
-                                               .inputs = (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) }, .n_inputs = 2 },
-                             &err);
-    const char *src = t ? tg_train_kernel_source(t) : NULL;
-    int both = 0;
-    for (const char *k = src ? strstr(src, "__global__ void ") : NULL; k; ) {
-        const char *next = strstr(k + 1, "__global__ void "), *end = next ? next : k + strlen(k);
-        const char *sums = strstr(k, "float acc0 = 0, acc1 = 0, acc2 = 0;"), *copy = strstr(k, "] = tgk_round_bf16(");
-        both += sums && sums < end && copy && copy < end;
-        k = next;
+    static const struct { const char *lanes, *sums, *copy; } runs[] = {
+        { NULL, "float acc0 = 0, acc1 = 0, acc2 = 0;", "] = tgk_round_bf16(" },
+        { "2", "float acc0 = 0, acc1 = 0, acc2 = 0, acc3 = 0, acc4 = 0, acc5 = 0;", ") = tgk_pack_bf16(" },
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        if (runs[r].lanes) setenv("TG_CUDA_LANES", runs[r].lanes, 1);
+        tg_model *m = tg_model_new(3);
+        attention_layers(m);
+        tg_error err = { { 0 } };
+        tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = attention_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
+                                                   .precision = TG_PRECISION_BF16,
+                                                   .inputs = (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) }, .n_inputs = 2 },
+                                 &err);
+        unsetenv("TG_CUDA_LANES");
+        const char *src = t ? tg_train_kernel_source(t) : NULL;
+        int both = 0;
+        for (const char *k = src ? strstr(src, "__global__ void ") : NULL; k; ) {
+            const char *next = strstr(k + 1, "__global__ void "), *end = next ? next : k + strlen(k);
+            const char *sums = strstr(k, runs[r].sums), *copy = strstr(k, runs[r].copy);
+            both += sums && sums < end && copy && copy < end;
+            k = next;
+        }
+        CHECK(src && both == 2, "bf16 attention layers, lanes %s: %d kernels sum q's, k's and v's bias gradients and write dq's copy "
+              "(expected 2) %s", runs[r].lanes ? runs[r].lanes : "default", both, err.msg);
+        tg_destroy(t);
+        tg_model_free(m);
     }
-    CHECK(src && both == 2, "bf16 attention layers: %d kernels sum q's, k's and v's bias gradients and write dq's copy (expected 2) %s",
-          both, err.msg);
-    tg_destroy(t);
-    tg_model_free(m);
 }
 
 /* A layer norm between two linear layers, its backward inside the gradient (the first layer's
@@ -1160,14 +1170,14 @@ static tg_tensor ln_loss(const void *ctx, const tg_tensor *in) {
     return tg_cross_entropy(tg_linear(&ln_out, tg_layernorm(&ln_mid, tg_linear(&ln_in, in[0]))), in[1], TG_MEAN);
 }
 
-static tg_train *ln_step(tg_model **m, tg_precision precision, tg_error *err) {
+static tg_train *ln_step(tg_model **m, tg_precision precision, int rows, tg_error *err) {
     *m = tg_model_new(6);
     ln_in = tg_linear_new(*m, "in", 32, 128, NULL);
     ln_mid = tg_layernorm_new(*m, "ln", 128, 1e-5, 1);
     ln_out = tg_linear_new(*m, "out", 128, 10, NULL);
     return tg_compile(&(tg_train_spec){ .model = *m, .loss = ln_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
                                         .precision = precision,
-                                        .inputs = (tg_input_decl[]){ TG_F32("x", 64, 32), TG_I32("y", 64) }, .n_inputs = 2 },
+                                        .inputs = (tg_input_decl[]){ TG_F32("x", rows, 32), TG_I32("y", rows) }, .n_inputs = 2 },
                       err);
 }
 
@@ -1306,7 +1316,7 @@ static void nvrtc_generated_kernels(void) {
             else setenv("TG_CUDA_ROW_REGS", "0", 1);
             tg_model *m;
             tg_error err = { { 0 } };
-            tg_train *t = ln_step(&m, (tg_precision)p, &err);
+            tg_train *t = ln_step(&m, (tg_precision)p, 64, &err);
             const char *src = t ? tg_train_kernel_source(t) : NULL, *prec = tg_precision_name((tg_precision)p);
             CHECK(src != NULL, "%s: NVRTC compiles the layer-norm step: %s", prec, err.msg);
             if (src) {
@@ -1332,7 +1342,7 @@ static void nvrtc_generated_kernels(void) {
             tg_model_free(m);
             if (!regs) continue;
             setenv("TG_CUDA_INPLACE", "0", 1);
-            t = ln_step(&m, (tg_precision)p, &err);
+            t = ln_step(&m, (tg_precision)p, 64, &err);
             src = t ? tg_train_kernel_source(t) : NULL;
             bool guarded;
             CHECK(src && checked_nodes(src) == 18 && inplace_outputs(src, &guarded) == 0 && !strstr(src, "void kcheck("),
@@ -1355,7 +1365,7 @@ static void nvrtc_shared_segments(void) {
     for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++) {
         tg_model *m;
         tg_error err = { { 0 } };
-        tg_train *t = ln_step(&m, (tg_precision)p, &err);
+        tg_train *t = ln_step(&m, (tg_precision)p, 64, &err);
         const char *src = t ? tg_train_kernel_source(t) : NULL, *prec = tg_precision_name((tg_precision)p);
         CHECK(src != NULL, "%s: NVRTC compiles the layer-norm step: %s", prec, err.msg);
         int defs = 0, calls = 0, unmarked = 0, once = 0;
@@ -1540,6 +1550,44 @@ static void nvrtc_row_columns(void) {
         bool one = fin && !strstr(fin + 1, "tgk_rows_finish((") && strstr(src, "__shared__ double tgc[8][512];");
         CHECK(on == 1 ? one : src && !strstr(src, "tgk_rows_finish(("), "TG_CUDA_ROW_COLUMNS %s: the layer norm's parameter "
               "gradients are %s its backward's row kernel", on == 2 ? "unset" : on ? "1" : "0", fin ? "summed in" : "not summed in");
+        tg_destroy(t);
+        tg_model_free(m);
+    }
+}
+
+/* A row kernel's inputs held in registers (cuda_codegen.c, cg.row_in): with TG_CUDA_ROW_COLUMNS=1
+ * the layer norm's backward between two linear layers (4,096 rows of 128 floats, four a lane), whose
+ * row kernel sums its parameters' gradients, loads the rows it reads into X<id>[it] arrays as each
+ * row starts, under launch bounds of two blocks an SM; with TG_CUDA_ROW_INPUTS=0 none, under
+ * bounds of three; with =1 the forward's row kernel (its mean and variance) too. */
+static void nvrtc_row_inputs(void) {
+    static const struct { const char *env; int fused, plain; const char *bounds; } runs[] = {
+        { NULL, 1, 0, "__launch_bounds__(256, 2)" }, { "0", 0, 0, "__launch_bounds__(256, 3)" }, { "1", 1, 1, "__launch_bounds__(256, 2)" },
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        setenv("TG_CUDA_ROW_COLUMNS", "1", 1);
+        if (runs[r].env) setenv("TG_CUDA_ROW_INPUTS", runs[r].env, 1);
+        tg_model *m;
+        tg_error err = { { 0 } };
+        tg_train *t = ln_step(&m, TG_PRECISION_F32, 4096, &err);
+        unsetenv("TG_CUDA_ROW_COLUMNS");
+        unsetenv("TG_CUDA_ROW_INPUTS");
+        const char *src = t ? tg_train_kernel_source(t) : NULL;
+        int fused = 0, plain = 0;   /* kernels loading rows into registers, with the column sums' finish and without */
+        for (const char *k = src ? strstr(src, "__global__ void ") : NULL; k; ) {
+            const char *next = strstr(k + 1, "__global__ void "), *end = next ? next : k + strlen(k);
+            const char *in = strstr(k, "[it] = *(const float4 *)(P"), *fin = strstr(k, "tgk_rows_finish((");
+            if (in && in < end) {
+                if (fin && fin < end) fused++;
+                else plain++;
+            }
+            k = next;
+        }
+        const char *label = runs[r].env ? runs[r].env : "unset";
+        CHECK(src && fused == runs[r].fused && (runs[r].plain ? plain >= 1 : plain == 0) && strstr(src, runs[r].bounds),
+              "TG_CUDA_ROW_INPUTS %s: %d row kernels with column sums and %d without load their rows into registers (expected %d "
+              "and %s%d), %s %s", label, fused, plain, runs[r].fused, runs[r].plain ? "at least " : "", runs[r].plain,
+              src && strstr(src, runs[r].bounds) ? "under" : "not under", runs[r].bounds);
         tg_destroy(t);
         tg_model_free(m);
     }
@@ -1846,6 +1894,7 @@ int main(void) {
             nvrtc_transposed_leaves();
             nvrtc_thin_sums();
             nvrtc_row_columns();
+            nvrtc_row_inputs();
             nvrtc_chunked_sums();
             nvrtc_scratch_apart();
             nvrtc_side_hold();

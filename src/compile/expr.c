@@ -509,6 +509,10 @@ static const char *compute(cg *c, int id, ix_t ix, char *name) {
     return name;
 }
 
+const char *cg_vector_type(bool bf16, int lanes) {
+    return bf16 ? (lanes == 4 ? "uint2" : "unsigned") : (lanes == 4 ? "float4" : "float2");
+}
+
 /* Lane c->lane's element of the vector of node id at lane_base (cg.lanes), loading the vector
  * first if no lane has yet; false where its elements are not floats. Arena buffers are 64-byte
  * aligned; a bound leaf's pointer is tested (element by element where it is not aligned). */
@@ -520,10 +524,15 @@ static bool lane_load(cg *c, int id, char *name) {
     while (k < c->n_vec && c->vec[k].node != id) k++;
     if (k == c->n_vec) {
         if (k == (int)(sizeof c->vec / sizeof c->vec[0])) return false;
-        const char *t = bf16 ? (c->lanes == 4 ? "uint2" : "unsigned") : (c->lanes == 4 ? "float4" : "float2");
+        const char *t = cg_vector_type(bf16, c->lanes);
         const char *b = c->lane_base;
+        const int regs = c->row_in_iters * (bf16 ? c->lanes / 2 : c->lanes);
         c->vec[k].node = id;
-        if (!cg_is_bound(N(c, home)->op))
+        if (c->row_in && c->row_in[id] >= 0 && !cg_is_bound(N(c, home)->op) && (c->row_in[id] || c->row_in_regs >= regs)) {
+            c->row_in_regs -= c->row_in[id] ? 0 : regs;
+            c->row_in[id] = 1;
+            cg_def(c, c->vec[k].name, "v", t, "X%d[it]", id);
+        } else if (!cg_is_bound(N(c, home)->op))
             cg_def(c, c->vec[k].name, "v", t, "*(const %s *)(P%d + %s)", t, id, b);
         else
             cg_def(c, c->vec[k].name, "v", t, "tgk_load%d(P%d + %s)", c->lanes, id, b);

@@ -52,6 +52,13 @@ typedef struct {
      * generated again without). */
     const bool *regs;
     bool regs_missed;
+    /* CUDA row kernels (NULL: off): per node, -1 where the kernel writes it, else 1 once a lane's
+     * vector of it at the row's own elements was read from X<node>[it], a register array the kernel
+     * fills as each row starts (row_kernel: one wide load a vector, the passes over the row reading
+     * registers), 0 before; row_in_regs: the registers a thread may still give such arrays, each
+     * row_in_iters vectors. */
+    signed char *row_in;
+    int row_in_regs, row_in_iters;
     /* CUDA row kernels (NULL: off): per node, whether its value for the kernel's row is in the
      * variable V<node>, which every thread of the row holds (a row's sum or statistic that later
      * members read back: a register, not a store, a barrier and a load) */
@@ -127,6 +134,8 @@ void cg_line(cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cg_def(cg *c, char *name, const char *prefix, const char *type, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 const char *cg_ctype(const tg_node *n);        /* "float" or "int32_t" */
+/* The CUDA vector type of `lanes` (2 or 4) values loaded at once: floats, or bf16 values packed */
+const char *cg_vector_type(bool bf16, int lanes);
 /* Declare P<id>, the pointer to node id's values: its arena slot or bound buffer, or those of the
  * node it aliases, or the leaf it replaces in place (cg.inplace); `restrict_kw` is the language's
  * spelling of restrict. */

@@ -859,14 +859,9 @@ static void store_floats(cg *c, char p, int id, const char *at, int lanes, char 
     else cg_line(c, "*(float2 *)(%c%d + %s) = make_float2(%s, %s);", p, id, at, x[0], x[1]);
 }
 
-/* Root id's values v[0..lanes) stored from flat index `at` as one vector, and its rounded copy
- * as another (bf16: pairs packed by tgk_pack_bf16). */
-static void lane_stores(cg *c, int id, char (*v)[NAME], int lanes, const char *at) {
+/* Node id's rounded copy of values v[0..lanes) stored from flat index `at` as one vector */
+static void shadow_lanes(cg *c, int id, char (*v)[NAME], int lanes, const char *at) {
     char x[4][NAME + 20];
-    for (int k = 0; k < lanes; k++) snprintf(x[k], sizeof x[k], "%s", v[k]);
-    if (!cg_unplaced(c, id)) store_floats(c, 'P', id, at, lanes, x);
-    for (int k = 0; k < lanes && c->wb_check && c->wb_check[id]; k++) cg_line(c, WB_CHECK_LINE, v[k], c->flag_slot, id);
-    if (!has_shadow(c, id)) return;
     if (c->g->precision != TG_PRECISION_BF16 || lanes == 1) {
         for (int k = 0; k < lanes; k++) snprintf(x[k], sizeof x[k], "%s(%s)", round_fn(c), v[k]);
         store_floats(c, 'S', id, at, lanes, x);
@@ -876,6 +871,16 @@ static void lane_stores(cg *c, int id, char (*v)[NAME], int lanes, const char *a
         cg_line(c, "*(uint2 *)(S%d + %s) = make_uint2(tgk_pack_bf16(%s, %s), tgk_pack_bf16(%s, %s));", id, at, v[0], v[1],
                 v[2], v[3]);
     }
+}
+
+/* Root id's values v[0..lanes) stored from flat index `at` as one vector, and its rounded copy
+ * as another (bf16: pairs packed by tgk_pack_bf16). */
+static void lane_stores(cg *c, int id, char (*v)[NAME], int lanes, const char *at) {
+    char x[4][NAME + 20];
+    for (int k = 0; k < lanes; k++) snprintf(x[k], sizeof x[k], "%s", v[k]);
+    if (!cg_unplaced(c, id)) store_floats(c, 'P', id, at, lanes, x);
+    for (int k = 0; k < lanes && c->wb_check && c->wb_check[id]; k++) cg_line(c, WB_CHECK_LINE, v[k], c->flag_slot, id);
+    if (has_shadow(c, id)) shadow_lanes(c, id, v, lanes, at);
 }
 
 /* LANES, or TG_CUDA_LANES (1, 2 or 4), which also forces that many on every column sum whose
@@ -1251,27 +1256,36 @@ static int64_t column_plan(int64_t outs, int64_t len, int lanes, int64_t *blocks
 
 /* A column sum kernel's body again (sum_kernel) for `lanes` neighbouring columns a thread: from
  * f = (o * len + k) * inner + j, j a multiple of lanes, lane v adds element f + v of sum q's
- * source srcs[q] into acc<q lanes + v> (sum 0's source computed and stored here when it is the
- * producer). */
-static void sum_lanes(cg *c, const char *it, int64_t len, int64_t inner, int producer, const int *srcs, int n_sums, int lanes) {
-    char base[NAME], v[4][NAME];
+ * source srcs[q] into acc<q lanes + v> (its producer prods[q] instead, computed and stored here,
+ * where it has one; the rounded copy sum_copy_store writes, stored as a vector too). */
+static void sum_lanes(cg *c, const char *it, int64_t len, int64_t inner, const int *sums, const int *srcs, const int *prods,
+                      int n_sums, int lanes) {
+    char base[NAME], v[MAX_SIBLINGS][4][NAME];
     c->body.len = 0;
     if (c->body.s) c->body.s[0] = 0;
     c->n_memo = 0;
     cg_def(c, base, "f", it, "(%s)((o * %lld + k) * %lld + j)", it, (long long)len, (long long)inner);
     char o[NAME];
     snprintf(o, sizeof o, "(o * %lld + k)", (long long)len);
+    int copy = -1;   /* the sum whose source's rounded copy it stores (sum_copy_store) */
     for (int k = 0; k < lanes; k++) {
         lane_begin(c, it, base, lanes, k);
         row_lane(c, inner, c->lane_ix, o, k);
         for (int q = 0; q < n_sums; q++) {
-            if (q == 0 && producer >= 0) lane_root(c, producer, v[k]);
-            cg_line(c, "acc%d += %s;", q * lanes + k, q == 0 && producer >= 0 ? v[k] : cg_value(c, srcs[q], c->lane_ix));
+            if (prods[q] >= 0) lane_root(c, prods[q], v[q][k]);
+            else snprintf(v[q][k], NAME, "%s", cg_value(c, srcs[q], c->lane_ix));
+            if (prods[q] < 0 && sums[q] == c->copy_sum && plan_home(c->plan, srcs[q]) == c->copy_by_sum) copy = q;
+            cg_line(c, "acc%d += %s;", q * lanes + k, v[q][k]);
         }
     }
     c->lanes = 0;
     row_lane(c, 0, "", "", 0);
-    if (producer >= 0) lane_stores(c, producer, v, lanes, base);
+    for (int q = 0; q < n_sums; q++)
+        if (prods[q] >= 0) lane_stores(c, prods[q], v[q], lanes, base);
+    if (copy >= 0) {
+        shadow_lanes(c, c->copy_by_sum, v[copy], lanes, base);
+        c->copy_written = true;
+    }
 }
 
 /* Are the kernel's outputs outs[0..n) race-free: none sharing memory with another or with a
@@ -1311,8 +1325,9 @@ static bool sum_copy_store(cg *c, int b, int x, const char *flat, const char *v)
  * everything it reads was computed before i0. Returns its producer, -1 for none, -2 when it does
  * not join (nothing emitted). */
 static int far_sibling(cg *c, const int *next, const bool *done, int q, const char *flat, int i0, int *roots, int n_roots,
-                       int n_sums, bool *before) {
+                       int n_sums, bool *before, int *src) {
     int b = next[q], pb = q > 0 && !done[q - 1] && sum_producer(c, next[q - 1], b) ? next[q - 1] : -1;
+    *src = -1;
     if (c->plan->born[b] != i0 || (pb >= 0 && c->plan->born[pb] != i0)) return -2;
     size_t body_len = c->body.len;
     int n_memo = c->n_memo, root = c->root;
@@ -1327,7 +1342,7 @@ static int far_sibling(cg *c, const int *next, const bool *done, int q, const ch
         c->root = root;
     } else {
         int lo, hi;
-        const int x = sum_source(c->g, c->mat, b, &lo, &hi);
+        const int x = *src = sum_source(c->g, c->mat, b, &lo, &hi);
         v = cg_value(c, x, flat);
         copied = sum_copy_store(c, b, x, flat, v);
     }
@@ -1408,15 +1423,15 @@ static void sum_accumulators(char *out, size_t len, int n, const char *item) {
  * blocks of one lane, made its step 4% slower). */
 enum { THIN_ROWS = 128, THIN_THREADS = 49152 };
 
-static bool thin_sum(cg *c, cuda_plan *p, const char *it, int64_t outer, int64_t len, int64_t inner, int producer,
-                     const int *srcs, const int *sums, int n_sums, const int *roots, int n_roots, int n_far) {
+static bool thin_sum(cg *c, cuda_plan *p, const char *it, int64_t outer, int64_t len, int64_t inner, const int *srcs,
+                     const int *prods, const int *sums, int n_sums, const int *roots, int n_roots, int n_far) {
     const int64_t outs = outer * inner;
     if (len > THIN_ROWS || n_far || outs < THIN_THREADS) return false;
     bool forced;
     int L = 1;
-    for (int l = lanes_wanted(&forced); l > 1 && L == 1 && floats(c, &producer, 1); l = forced ? 1 : l / 2)
+    for (int l = lanes_wanted(&forced); l > 1 && L == 1 && floats(c, prods, n_sums); l = forced ? 1 : l / 2)
         if (inner % l == 0 && (forced || outs / l >= THIN_THREADS)) L = l;
-    if (L > 1) sum_lanes(c, it, len, inner, producer, srcs, n_sums, L);
+    if (L > 1) sum_lanes(c, it, len, inner, sums, srcs, prods, n_sums, L);
     const char *ht = head_type(it);
     char head[600], accs[200];
     sum_accumulators(accs, sizeof accs, n_sums * L, "acc%d = 0");
@@ -1477,7 +1492,7 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
         cg_line(c, "acc0 += %s;", v);
         sum_copy_store(c, id, x, flat, v);
     }
-    int sums[MAX_SIBLINGS] = { id }, srcs[MAX_SIBLINGS] = { x }, n_sums = 1;
+    int sums[MAX_SIBLINGS] = { id }, srcs[MAX_SIBLINGS] = { x }, prods[MAX_SIBLINGS] = { producer }, n_sums = 1;
     bool *before = rows ? NULL : tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
     for (int q = 0; before && q < n_next && n_sums < MAX_SIBLINGS; q++) {
         int b = next[q], xb = done[q] || plan_home(c->plan, b) != b ? -1 : sum_alike(c->g, c->mat, id, b, outer, len, inner, s->numel);
@@ -1494,6 +1509,7 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
             break;
         }
         srcs[n_sums] = xb;
+        prods[n_sums] = -1;
         sums[n_sums++] = b;
     }
     *taken = n_sums - 1;
@@ -1503,12 +1519,14 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
     int near = n_roots;   /* roots[near ..): brought forward, their shadows filled here */
     int i0 = producer >= 0 ? producer : id;
     for (int q = *taken; before && q < n_next && q < *taken + FAR_WINDOW && n_sums < MAX_SIBLINGS; q++) {
-        int b = next[q], pb;
+        int b = next[q], pb, xb;
         if (done[q] || plan_home(c->plan, b) != b || sum_alike(c->g, c->mat, id, b, outer, len, inner, s->numel) < 0) continue;
-        if ((pb = far_sibling(c, next, done, q, flat, i0, roots, n_roots, n_sums, before)) == -2) continue;
+        if ((pb = far_sibling(c, next, done, q, flat, i0, roots, n_roots, n_sums, before, &xb)) == -2) continue;
         done[q] = true;
         if (pb >= 0) done[q - 1] = true;
         n_roots += 1 + (pb >= 0);
+        srcs[n_sums] = xb;
+        prods[n_sums] = pb;
         sums[n_sums++] = b;
         n_far++;
     }
@@ -1551,16 +1569,16 @@ static bool sum_kernel_body(cg *c, cuda_plan *p, int id, int producer, const int
         kernel_launch(c, p, id, outs * chunks * 32, BLOCK);
         return true;
     }
-    if (!c->copy_written && thin_sum(c, p, it, outer, len, inner, producer, srcs, sums, n_sums, roots, n_roots, n_far)) return true;
+    if (!c->copy_written && thin_sum(c, p, it, outer, len, inner, srcs, prods, sums, n_sums, roots, n_roots, n_far)) return true;
     /* Lanes (neighbouring columns a thread) where each thread still sums 16 rows with them: with
      * fewer rows the column totals at the end outweigh the wider loads (four lanes on every sum
      * the shapes allow: char_gpt_small bf16 0.335 -> 0.393 ms, mnist_mlp f32 0.104 -> 0.117) */
     bool forced;
     int L = 1;
     int64_t blocks, chunks;
-    for (int l = lanes_wanted(&forced); l > 1 && L == 1 && !n_far && !c->copy_written && floats(c, &producer, 1); l = forced ? 1 : l / 2)
+    for (int l = lanes_wanted(&forced); l > 1 && L == 1 && floats(c, prods, n_sums); l = forced ? 1 : l / 2)
         if (inner % l == 0 && (forced || column_plan(outs, len, l, &blocks, &chunks) >= 16)) L = l;
-    if (L > 1) sum_lanes(c, it, len, inner, producer, srcs, n_sums, L);
+    if (L > 1) sum_lanes(c, it, len, inner, sums, srcs, prods, n_sums, L);
     column_plan(outs, len, L, &blocks, &chunks);
     int64_t chunk = (len + chunks - 1) / chunks;
     /* Chunks of whole row groups: each thread's loop then has a count known at compile time (the
@@ -1712,7 +1730,35 @@ static int row_registers(const cg *c, const int *members, const int *roles, int 
 
 /* The loop of a member whose body is in c->body: unrolled where it reads or writes registers */
 static const char *row_loop(const cg *c, const char *plain, const char *unrolled) {
-    return c->regs && strstr(sb_str(&c->body), "[it * ") ? unrolled : plain;
+    const char *body = sb_str(&c->body);
+    return (c->regs && strstr(body, "[it * ")) || (c->row_in && strstr(body, "[it]")) ? unrolled : plain;
+}
+
+/* Registers a thread may give the arrays of a row kernel's inputs (cg.row_in): a layer norm
+ * backward's three rows of 384 (two f32, one bf16) take 30 */
+#define ROW_INPUT_REGS 32
+
+/* Which row kernels hold their inputs' rows in registers (cg.row_in), each row read from memory
+ * once, with one wide load a vector, as the row starts: by default those with column sums
+ * (row_columns; char_gpt's step, one binary alternating (bench/logs/gpu_h200_s40_h_*): bf16
+ * 4.470 -> 4.343 ms, tf32 8.805 -> 8.692), TG_CUDA_ROW_INPUTS=1 every warp-per-row kernel (a layer
+ * norm's forward 22.0 -> 20.3 us, the steps the same within noise), =0 none. */
+static bool row_inputs_wanted(int n_cols) {
+    const char *env = getenv("TG_CUDA_ROW_INPUTS");
+    return env ? env[0] == '1' : n_cols > 0;
+}
+
+/* The code that fills X<id>[it] with the vectors of the row a lane reads of every node the
+ * kernel's passes read from registers (row_in[id] == 1), as the row starts */
+static void row_inputs_load(const cg *c, strbuf *out, int lanes, int64_t iters, int64_t L, const char *ht, const char *it) {
+    for (int id = 0; id < c->g->n; id++) {
+        if (c->row_in[id] != 1) continue;
+        const char *t = cg_vector_type(cg_unplaced(c, id), lanes);
+        sb_printf(out, "    %s X%d[%lld];\n    _Pragma(\"unroll\") for (int it = 0; it < %lld; it++) {\n", t, id, (long long)iters,
+                  (long long)iters);
+        sb_printf(out, "        const %s j = %d * lane + it * %d;\n        if (j < %lldll) X%d[it] = *(const %s *)(P%d + (%s)r * %lld + j);\n    }\n",
+                  ht, lanes, lanes * 32, (long long)L, id, t, id, it, (long long)L);
+    }
 }
 
 /* Is pointwise node a, right before sum b in kernel order, the [R, L] source that b sums along
@@ -1729,8 +1775,8 @@ static bool row_lead(const cg *c, int a, int b) {
  * rows (the bias's and weight's gradients) right before the row kernel that reads the same two
  * [R, L] values row by row: one kernel (row_columns) reads them once, and where the sum right
  * after the row kernel adds up its output (the bias gradient of the product before the layer
- * norm: row_trailing_sum), that too. Its blocks, ROW_COLUMN_BLOCKS at most (ROW_COLUMN_SM an SM,
- * which its launch bounds fit the registers to: one wave), step over the rows; each lane adds its
+ * norm: row_trailing_sum), that too. Its blocks, at most ROW_COLUMN_SM an SM (which its launch
+ * bounds fit the registers to: one wave), step over the rows; each lane adds its
  * elements of every sum's source into registers (floats: a few rows a lane), the block's warps'
  * into shared memory (doubles, in warp order, in chunks of ROW_COLUMN_CHUNK columns), the block's
  * sums into scratch; the blocks finish in groups of ROW_COLUMN_GROUP (tgk_rows_finish): the last
@@ -1744,14 +1790,17 @@ static bool row_lead(const cg *c, int a, int b) {
  * bench/logs/gpu_h200_s39_e_*): bf16 4.612 / 4.581 ms -> 4.456 / 4.458, with the bias gradient
  * 4.429 / 4.427; tf32 8.611 -> 8.537 -> 8.461. By default from ROW_COLUMN_ROWS rows (char_gpt_small's
  * 1,024 were a little slower: 0.350 -> 0.356 ms at tf32); TG_CUDA_ROW_COLUMNS=0 never, =1 wherever
- * the kernel order allows it (tests). (132: an H100's or H200's SMs.) */
-enum { ROW_COLUMN_SM = 3, ROW_COLUMN_BLOCKS = ROW_COLUMN_SM * 132, ROW_COLUMN_CHUNK = 512, ROW_COLUMN_GROUP = 32,
-       ROW_COLUMN_ROWS = 4096 };
+ * the kernel order allows it (tests). (132: an H100's or H200's SMs.) Such a kernel holds the rows
+ * it reads in registers (row_inputs_wanted), which take two blocks an SM (ROW_COLUMN_SM_INPUTS):
+ * with three a block under bounds of 80 registers it spilled, and every pass over a row read its
+ * inputs again from L1 or L2; alone (bench/cuda/row_prefetch, char_gpt bf16's k1094) 52.3 us ->
+ * 42.0 (49.0 with two blocks an SM and no registers for the rows; a copy of as many bytes 29.1). */
+enum { ROW_COLUMN_SM = 3, ROW_COLUMN_SM_INPUTS = 2, ROW_COLUMN_CHUNK = 512, ROW_COLUMN_GROUP = 32, ROW_COLUMN_ROWS = 4096 };
 
 static void row_columns_emit(cg *c, cuda_plan *p, const int *members, int nm, const int *cols, int n_cols, int64_t R, int64_t L,
-                             int lanes, int64_t iters, const char *ht) {
+                             int lanes, int64_t iters, const char *ht, int per_sm) {
     const int warps = BLOCK / 32;
-    const int64_t blocks = (R + warps - 1) / warps < ROW_COLUMN_BLOCKS ? (R + warps - 1) / warps : ROW_COLUMN_BLOCKS;
+    const int64_t most = per_sm * 132, blocks = (R + warps - 1) / warps < most ? (R + warps - 1) / warps : most;
     const int64_t groups = (blocks + ROW_COLUMN_GROUP - 1) / ROW_COLUMN_GROUP, n = n_cols * L;
     const int64_t chunk = L < ROW_COLUMN_CHUNK ? L : ROW_COLUMN_CHUNK;
     const size_t at = sum_scratch(c, p, (blocks + groups) * n);
@@ -1788,7 +1837,7 @@ static void row_columns_emit(cg *c, cuda_plan *p, const int *members, int nm, co
     memcpy(roots, members, sizeof(int) * (size_t)nm);
     memcpy(roots + nm, cols, sizeof(int) * (size_t)n_cols);
     char bounds[40];
-    snprintf(bounds, sizeof bounds, "__launch_bounds__(%d, %d) ", BLOCK, ROW_COLUMN_SM);
+    snprintf(bounds, sizeof bounds, "__launch_bounds__(%d, %d) ", BLOCK, per_sm);
     end_kernel_roots(c, roots, nm + n_cols, NULL, 0, sb_str(&head), sb_str(&tail), bounds);
     kernel_launch(c, p, members[0], blocks * BLOCK, BLOCK);
     free(head.s);
@@ -1856,6 +1905,7 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, int *c
     const char *max_iters = getenv("TG_CUDA_ROW_REGS");   /* n: registers only where a loop takes at most n turns; 0: never */
     bool *regs = tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1)), try_regs = regs && !block;
     bool *vals = tg_alloc(sizeof(bool) * (size_t)(c->g->n + 1));
+    signed char *row_in = !block && row_inputs_wanted(n_cols) ? tg_alloc((size_t)c->g->n + 1) : NULL;
     n_order = before_sum_producer(c, order, n_order);
     int members[MAX_ROW_MEMBERS], roles[MAX_ROW_MEMBERS], nm = 0;
     for (int q = 0; q < n_order && nm < MAX_ROW_MEMBERS; q++) {
@@ -1896,6 +1946,14 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, int *c
         c->regs_missed = false;
         if (vals) memset(vals, 0, sizeof(bool) * (size_t)c->g->n);
         c->row_vals = vals;
+        c->row_in = lanes > 1 ? row_in : NULL;
+        c->row_in_regs = ROW_INPUT_REGS;
+        c->row_in_iters = (int)iters;
+        for (int i = 0; c->row_in && i < c->g->n; i++) {   /* what the kernel writes is read from memory */
+            c->row_in[i] = 0;
+            for (int m = 0; m < nm; m++)
+                if (plan_home(c->plan, i) == plan_home(c->plan, members[m])) c->row_in[i] = -1;
+        }
         for (int m = 0; m < nm; m++) {
             int id = members[m];
             c->root = id;
@@ -1954,6 +2012,16 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, int *c
             row_lane(c, 0, "", "", 0);
             sb_printf(&text, "%s%s    }\n", unrolled, sb_str(&c->body));
         }
+        bool inputs = false;   /* the rows of inputs the passes read from registers, loaded first */
+        for (int i = 0; c->row_in && i < c->g->n; i++) inputs |= c->row_in[i] == 1;
+        if (inputs) {
+            strbuf loads = { 0 };
+            row_inputs_load(c, &loads, lanes, iters, L, ht, it);
+            sb_printf(&loads, "%s", sb_str(&text));
+            free(text.s);
+            text = loads;
+        }
+        c->row_in = NULL;
         if (c->regs_missed) {   /* a member read off its own lane: this many members again, in buffers */
             free(text.s);
             try_regs = false;
@@ -1985,9 +2053,10 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, int *c
         free(text.s);
         c->root = members[0];
         if (n_cols) {
-            row_columns_emit(c, p, members, nm, cols, n_cols + trailing, R, L, lanes, iters, ht);
+            row_columns_emit(c, p, members, nm, cols, n_cols + trailing, R, L, lanes, iters, ht, inputs ? ROW_COLUMN_SM_INPUTS : ROW_COLUMN_SM);
             free(regs);
             free(vals);
+            free(row_in);
             return nm + trailing;
         }
         char head[200];
@@ -1998,10 +2067,12 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, int *c
         kernel_launch(c, p, members[0], R * step, BLOCK);
         free(regs);
         free(vals);
+        free(row_in);
         return nm;
     }
     free(regs);
     free(vals);
+    free(row_in);
     return 0;
 }
 
