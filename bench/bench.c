@@ -336,14 +336,15 @@ static int dump_kernels(tg_train *t, const char *dir, const char *name, const ch
         return 1;
     }
     if (fclose(f) != 0) return 1;
-    snprintf(path, sizeof path, "%s/%s.%s.nodes.txt", dir, name, backend);   /* what k<id> computes */
+    snprintf(path, sizeof path, "%s/%s.%s.nodes.txt", dir, name, backend);   /* what k<id> computes, from which nodes */
     const tg_graph *g = tg_train_graph(t);
     if (!(f = fopen(path, "w"))) return 1;
     for (int i = 0; i < tg_graph_n_nodes(g); i++) {
         tg_node_info n = tg_graph_node(g, i);
         fprintf(f, "%d %s", i, n.op);
         for (int k = 0; k < n.shape.ndim; k++) fprintf(f, "%s%lld", k ? "x" : " ", (long long)n.shape.d[k]);
-        fprintf(f, "\n");
+        for (int k = 0; k < n.n_inputs; k++) fprintf(f, "%s%d", k ? " " : " <- ", n.inputs[k]);
+        fprintf(f, n.name ? " (%s)\n" : "\n", n.name);
     }
     return fclose(f) != 0;
 }

@@ -1,6 +1,6 @@
 """Where a training step's GPU time goes, from tracer.c's timeline.
 
-    python3 bench/cuda/timeline/timeline.py trace.txt kleaves [top]
+    python3 bench/cuda/timeline/timeline.py trace.txt kleaves [top] [list]
 
 A step starts at each launch of the marker kernel (ours: kleaves, the first kernel of a step at
 tf32 and bf16, at f32 the step's first kernel by its exact name, e.g. 'k2$'; PyTorch under inductor: its embedding kernel, e.g. triton_poi_fused_embedding_0).
@@ -10,7 +10,8 @@ one before it runs, counts from that one's end) and the idle time with no kernel
 time with kernels on one stream, on several at once (a side stream's beside the chain), on none; then
 the idle time by the categories of the kernels either side of each gap (a memset node waits for
 the kernel before it, and the kernel after it for the memset); then each kernel's exclusive
-time a step, by category and by name."""
+time a step, by category and by name. With `list`, then the last of those steps launch by launch:
+its start from the step's, its length, the idle time before it, its stream, its name."""
 import collections, sys
 
 def load(path):
@@ -19,7 +20,8 @@ def load(path):
     for line in open(path):
         p = line.split(None, 7)
         if len(p) == 8 and p[0] in 'KM':
-            ev.append((int(p[1]), int(p[2]), p[7].strip(), int(p[6])))
+            name = p[7].strip() if p[0] == 'K' else 'memset %s B' % p[3]
+            ev.append((int(p[1]), int(p[2]), name, int(p[6])))
     ev.sort()
     return ev
 
@@ -40,7 +42,7 @@ def category(name):
     if 'nvjet' in name or 'gemm' in name or 'splitK' in name: return 'products (cuBLAS)'
     if 'attn_bwd' in name or 'bprop' in name: return 'attention backward'
     if 'attn' in name or 'fprop' in name: return 'attention'
-    return 'memset' if name == 'memset' else 'other'
+    return 'memset' if name.startswith('memset') else 'other'
 
 def main():
     ev, marker = load(sys.argv[1]), sys.argv[2]
@@ -69,6 +71,14 @@ def main():
     for k, v in sorted(cats.items(), key=lambda x: -x[1]): print('  %-20s %8.1f us' % (k, v / n / 1e3))
     for k, v in sorted(gaps.items(), key=lambda x: -x[1])[:6]: print('  idle after %s before %s: %.1f us' % (k[0], k[1], v / n / 1e3))
     for k, v in sorted(names.items(), key=lambda x: -x[1])[:top]: print('  %8.1f us  %s' % (v / n / 1e3, k))
+    if 'list' in sys.argv[4:]: listing(ev, *steps[-1])
+
+def listing(ev, a, b):
+    print('\n   start    length   idle  stream  name (the last step, launch by launch, us)')
+    t0, prev = ev[a][0], ev[a][0]
+    for s, e, name, st in ev[a:b]:
+        print('%8.1f %8.1f %6.1f %6d  %s' % ((s - t0) / 1e3, (e - s) / 1e3, max(0, s - prev) / 1e3, st, name[:70]))
+        prev = max(prev, e)
 
 if __name__ == '__main__':
     main()
