@@ -344,7 +344,8 @@ static int dump_kernels(tg_train *t, const char *dir, const char *name, const ch
         fprintf(f, "%d %s", i, n.op);
         for (int k = 0; k < n.shape.ndim; k++) fprintf(f, "%s%lld", k ? "x" : " ", (long long)n.shape.d[k]);
         for (int k = 0; k < n.n_inputs; k++) fprintf(f, "%s%d", k ? " " : " <- ", n.inputs[k]);
-        fprintf(f, n.name ? " (%s)\n" : "\n", n.name);
+        if (n.name) fprintf(f, " (%s)", n.name);
+        fprintf(f, "\n");
     }
     return fclose(f) != 0;
 }
