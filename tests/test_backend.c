@@ -1127,6 +1127,18 @@ static void nvrtc_qkv_sums(void) {
     }
 }
 
+/* How many kernels of the source contain `a`, and `b` too where b is not NULL */
+static int kernels_with(const char *src, const char *a, const char *b) {
+    int n = 0;
+    for (const char *k = src ? strstr(src, "__global__ void ") : NULL; k; ) {
+        const char *next = strstr(k + 1, "__global__ void "), *end = next ? next : k + strlen(k);
+        const char *x = strstr(k, a), *y = b ? strstr(k, b) : k;
+        n += x && x < end && y && y < end;
+        k = next;
+    }
+    return n;
+}
+
 /* MODEL_ATTENTION's bf16 step compiled by cuda-nvrtc: each layer's q, k and v bias gradients are
  * summed in one kernel, which also writes dq's rounded copy as it reads dq (added up in f32 memory
  * by the attention's backward): q's sum brought forward to k's and v's (sum_copy_store). With
@@ -1148,13 +1160,7 @@ static void nvrtc_qkv_copy(void) {
                                  &err);
         unsetenv("TG_CUDA_LANES");
         const char *src = t ? tg_train_kernel_source(t) : NULL;
-        int both = 0;
-        for (const char *k = src ? strstr(src, "__global__ void ") : NULL; k; ) {
-            const char *next = strstr(k + 1, "__global__ void "), *end = next ? next : k + strlen(k);
-            const char *sums = strstr(k, runs[r].sums), *copy = strstr(k, runs[r].copy);
-            both += sums && sums < end && copy && copy < end;
-            k = next;
-        }
+        const int both = kernels_with(src, runs[r].sums, runs[r].copy);
         CHECK(src && both == 2, "bf16 attention layers, lanes %s: %d kernels sum q's, k's and v's bias gradients and write dq's copy "
               "(expected 2) %s", runs[r].lanes ? runs[r].lanes : "default", both, err.msg);
         tg_destroy(t);
@@ -1573,16 +1579,9 @@ static void nvrtc_row_inputs(void) {
         unsetenv("TG_CUDA_ROW_COLUMNS");
         unsetenv("TG_CUDA_ROW_INPUTS");
         const char *src = t ? tg_train_kernel_source(t) : NULL;
-        int fused = 0, plain = 0;   /* kernels loading rows into registers, with the column sums' finish and without */
-        for (const char *k = src ? strstr(src, "__global__ void ") : NULL; k; ) {
-            const char *next = strstr(k + 1, "__global__ void "), *end = next ? next : k + strlen(k);
-            const char *in = strstr(k, "[it] = *(const float4 *)(P"), *fin = strstr(k, "tgk_rows_finish((");
-            if (in && in < end) {
-                if (fin && fin < end) fused++;
-                else plain++;
-            }
-            k = next;
-        }
+        /* kernels loading rows into registers, with the column sums' finish and without */
+        const char *in = "[it] = *(const float4 *)(P";
+        const int fused = kernels_with(src, in, "tgk_rows_finish(("), plain = kernels_with(src, in, NULL) - fused;
         const char *label = runs[r].env ? runs[r].env : "unset";
         CHECK(src && fused == runs[r].fused && (runs[r].plain ? plain >= 1 : plain == 0) && strstr(src, runs[r].bounds),
               "TG_CUDA_ROW_INPUTS %s: %d row kernels with column sums and %d without load their rows into registers (expected %d "
