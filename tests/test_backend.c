@@ -669,12 +669,14 @@ static int count_op(const tg_graph *g, const char *op) {
     return n;
 }
 
-enum { MODEL_MLP, MODEL_CNN, MODEL_WIDE_HEAD, MODEL_RESIDUAL_LN, MODEL_ATTENTION };
+enum { MODEL_MLP, MODEL_CNN, MODEL_WIDE_HEAD, MODEL_RESIDUAL_LN, MODEL_ATTENTION, MODEL_ATTENTION_GROUPED };
 
 /* MODEL_WIDE_HEAD: an MLP whose last weight has rows of 300, not a multiple of 8: with
  * TG_PAD_PRODUCTS=8 the backend's graph pads it to 304 columns and narrows the product
  * (tg_matmul; their gradients: a pad and a narrow more), the reference's does not, and the
- * steps still agree. */
+ * steps still agree. MODEL_ATTENTION_GROUPED: MODEL_ATTENTION with TG_GROUP_PRODUCTS=1 on the
+ * backend: each layer's q, k and v products have their gradients as one product each way
+ * (grad.c's find_siblings; eight products fewer in the graph), the reference's three each. */
 static void train_compare(const char *backend, const char *name, tg_forward_fn loss, tg_input_decl *in, int model) {
     float losses[2][12];
     for (int b = 0; b < 2; b++) {
@@ -684,21 +686,27 @@ static void train_compare(const char *backend, const char *name, tg_forward_fn l
             l2 = tg_linear_new(m, "l2", 4 * 3 * 3, 5, NULL);
         } else if (model == MODEL_RESIDUAL_LN) {
             residual_ln_layers(m);
-        } else if (model == MODEL_ATTENTION) {
+        } else if (model == MODEL_ATTENTION || model == MODEL_ATTENTION_GROUPED) {
             attention_layers(m);
         } else {
             mlp_layers(m, model == MODEL_WIDE_HEAD);
         }
-        tg_optimizer opt = tg_adamw(model == MODEL_RESIDUAL_LN || model == MODEL_ATTENTION ? 1e-3 : 1e-2, 0.1);
+        tg_optimizer opt = tg_adamw(model == MODEL_RESIDUAL_LN || model >= MODEL_ATTENTION ? 1e-3 : 1e-2, 0.1);
         opt.clip_norm = 0.5;
         tg_error err;
         bool pad = b && model == MODEL_WIDE_HEAD;
         if (pad) setenv("TG_PAD_PRODUCTS", "8", 1);
+        setenv("TG_GROUP_PRODUCTS", b && model == MODEL_ATTENTION_GROUPED ? "1" : "0", 1);
         tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = loss, .inputs = in, .n_inputs = 2,
                                                    .optimizer = opt, .backend = b ? backend : "reference" }, &err);
         unsetenv("TG_PAD_PRODUCTS");
+        unsetenv("TG_GROUP_PRODUCTS");
         CHECK(t != NULL, "%s: compile: %s", name, err.msg);
         if (!t) { tg_model_free(m); return; }
+        if (model >= MODEL_ATTENTION) {   /* 10 forward, 19 backward (l1's input needs no gradient), 8 fewer grouped */
+            const int products = count_op(tg_train_graph(t), "matmul"), want = b && model == MODEL_ATTENTION_GROUPED ? 21 : 29;
+            CHECK(products == want, "%s on %s: %d products (expected %d)", name, b ? backend : "reference", products, want);
+        }
         if (model == MODEL_WIDE_HEAD)
             CHECK(count_op(tg_train_graph(t), "pad") == (pad ? 2 : 0) && count_op(tg_train_graph(t), "narrow") == (pad ? 2 : 0),
                   "%s on %s: %d pad, %d narrow nodes", name, b ? backend : "reference", count_op(tg_train_graph(t), "pad"),
@@ -1094,9 +1102,11 @@ static void cuda_side_stream(void) {
     for (int v = 0; v < 3; v++) free(w[v]);
 }
 
-/* The q, k and v step's kernels, TG_CUDA_FOLD set to `fold` (NULL: the default). */
+/* The q, k and v step's kernels, TG_CUDA_FOLD set to `fold` (NULL: the default), their gradients
+ * not grouped (TG_GROUP_PRODUCTS=0: grouped, the three bias gradients are one sum). */
 static int qkv_kernels(tg_precision p, const char *fold) {
     if (fold) setenv("TG_CUDA_FOLD", fold, 1);
+    setenv("TG_GROUP_PRODUCTS", "0", 1);
     tg_model *m = tg_model_new(5);
     for (int k = 0; k < 3; k++) qkv[k] = tg_linear_new(m, (const char *[]){ "q", "k", "v" }[k], 32, 32, NULL);
     tg_error err = { { 0 } };
@@ -1110,6 +1120,7 @@ static int qkv_kernels(tg_precision p, const char *fold) {
     tg_destroy(t);
     tg_model_free(m);
     unsetenv("TG_CUDA_FOLD");
+    unsetenv("TG_GROUP_PRODUCTS");
     return n;
 }
 
@@ -1139,7 +1150,8 @@ static int kernels_with(const char *src, const char *a, const char *b) {
     return n;
 }
 
-/* MODEL_ATTENTION's bf16 step compiled by cuda-nvrtc: each layer's q, k and v bias gradients are
+/* MODEL_ATTENTION's bf16 step compiled by cuda-nvrtc, its products' gradients not grouped
+ * (TG_GROUP_PRODUCTS=0: grouped, dq is no product's operand): each layer's q, k and v bias gradients are
  * summed in one kernel, which also writes dq's rounded copy as it reads dq (added up in f32 memory
  * by the attention's backward): q's sum brought forward to k's and v's (sum_copy_store). With
  * TG_CUDA_LANES=2 the same kernel sums two columns a thread, six accumulators, and stores the
@@ -1151,6 +1163,7 @@ static void nvrtc_qkv_copy(void) {
     };
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         if (runs[r].lanes) setenv("TG_CUDA_LANES", runs[r].lanes, 1);
+        setenv("TG_GROUP_PRODUCTS", "0", 1);
         tg_model *m = tg_model_new(3);
         attention_layers(m);
         tg_error err = { { 0 } };
@@ -1159,6 +1172,7 @@ static void nvrtc_qkv_copy(void) {
                                                    .inputs = (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) }, .n_inputs = 2 },
                                  &err);
         unsetenv("TG_CUDA_LANES");
+        unsetenv("TG_GROUP_PRODUCTS");
         const char *src = t ? tg_train_kernel_source(t) : NULL;
         const int both = kernels_with(src, runs[r].sums, runs[r].copy);
         CHECK(src && both == 2, "bf16 attention layers, lanes %s: %d kernels sum q's, k's and v's bias gradients and write dq's copy "
@@ -1166,6 +1180,28 @@ static void nvrtc_qkv_copy(void) {
         tg_destroy(t);
         tg_model_free(m);
     }
+}
+
+/* MODEL_ATTENTION's bf16 step compiled by cuda-nvrtc with its products' gradients grouped (the
+ * default there), four lanes forced: each layer's q, k and v gradients side by side (a sum of
+ * three pads), which the kernel summing their columns writes, read one vector of four under a
+ * test of its range per source (pad_lanes), the f32 dq and the bf16 dk and dv. */
+static void nvrtc_grouped_concat(void) {
+    setenv("TG_CUDA_LANES", "4", 1);
+    tg_model *m = tg_model_new(3);
+    attention_layers(m);
+    tg_error err = { { 0 } };
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = attention_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
+                                               .precision = TG_PRECISION_BF16,
+                                               .inputs = (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) }, .n_inputs = 2 },
+                             &err);
+    unsetenv("TG_CUDA_LANES");
+    const char *src = t ? tg_train_kernel_source(t) : NULL;
+    const int f32 = kernels_with(src, "? *(const float4 *)(P", "? *(const uint2 *)(P");
+    CHECK(src && f32 == 2 && count_op(tg_train_graph(t), "matmul") == 21,
+          "bf16 attention layers, grouped: %d kernels read G's sources a vector at a time (expected 2) %s", f32, err.msg);
+    tg_destroy(t);
+    tg_model_free(m);
 }
 
 /* A layer norm between two linear layers, its backward inside the gradient (the first layer's
@@ -1816,6 +1852,15 @@ static void train_models(const char *backend) {
     if (case_chosen("two attention layers"))
         train_compare(backend, "two attention layers", attention_loss, (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) },
                       MODEL_ATTENTION);
+    if (case_chosen("two attention layers, grouped products"))
+        train_compare(backend, "two attention layers, grouped products", attention_loss,
+                      (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) }, MODEL_ATTENTION_GROUPED);
+    if (case_chosen("two attention layers, grouped products, four lanes")) {   /* on CUDA: G's sources read a vector at a time (pad_lanes) */
+        setenv("TG_CUDA_LANES", "4", 1);
+        train_compare(backend, "two attention layers, grouped products, four lanes", attention_loss,
+                      (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) }, MODEL_ATTENTION_GROUPED);
+        unsetenv("TG_CUDA_LANES");
+    }
 }
 
 int main(void) {
@@ -1888,6 +1933,7 @@ int main(void) {
             nvrtc_bias_folds();
             nvrtc_qkv_sums();
             nvrtc_qkv_copy();
+            nvrtc_grouped_concat();
             nvrtc_generated_kernels();
             nvrtc_shared_segments();
             nvrtc_transposed_leaves();

@@ -166,12 +166,13 @@ void cg_attention_args(const tg_graph *g, int id, int64_t *a);
  * the ATTENTION_BWD of another operand right after one of the same forward. */
 bool cg_attention_joins(const tg_graph *g, int prev, int next);
 bool cg_is_bound(tg_op op);                    /* INPUT, PARAM, STATE */
-/* Flat indices are 32-bit unsigned where a kernel allows it, so that the divisions and remainders
- * by constants that turn them into coordinates are 32-bit (they vectorize in C, and are a
- * multiply-high instead of a long sequence in CUDA). Not where a coordinate equal to the flat
- * index could be offset below zero: a PAD computed in the kernel of root (cg_has_pad; root -1:
- * node itself is read from memory if materialized). cg_index_type: "uint32_t" or "int64_t" for
- * the flat index of root's kernel over numel elements. */
+/* Flat indices are 32-bit unsigned where a kernel's elements fit, so that the divisions and
+ * remainders by constants that turn them into coordinates are 32-bit (they vectorize in C, and
+ * are a multiply-high instead of a long sequence in CUDA; a concatenation's, sums of pads, took
+ * 77 us at 64 bits in char_gpt's step). A PAD offsets its coordinate in 64 bits, below zero
+ * rather than wrapped. cg_index_type: "uint32_t" or "int64_t" for the flat index of root's
+ * kernel over numel elements. cg_has_pad: is a PAD computed in the kernel of root (root -1:
+ * node itself is read from memory if materialized)? */
 bool cg_has_pad(const cg *c, int node, int root);
 const char *cg_index_type(const cg *c, int root, int64_t numel);
 const char *cg_flit(double v, char *buf);      /* a float literal, inf and NaN included */

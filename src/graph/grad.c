@@ -26,6 +26,7 @@ typedef struct {
     tg_graph *g;
     int *acc;        /* per forward node: its gradient node so far, or -1 */
     bool *reach;     /* per forward node: depends on some wrt node */
+    int *group;      /* per forward node: find_siblings' group */
 } grad_ctx;
 
 static void accumulate(grad_ctx *c, tg_site s, int node, tg_tensor contrib) {
@@ -63,6 +64,108 @@ static void matmul_rule(grad_ctx *c, tg_site s, const tg_node *n, tg_tensor go) 
         }
         tg_tensor db = tb ? op_matmul_t(s, go, a, 1, ta) : op_matmul_t(s, a, go, !ta, 0);
         accumulate(c, s, b.id, db);
+    }
+}
+
+/* Sibling products: products x W_j of one left operand x (no transposes) by 2-D weights W_j
+ * that are leaves or made before the first of them (a transformer's q, k and v: the walk
+ * reaches the first last, when the gradient of every member's output is whole). With g->group_products their
+ * gradients are one product each way, over the gradients of their outputs side by side, G =
+ * [G_1 .. G_n]: dx = G [W_1 .. W_n]^T, and [dW_1 .. dW_n] = x^T G, narrowed to each W_j. Three
+ * products of a third of the width, and x's gradient added up over them, cost the GPU more
+ * than one wide product (char_gpt at bf16: dx 66 -> about 30 us a layer on an H200). group[i]:
+ * the first member of node i's group (itself for the first), or -1 when i is in none. */
+#define MAX_SIBLINGS 16
+
+static bool sibling_product(const tg_graph *g, const bool *reach, int i) {
+    const tg_node *n = &g->nodes[i];
+    return n->op == OP_MATMUL && !n->iarg[0] && !n->iarg[1] && reach[i] && reach[n->src[1]] &&
+           g->nodes[n->src[1]].shape.ndim == 2 && g->nodes[n->src[0]].shape.ndim >= 2;
+}
+
+static void find_siblings(const tg_graph *g, const bool *reach, int n0, int *group) {
+    for (int i = 0; i < n0; i++) group[i] = -1;
+    for (int i = 0; g->group_products && i < n0; i++) {
+        if (group[i] >= 0 || !sibling_product(g, reach, i)) continue;
+        int members = 1;
+        for (int j = i + 1; j < n0 && members < MAX_SIBLINGS; j++)
+            if (group[j] < 0 && sibling_product(g, reach, j) && g->nodes[j].src[0] == g->nodes[i].src[0] &&
+                (g->nodes[j].src[1] < i || g->nodes[g->nodes[j].src[1]].nsrc == 0)) {
+                group[j] = i;
+                members++;
+            }
+        if (members > 1) group[i] = i;
+    }
+}
+
+/* How many nodes read node id. */
+static int readers(const tg_graph *g, int id) {
+    int n = 0;
+    for (int k = id + 1; k < g->n; k++)
+        for (int s = 0; s < g->nodes[k].nsrc; s++) n += g->nodes[k].src[s] == id;
+    return n;
+}
+
+/* The bias parameter that product id's one reader adds to it, read by nothing else (tg_linear's),
+ * or -1. */
+static int lone_bias(const tg_graph *g, int id) {
+    int add = id + 1;
+    while (add < g->n && g->nodes[add].src[0] != id && g->nodes[add].src[1] != id) add++;
+    if (add == g->n || g->nodes[add].op != OP_ADD || readers(g, id) != 1) return -1;
+    const int b = g->nodes[add].src[g->nodes[add].src[0] == id];
+    const tg_node *bn = &g->nodes[b];
+    return bn->op == OP_PARAM && bn->shape.ndim == 1 && bn->shape.d[0] == g->nodes[id].shape.d[g->nodes[id].shape.ndim - 1] &&
+           readers(g, b) == 1 ? b : -1;
+}
+
+/* The gradients of group `first`'s members that have one (their outputs' gradients all final
+ * here: every reader of a member comes after the first member). Where each member's output has a
+ * bias added to it, the biases' gradients are one sum too, over the columns of G: the GPU's
+ * kernel that writes G sums its columns as it goes, where the three sums read the members'
+ * gradients again. */
+static void siblings_rule(grad_ctx *c, int first, const int *group, int n0) {
+    tg_graph *g = c->g;
+    const tg_site s = g->nodes[first].site;
+    int members[MAX_SIBLINGS], n = 0;
+    for (int j = first; j < n0 && n < MAX_SIBLINGS; j++)
+        if (group[j] == first && c->acc[j] >= 0) members[n++] = j;
+    if (n == 1) {
+        const tg_node one = g->nodes[members[0]];   /* a copy: appending nodes may move the array */
+        matmul_rule(c, s, &one, mk_tensor(g, c->acc[members[0]]));
+    }
+    if (n <= 1) return;
+    tg_tensor gs[MAX_SIBLINGS], ws[MAX_SIBLINGS];
+    for (int k = 0; k < n; k++) {
+        gs[k] = mk_tensor(g, c->acc[members[k]]);
+        ws[k] = mk_tensor(g, g->nodes[members[k]].src[1]);
+    }
+    tg_tensor x = mk_tensor(g, g->nodes[first].src[0]);
+    tg_tensor go = tg_concat_at(s, gs, n, -1);
+    int bias[MAX_SIBLINGS], biased = 0;   /* the sums right after G: a GPU's column sums compute what they sum */
+    for (int k = 0; k < n; k++) {
+        bias[k] = lone_bias(g, members[k]);
+        biased += bias[k] >= 0 && c->acc[bias[k]] >= 0;
+    }
+    if (biased == n) {   /* their sums so far, each over one member's gradient, are left unread */
+        tg_tensor db = op_unbroadcast(s, go, TG_SHAPE(g->nodes[go.id].shape.d[g->nodes[go.id].shape.ndim - 1]));
+        for (int k = 0, at = 0; k < n; k++) {
+            const int64_t width = g->nodes[bias[k]].shape.d[0];
+            c->acc[bias[k]] = tg_narrow_at(s, db, 0, at, width).id;
+            at += (int)width;
+        }
+    }
+    tg_tensor w = tg_concat_at(s, ws, n, 1);
+    if (c->reach[x.id]) accumulate(c, s, x.id, op_matmul_t(s, go, w, 0, 1));
+    tg_shape xs = g->nodes[x.id].shape, gsh = g->nodes[go.id].shape;
+    if (xs.ndim > 2) {   /* the batch folded into the rows: dW is one product (matmul_rule) */
+        x = op_reshape(s, x, TG_SHAPE(shape_numel(xs) / xs.d[xs.ndim - 1], xs.d[xs.ndim - 1]));
+        go = op_reshape(s, go, TG_SHAPE(shape_numel(gsh) / gsh.d[gsh.ndim - 1], gsh.d[gsh.ndim - 1]));
+    }
+    tg_tensor dw = op_matmul_t(s, x, go, 1, 0);
+    for (int k = 0, at = 0; k < n; k++) {
+        const int64_t width = g->nodes[ws[k].id].shape.d[1];
+        accumulate(c, s, ws[k].id, tg_narrow_at(s, dw, 1, at, width));
+        at += (int)width;
     }
 }
 
@@ -232,10 +335,11 @@ bool grad_build(tg_graph *g, int loss, const int *wrt, int n_wrt, int *grad_out)
         return false;
     }
     int n0 = g->n;
-    grad_ctx c = { g, tg_alloc(sizeof(int) * (size_t)n0), tg_alloc(sizeof(bool) * (size_t)n0) };
-    if (!c.acc || !c.reach) {
+    grad_ctx c = { g, tg_alloc(sizeof(int) * (size_t)n0), tg_alloc(sizeof(bool) * (size_t)n0), tg_alloc(sizeof(int) * (size_t)n0) };
+    if (!c.acc || !c.reach || !c.group) {
         free(c.acc);
         free(c.reach);
+        free(c.group);
         ir_fail(g, ln.site, "out of memory deriving gradients");
         return false;
     }
@@ -249,14 +353,18 @@ bool grad_build(tg_graph *g, int loss, const int *wrt, int n_wrt, int *grad_out)
         if (n->dtype != TG_FLOAT32) c.reach[i] = false;
     }
     if (c.reach[loss]) c.acc[loss] = op_expand(ln.site, num(g, ln.site, 1), ln.shape).id;
-    for (int i = loss; i >= 0 && ir_ok(g); i--)
-        if (c.reach[i] && c.acc[i] >= 0) rule(&c, i);
+    find_siblings(g, c.reach, n0, c.group);
+    for (int i = loss; i >= 0 && ir_ok(g); i--) {
+        if (c.group[i] == i) siblings_rule(&c, i, c.group, n0);
+        else if (c.group[i] < 0 && c.reach[i] && c.acc[i] >= 0) rule(&c, i);
+    }
     for (int k = 0; k < n_wrt && ir_ok(g); k++) {
         const tg_node wn = g->nodes[wrt[k]];   /* a copy: num() appends, which may move the array */
         grad_out[k] = c.acc[wrt[k]] >= 0 ? c.acc[wrt[k]] : op_expand(wn.site, num(g, wn.site, 0), wn.shape).id;
     }
     free(c.acc);
     free(c.reach);
+    free(c.group);
     tg__set_trace(outer);
     return ir_ok(g);
 }

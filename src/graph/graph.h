@@ -237,6 +237,7 @@ struct tg_graph {
     int n_captures, n_patches;
     bool patchable;                 /* set before tracing: patch sites select their values */
     int product_align;              /* set before tracing: pad weights' rows to a multiple of it (0: never) */
+    bool group_products;            /* set before the gradient: sibling products' gradients grouped (grad.c) */
     tg_precision precision;         /* what products and attention compute in (never DEFAULT) */
     char error[TG_ERROR_LEN];       /* first trace error; empty if none */
 };

@@ -80,6 +80,11 @@ typedef struct tg_backend {
      * aligned on much slower kernels there (f32's are not, and padding only adds memory).
      * TG_PAD_PRODUCTS=n overrides it at every precision (rt_product_align). */
     int product_align;
+    /* The precisions (bits 1 << tg_precision) at which products of one left operand (a transformer's
+     * q, k and v) have their gradients as one product each way (grad.c's find_siblings): one wide
+     * product runs faster on a GPU than three narrow ones. TG_GROUP_PRODUCTS=0|1 overrides it
+     * (rt_group_products). */
+    unsigned group_products;
     /* Optional: whether it can run here (a device, a compiler), else false with the reason. */
     bool (*available)(tg_error *err);
     /* Optional: steps queued without waiting for each (tg_steps). queue_depth: how many may be

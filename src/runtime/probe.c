@@ -91,6 +91,7 @@ tg_probe *tg_probe_new_at(const char *backend, tg_precision precision, tg_model 
     tg_graph *g = rt_trace(m, fn, ctx, inputs, n_inputs, false, 0, err);
     if (!g) return NULL;
     g->precision = runs;
+    g->group_products = rt_group_products(NULL, runs);
     tg_probe *p = tg_alloc(sizeof *p);
     if (!p) {
         tg_seterr(err, "out of memory for the probe");

@@ -141,6 +141,10 @@ tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_inpu
 /* The row alignment products on `be` want at precision `runs`: TG_PAD_PRODUCTS when set (tests
  * run the padded graph on every backend), else be->product_align at tf32 and bf16. */
 int rt_product_align(const tg_backend *be, tg_precision runs);
+/* Whether a training graph at precision `runs` groups sibling products' gradients
+ * (graph->group_products): TG_GROUP_PRODUCTS=0|1, else be->group_products (NULL: never; the
+ * probes, whose graphs every backend must share). */
+bool rt_group_products(const tg_backend *be, tg_precision runs);
 bool rt_check_decls(const tg_input_decl *in, int n, tg_error *err);
 /* The precision a graph on backend `be` computes in when `want` is asked (DEFAULT: f32); false
  * with err set for a value that is no tg_precision. */

@@ -23,6 +23,12 @@ int rt_product_align(const tg_backend *be, tg_precision runs) {
     return runs == TG_PRECISION_F32 ? 0 : be->product_align;
 }
 
+bool rt_group_products(const tg_backend *be, tg_precision runs) {
+    const char *env = getenv("TG_GROUP_PRODUCTS");
+    if (env && env[0]) return atoi(env) > 0;
+    return be && (be->group_products >> runs) & 1u;
+}
+
 tg_graph *rt_trace(tg_model *m, tg_forward_fn fn, const void *ctx, const tg_input_decl *in, int n, bool patchable,
                    int align, tg_error *err) {
     if (!m) { tg_seterr(err, "no model given"); return NULL; }

@@ -72,6 +72,7 @@ tg_graph *rt_trace_grads(const tg_train_spec *spec, const tg_input_decl *inputs,
     tg_graph *g = rt_trace(spec->model, spec->loss, spec->ctx, inputs, spec->n_inputs, false, rt_product_align(be, runs), err);
     if (!g) return NULL;
     g->precision = runs;
+    g->group_products = rt_group_products(be, runs);
     int *wrt = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
     int *grads = tg_alloc(sizeof(int) * (size_t)(g->n_params + 1));
     int n_wrt = 0;
