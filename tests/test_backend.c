@@ -1150,6 +1150,22 @@ static int kernels_with(const char *src, const char *a, const char *b) {
     return n;
 }
 
+/* MODEL_ATTENTION's bf16 step compiled by cuda-nvrtc, TG_CUDA_LANES and TG_GROUP_PRODUCTS set to
+ * `lanes` and `group` (NULL: the default). */
+static tg_train *attention_bf16_step(tg_model **m, const char *lanes, const char *group, tg_error *err) {
+    if (lanes) setenv("TG_CUDA_LANES", lanes, 1);
+    if (group) setenv("TG_GROUP_PRODUCTS", group, 1);
+    *m = tg_model_new(3);
+    attention_layers(*m);
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = *m, .loss = attention_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
+                                               .precision = TG_PRECISION_BF16,
+                                               .inputs = (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) }, .n_inputs = 2 },
+                             err);
+    unsetenv("TG_CUDA_LANES");
+    unsetenv("TG_GROUP_PRODUCTS");
+    return t;
+}
+
 /* MODEL_ATTENTION's bf16 step compiled by cuda-nvrtc, its products' gradients not grouped
  * (TG_GROUP_PRODUCTS=0: grouped, dq is no product's operand): each layer's q, k and v bias gradients are
  * summed in one kernel, which also writes dq's rounded copy as it reads dq (added up in f32 memory
@@ -1162,17 +1178,9 @@ static void nvrtc_qkv_copy(void) {
         { "2", "float acc0 = 0, acc1 = 0, acc2 = 0, acc3 = 0, acc4 = 0, acc5 = 0;", ") = tgk_pack_bf16(" },
     };
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-        if (runs[r].lanes) setenv("TG_CUDA_LANES", runs[r].lanes, 1);
-        setenv("TG_GROUP_PRODUCTS", "0", 1);
-        tg_model *m = tg_model_new(3);
-        attention_layers(m);
+        tg_model *m;
         tg_error err = { { 0 } };
-        tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = attention_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
-                                                   .precision = TG_PRECISION_BF16,
-                                                   .inputs = (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) }, .n_inputs = 2 },
-                                 &err);
-        unsetenv("TG_CUDA_LANES");
-        unsetenv("TG_GROUP_PRODUCTS");
+        tg_train *t = attention_bf16_step(&m, runs[r].lanes, "0", &err);
         const char *src = t ? tg_train_kernel_source(t) : NULL;
         const int both = kernels_with(src, runs[r].sums, runs[r].copy);
         CHECK(src && both == 2, "bf16 attention layers, lanes %s: %d kernels sum q's, k's and v's bias gradients and write dq's copy "
@@ -1187,15 +1195,9 @@ static void nvrtc_qkv_copy(void) {
  * three pads), which the kernel summing their columns writes, read one vector of four under a
  * test of its range per source (pad_lanes), the f32 dq and the bf16 dk and dv. */
 static void nvrtc_grouped_concat(void) {
-    setenv("TG_CUDA_LANES", "4", 1);
-    tg_model *m = tg_model_new(3);
-    attention_layers(m);
+    tg_model *m;
     tg_error err = { { 0 } };
-    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = attention_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
-                                               .precision = TG_PRECISION_BF16,
-                                               .inputs = (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) }, .n_inputs = 2 },
-                             &err);
-    unsetenv("TG_CUDA_LANES");
+    tg_train *t = attention_bf16_step(&m, "4", NULL, &err);
     const char *src = t ? tg_train_kernel_source(t) : NULL;
     const int f32 = kernels_with(src, "? *(const float4 *)(P", "? *(const uint2 *)(P");
     CHECK(src && f32 == 2 && count_op(tg_train_graph(t), "matmul") == 21,

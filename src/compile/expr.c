@@ -553,9 +553,9 @@ static bool lane_load(cg *c, int id, char *name) {
 }
 
 /* A PAD along the last axis read at the lanes' own index, its source a float buffer of the arena
- * (or a reshape of one) and every boundary a multiple of the lanes: the lanes fall in the source or in the zeros
- * together, so lane 0 loads the source's vector there, under the test (a predicated load), and
- * each lane takes its element. A concatenation, a sum of such pads, then reads each source once
+ * (or a reshape of one) and every boundary a multiple of the lanes: the lanes fall in the source
+ * or in the zeros together, so lane 0 loads the source's vector there, under the test (a
+ * predicated load), and each lane takes its element. A concatenation, a sum of such pads, then reads each source once
  * at one wide load, where each element read every source and wasted the loads out of range
  * (char_gpt's q, k and v gradients side by side with their column sums: 77 us). */
 static bool pad_lanes(cg *c, int id, ix_t ix, char *name) {

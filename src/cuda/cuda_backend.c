@@ -1145,8 +1145,8 @@ static double side_flop(void) {
  * chain goes on; where the plan handed their memory to the next kernel of the chain, that kernel
  * waited for the product: char_gpt's GELU backward started only when its layer's [1536 x 384]
  * weight gradient (35 us) had ended. So what such a product reads (one of more than side_flop()
- * FLOP, whose value is a parameter's gradient or holds several) stays live until the next product of the chain:
- * char_gpt's waits for the side stream 23 -> 17 a step, its plan 1,457 -> 1,507 MB, the step at
+ * FLOP, whose value is a parameter's gradient or holds several) stays live until the next product
+ * of the chain: char_gpt's waits for the side stream 23 -> 17 a step, its plan 1,457 -> 1,507 MB, the step at
  * tf32 9.06 -> 8.86 ms, f32 21.3 -> 20.9, bf16 the same (H200); held until the second to fourth
  * product, no better. */
 static void hold_side_inputs(const tg_graph *g, const bool *mat, const int *alias, int *live_until) {
@@ -1204,7 +1204,6 @@ static void side_free(cuda_exec *e) {
     e->side_done = NULL;
 }
 
-/* e->side: which launches go beside (above); e->touched, what each reads and writes. */
 /* Does a launch after i read its results (side_plan; those on the side stream too unless
  * `side`)? Launches whose touches are not known do not count: the device's stream waits for
  * the side stream before them (join_for). */
@@ -1235,6 +1234,8 @@ static bool put_beside(cuda_exec *e, int i, tg_error *err) {
 
 enum { CHAIN_MAX = 4 };   /* the most kernels reading a product beside it (side_plan) */
 
+/* e->side: which launches go beside (leaves_room, read_later, the chains below); e->touched, what
+ * each reads and writes. */
 static bool side_plan(cuda_exec *e, tg_error *err) {
     const char *env = getenv("TG_CUDA_SIDE");
     const int n = e->launches.n;
@@ -1265,7 +1266,7 @@ static bool side_plan(cuda_exec *e, tg_error *err) {
             const cuda_launch *l = &e->launches.launch[j];
             chain = n_readers < CHAIN_MAX && l->kind == CL_KERNEL && !e->side[j] &&
                     (double)l->grid * (double)l->grid_y * l->block <= 4 * 1024.0 * e->dev->lt.sms && !read_later(e, j, false);
-            readers[n_readers++] = j;
+            if (chain) readers[n_readers++] = j;
         }
         if (!chain || n_readers == 0) continue;
         ok = put_beside(e, i, err);

@@ -69,12 +69,12 @@ static void matmul_rule(grad_ctx *c, tg_site s, const tg_node *n, tg_tensor go) 
 
 /* Sibling products: products x W_j of one left operand x (no transposes) by 2-D weights W_j
  * that are leaves or made before the first of them (a transformer's q, k and v: the walk
- * reaches the first last, when the gradient of every member's output is whole). With g->group_products their
- * gradients are one product each way, over the gradients of their outputs side by side, G =
- * [G_1 .. G_n]: dx = G [W_1 .. W_n]^T, and [dW_1 .. dW_n] = x^T G, narrowed to each W_j. Three
- * products of a third of the width, and x's gradient added up over them, cost the GPU more
- * than one wide product (char_gpt at bf16: dx 66 -> about 30 us a layer on an H200). group[i]:
- * the first member of node i's group (itself for the first), or -1 when i is in none. */
+ * reaches the first last, when the gradient of every member's output is whole). With
+ * g->group_products their gradients are one product each way, over the gradients of their
+ * outputs side by side, G = [G_1 .. G_n]: dx = G [W_1 .. W_n]^T, and [dW_1 .. dW_n] = x^T G,
+ * narrowed to each W_j. Three products of a third of the width, and x's gradient added up over
+ * them, cost the GPU more than one wide product (char_gpt at bf16: dx 66 -> 24 us a layer on an
+ * H200). group[i]: the first member of node i's group (itself for the first), or -1. */
 #define MAX_SIBLINGS 16
 
 static bool sibling_product(const tg_graph *g, const bool *reach, int i) {
@@ -98,24 +98,27 @@ static void find_siblings(const tg_graph *g, const bool *reach, int n0, int *gro
     }
 }
 
-/* How many nodes read node id. */
-static int readers(const tg_graph *g, int id) {
+/* How many nodes read node id; *last: the last of them. */
+static int readers(const tg_graph *g, int id, int *last) {
     int n = 0;
     for (int k = id + 1; k < g->n; k++)
-        for (int s = 0; s < g->nodes[k].nsrc; s++) n += g->nodes[k].src[s] == id;
+        for (int s = 0; s < g->nodes[k].nsrc; s++)
+            if (g->nodes[k].src[s] == id) {
+                n++;
+                *last = k;
+            }
     return n;
 }
 
 /* The bias parameter that product id's one reader adds to it, read by nothing else (tg_linear's),
  * or -1. */
 static int lone_bias(const tg_graph *g, int id) {
-    int add = id + 1;
-    while (add < g->n && g->nodes[add].src[0] != id && g->nodes[add].src[1] != id) add++;
-    if (add == g->n || g->nodes[add].op != OP_ADD || readers(g, id) != 1) return -1;
+    int add = -1, use;
+    if (readers(g, id, &add) != 1 || g->nodes[add].op != OP_ADD) return -1;
     const int b = g->nodes[add].src[g->nodes[add].src[0] == id];
     const tg_node *bn = &g->nodes[b];
     return bn->op == OP_PARAM && bn->shape.ndim == 1 && bn->shape.d[0] == g->nodes[id].shape.d[g->nodes[id].shape.ndim - 1] &&
-           readers(g, b) == 1 ? b : -1;
+           readers(g, b, &use) == 1 ? b : -1;
 }
 
 /* The gradients of group `first`'s members that have one (their outputs' gradients all final

@@ -20,7 +20,10 @@ int main() {
     const dump_buffers d = dump_buffers_new(ARENA);
     cudaStream_t s = d.s;
     void (*fn[4])(float *, void *const *, const double *) = { v0, v1, v2, v3 };
-    const char *what[4] = { "as generated (unroll 8)", "unroll 4", "unroll 2", "no gelu_grad" };
+#ifndef WHAT   /* variants.py's; loop_variants.py names its own */
+#define WHAT { "as generated (unroll 8)", "unroll 4", "unroll 2", "no gelu_grad" }
+#endif
+    const char *what[4] = WHAT;
     const long long n = (long long)GX * 128 * GY * 768;   /* the elements the kernel reads */
     for (int r = 0; r < 2; r++) {
         for (int v = 0; v < 4; v++) {
