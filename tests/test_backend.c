@@ -678,7 +678,7 @@ enum { MODEL_MLP, MODEL_CNN, MODEL_WIDE_HEAD, MODEL_RESIDUAL_LN, MODEL_ATTENTION
  * backend: each layer's q, k and v products have their gradients as one product each way
  * (grad.c's find_siblings; eight products fewer in the graph), the reference's three each. */
 static void train_compare(const char *backend, const char *name, tg_forward_fn loss, tg_input_decl *in, int model) {
-    float losses[2][12];
+    float losses[2][12], grads[2][32 * 32 + 32];   /* attention: the last step's gradients of a1.k.W and a1.v.b */
     for (int b = 0; b < 2; b++) {
         tg_model *m = tg_model_new(3);
         if (model == MODEL_CNN) {
@@ -721,13 +721,20 @@ static void train_compare(const char *backend, const char *name, tg_forward_fn l
             tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, (size_t)nx), tg_i32("y", y, (size_t)ny) }, 2);
             losses[b][s] = r.status == TG_OK ? r.loss : NAN;
         }
+        if (model >= MODEL_ATTENTION)   /* grouped: parts of one product's and one sum's values */
+            CHECK(tg_download_param_grad(t, "a1.k.W", grads[b], 32 * 32, &err) == TG_OK &&
+                  tg_download_param_grad(t, "a1.v.b", grads[b] + 32 * 32, 32, &err) == TG_OK, "%s: gradients: %s", name, err.msg);
         free(x);
         free(y);
         tg_destroy(t);
         tg_model_free(m);
     }
-    double w = 0;
+    double w = 0, scale = 0, gw = 0;
     for (int s = 0; s < 12; s++) w = fmax(w, fabs(losses[0][s] - losses[1][s]) / fmax(1, fabs(losses[0][s])));
+    for (int k = 0; model >= MODEL_ATTENTION && k < 32 * 32 + 32; k++) scale = fmax(scale, fabs(grads[0][k]));
+    for (int k = 0; model >= MODEL_ATTENTION && k < 32 * 32 + 32; k++) gw = fmax(gw, fabs(grads[0][k] - grads[1][k]) / scale);
+    CHECK(model < MODEL_ATTENTION || (scale > 0 && gw <= 1e-3), "%s: %s vs reference, the last step's gradients of a1.k.W and a1.v.b: "
+          "worst %.3g of the largest (%.3g)", name, backend, gw, scale);
     CHECK(w <= 1e-4 && losses[1][11] < losses[1][0], "%s: %s vs reference losses over 12 steps: worst %.3g (%.4f -> %.4f)",
           name, backend, w, losses[1][0], losses[1][11]);
 }
