@@ -678,7 +678,7 @@ enum { MODEL_MLP, MODEL_CNN, MODEL_WIDE_HEAD, MODEL_RESIDUAL_LN, MODEL_ATTENTION
  * backend: each layer's q, k and v products have their gradients as one product each way
  * (grad.c's find_siblings; eight products fewer in the graph), the reference's three each. */
 static void train_compare(const char *backend, const char *name, tg_forward_fn loss, tg_input_decl *in, int model) {
-    float losses[2][12], grads[2][32 * 32 + 32];   /* attention: the last step's gradients of a1.k.W and a1.v.b */
+    float losses[2][12], grads[2][32 * 32 + 32] = { { 0 } };   /* attention: the last step's gradients of a1.k.W and a1.v.b */
     for (int b = 0; b < 2; b++) {
         tg_model *m = tg_model_new(3);
         if (model == MODEL_CNN) {
