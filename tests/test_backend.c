@@ -1581,9 +1581,9 @@ static void nvrtc_side_hold(void) {
 
 /* MODEL_RESIDUAL_LN's step compiled by cuda-nvrtc: with TG_CUDA_ROW_COLUMNS=1 its layer norm's two
  * parameter gradients, and l1's bias gradient after them (the sum of the row kernel's output:
- * row_trailing_sum), are summed in one row kernel (one finish of 3 x 520 sums), in chunks of 512
- * columns over 38 blocks; by default (300 rows: fewer than row_columns takes) and with =0 in
- * column-sum kernels of their own. (At tf32 and bf16 this graph's kernel order puts the two sums
+ * row_trailing_sum), are summed in one row kernel, in chunks of 512 columns over 38 blocks, whose
+ * 3 x 520 partial sums a block one kernel after it adds up (tgk_rows_total); by default (300 rows:
+ * fewer than row_columns takes) and with =0 in column-sum kernels of their own. (At tf32 and bf16 this graph's kernel order puts the two sums
  * apart; char_gpt's are summed in its row kernels.) */
 static void nvrtc_row_columns(void) {
     for (int on = 2; on >= 0; on--) {
@@ -1597,9 +1597,9 @@ static void nvrtc_row_columns(void) {
         unsetenv("TG_CUDA_ROW_COLUMNS");
         const char *src = t ? tg_train_kernel_source(t) : NULL;
         CHECK(src != NULL, "NVRTC compiles the residual layer norm's step: %s", err.msg);
-        const char *fin = src ? strstr(src, "part, group, 1560, 38, 32)) return;") : NULL;
-        bool one = fin && !strstr(fin + 1, "tgk_rows_finish((") && strstr(src, "__shared__ double tgc[8][512];");
-        CHECK(on == 1 ? one : src && !strstr(src, "tgk_rows_finish(("), "TG_CUDA_ROW_COLUMNS %s: the layer norm's parameter "
+        const char *fin = src ? strstr(src, ", 1560ll, 38ll, col);") : NULL;
+        bool one = fin && !strstr(fin + 1, "tgk_rows_total((") && kernels_with(src, "__shared__ double tgc[8][512];", NULL) == 1;
+        CHECK(on == 1 ? one : src && !strstr(src, "tgk_rows_total(("), "TG_CUDA_ROW_COLUMNS %s: the layer norm's parameter "
               "gradients are %s its backward's row kernel", on == 2 ? "unset" : on ? "1" : "0", fin ? "summed in" : "not summed in");
         tg_destroy(t);
         tg_model_free(m);
@@ -1626,7 +1626,7 @@ static void nvrtc_row_inputs(void) {
         const char *src = t ? tg_train_kernel_source(t) : NULL;
         /* kernels loading rows into registers, with the column sums' finish and without */
         const char *in = "[it] = *(const float4 *)(P";
-        const int fused = kernels_with(src, in, "tgk_rows_finish(("), plain = kernels_with(src, in, NULL) - fused;
+        const int fused = kernels_with(src, in, "__shared__ double tgc["), plain = kernels_with(src, in, NULL) - fused;
         const char *label = runs[r].env ? runs[r].env : "unset";
         CHECK(src && fused == runs[r].fused && (runs[r].plain ? plain >= 1 : plain == 0) && strstr(src, runs[r].bounds),
               "TG_CUDA_ROW_INPUTS %s: %d row kernels with column sums and %d without load their rows into registers (expected %d "

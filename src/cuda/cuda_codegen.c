@@ -1779,9 +1779,8 @@ static bool row_lead(const cg *c, int a, int b) {
  * bounds fit the registers to: one wave), step over the rows; each lane adds its
  * elements of every sum's source into registers (floats: a few rows a lane), the block's warps'
  * into shared memory (doubles, in warp order, in chunks of ROW_COLUMN_CHUNK columns), the block's
- * sums into scratch; the blocks finish in groups of ROW_COLUMN_GROUP (tgk_rows_finish): the last
- * of a group adds its group's, the last group the groups', in a fixed order, so every run gives
- * the same sums. On an H200 (char_gpt, 16,384 rows of 384), first with at most 528 blocks: 45-52
+ * sums into scratch, which a kernel of their own adds up (tgk_rows_total) in a fixed order, so
+ * every run gives the same sums. On an H200 (char_gpt, 16,384 rows of 384), first with at most 528 blocks: 45-52
  * us where the two kernels took 57 at tf32, the step 9.55 -> 9.46 ms; at bf16 52 against 28.5 +
  * 22, the step no faster: NVRTC gave it 72 registers, three blocks an SM, a wave and a third.
  * Alone (bench/cuda/row_columns): 54.9 us so, 47.9 under launch bounds of four blocks an SM (64
@@ -1795,22 +1794,21 @@ static bool row_lead(const cg *c, int a, int b) {
  * with three a block under bounds of 80 registers it spilled, and every pass over a row read its
  * inputs again from L1 or L2; alone (bench/cuda/row_prefetch, char_gpt bf16's k1094) 52.3 us ->
  * 42.0 (49.0 with two blocks an SM and no registers for the rows; a copy of as many bytes 29.1). */
-enum { ROW_COLUMN_SM = 3, ROW_COLUMN_SM_INPUTS = 2, ROW_COLUMN_CHUNK = 512, ROW_COLUMN_GROUP = 32, ROW_COLUMN_ROWS = 4096 };
+enum { ROW_COLUMN_SM = 3, ROW_COLUMN_SM_INPUTS = 2, ROW_COLUMN_CHUNK = 512, ROW_COLUMN_ROWS = 4096 };
 
 static void row_columns_emit(cg *c, cuda_plan *p, const int *members, int nm, const int *cols, int n_cols, int64_t R, int64_t L,
                              int lanes, int64_t iters, const char *ht, int per_sm) {
     const int warps = BLOCK / 32;
     const int64_t most = per_sm * 132, blocks = (R + warps - 1) / warps < most ? (R + warps - 1) / warps : most;
-    const int64_t groups = (blocks + ROW_COLUMN_GROUP - 1) / ROW_COLUMN_GROUP, n = n_cols * L;
-    const int64_t chunk = L < ROW_COLUMN_CHUNK ? L : ROW_COLUMN_CHUNK;
-    const size_t at = sum_scratch(c, p, (blocks + groups) * n);
+    const int64_t n = n_cols * L, chunk = L < ROW_COLUMN_CHUNK ? L : ROW_COLUMN_CHUNK;
+    const size_t at = sum_scratch(c, p, blocks * n), part = at + SUM_COUNTERS;
     strbuf head = { 0 }, tail = { 0 };
     sb_printf(&head, "    const int lane = threadIdx.x %% 32, w = threadIdx.x / 32;\n");
     for (int q = 0; q < n_cols; q++) sb_printf(&head, "    float C%d[%lld] = {};\n", q, (long long)(iters * lanes));
     sb_printf(&head, "    for (%s r = (%s)blockIdx.x * %d + w; r < %lldll; r += %lld) {\n", ht, ht, warps, (long long)R,
               (long long)(blocks * warps));
     sb_printf(&tail, "    }\n    __shared__ double tgc[%d][%lld];\n", warps, (long long)chunk);
-    sb_printf(&tail, "    double *part = (double *)(A + %zu), *group = part + %lldll;\n", at + SUM_COUNTERS, (long long)(blocks * n));
+    sb_printf(&tail, "    double *part = (double *)(A + %zu);\n", part);
     for (int q = 0; q < n_cols; q++)
         for (int64_t c0 = 0; c0 < L; c0 += chunk) {   /* the warps' sums of columns [c0, c1) of sum q */
             const long long c1 = c0 + chunk < L ? c0 + chunk : L;
@@ -1825,21 +1823,29 @@ static void row_columns_emit(cg *c, cuda_plan *p, const int *members, int nm, co
             sb_printf(&tail, "        part[(int64_t)blockIdx.x * %lld + %lld + x] = s;\n    }\n    __syncthreads();\n", (long long)n,
                       (long long)(q * L + c0));
         }
-    sb_printf(&tail, "    if (!tgk_rows_finish((unsigned *)(A + %zu), part, group, %lld, %lld, %d)) return;\n", at, (long long)n,
-              (long long)blocks, ROW_COLUMN_GROUP);
-    sb_printf(&tail, "    for (int x = threadIdx.x; x < %lld; x += %d) {\n        double s = 0;\n", (long long)n, BLOCK);
-    sb_printf(&tail, "        for (int g = 0; g < %lld; g++) s += __ldcg(group + (int64_t)g * %lld + x);\n", (long long)groups, (long long)n);
-    for (int q = 0; q < n_cols; q++)
-        sb_printf(&tail, "        %sif (x < %lld) P%d[x - %lld] = (%s)s;\n", q ? "else " : "", (long long)((q + 1) * L), cols[q],
-                  (long long)(q * L), cg_ctype(N(c, cols[q])));
-    sb_printf(&tail, "    }\n");
-    int roots[MAX_ROW_MEMBERS + MAX_SIBLINGS + 1];
-    memcpy(roots, members, sizeof(int) * (size_t)nm);
-    memcpy(roots + nm, cols, sizeof(int) * (size_t)n_cols);
     char bounds[40];
     snprintf(bounds, sizeof bounds, "__launch_bounds__(%d, %d) ", BLOCK, per_sm);
-    end_kernel_roots(c, roots, nm + n_cols, NULL, 0, sb_str(&head), sb_str(&tail), bounds);
+    end_kernel_roots(c, members, nm, NULL, 0, sb_str(&head), sb_str(&tail), bounds);
     kernel_launch(c, p, members[0], blocks * BLOCK, BLOCK);
+    /* The blocks' partial sums added up by a kernel of their own (k<cols[0]>): the last blocks of
+     * the row kernel adding them all (in groups of 32 blocks, then the groups') took char_gpt
+     * bf16's layer norm backward from 34.3 to 41.7 us alone, where this kernel takes 2.5
+     * (bench/cuda/row_prefetch/pipelined.py) */
+    head.len = tail.len = 0;
+    sb_printf(&head, "    const int64_t col = (int64_t)blockIdx.x * 32 + (threadIdx.x & 31);\n");
+    sb_printf(&head, "    const double s = tgk_rows_total((const double *)(A + %zu), %lldll, %lldll, col);\n", part, (long long)n,
+              (long long)blocks);
+    sb_printf(&head, "    if (threadIdx.x >= 32 || col >= %lldll) return;\n", (long long)n);
+    for (int q = 0; q < n_cols; q++)
+        sb_printf(&head, "    %sif (col < %lld) P%d[col - %lld] = (%s)s;\n", q ? "else " : "", (long long)((q + 1) * L), cols[q],
+                  (long long)(q * L), cg_ctype(N(c, cols[q])));
+    const bool copy = c->copy_written;
+    cg_begin(c, cols[0]);
+    c->copy_written = false;
+    io_span(c, at, (int64_t)(SUM_COUNTERS + 2 * blocks * n), false);
+    end_kernel_roots(c, cols, n_cols, NULL, 0, sb_str(&head), "", "__launch_bounds__(256) ");
+    kernel_launch(c, p, cols[0], (n + 31) / 32 * 256, 256);
+    c->copy_written = copy;
     free(head.s);
     free(tail.s);
 }
@@ -2035,8 +2041,8 @@ static int row_kernel(cg *c, cuda_plan *p, const int *order, int n_order, int *c
                 for (int e = 0; e < nm; e++) member |= members[e] == i;
                 if ((c->used[i] && !member) || (member && i != members[m])) ok = !arena_overlap(c, i, members[m]);
             }
-        /* The sums' outputs apart from each other. The last block writes them once every block is done
-         * with the rest (tgk_rows_finish): they may take the memory of what the kernel reads. */
+        /* The sums' outputs apart from each other. A kernel after it writes them (tgk_rows_total): they
+         * may take the memory of what the row kernel reads. */
         for (int a = 0; ok && a < n_cols + trailing; a++)
             for (int b = 0; b < a; b++) ok &= !arena_overlap(c, cols[a], cols[b]);
         if (!ok && n_cols) {   /* not with fewer members either: the sums' kernel of their own */
@@ -2423,21 +2429,19 @@ static const char DEVICE_KERNELS[] =
     "    }\n"
     "    __syncthreads();\n"
     "    return last;\n}\n"
-    /* row_columns' finish: this block's n partial sums are in part[blockIdx.x]; the last block of
-     * each group of `per` to finish (count[group]) adds the group's partials in block order into
-     * group[], and the last group to finish (count[groups]) returns true, to add the groups' in
-     * order. */
-    "static __device__ bool tgk_rows_finish(unsigned *count, const double *part, double *group, int64_t n, int64_t blocks,\n"
-    "                                       int64_t per) {\n"
-    "    const int64_t gi = blockIdx.x / per, groups = (blocks + per - 1) / per;\n"
-    "    const int64_t b0 = gi * per, b1 = b0 + per < blocks ? b0 + per : blocks;\n"
-    "    if (!tgk_last_block(count + gi, b1 - b0)) return false;\n"
-    "    for (int64_t x = threadIdx.x; x < n; x += blockDim.x) {\n"
-    "        double s = 0;\n"
-    "        for (int64_t b = b0; b < b1; b++) s += __ldcg(part + b * n + x);\n"
-    "        group[gi * n + x] = s;\n"
-    "    }\n"
-    "    return tgk_last_block(count + groups, groups);\n}\n"
+    /* row_columns' finish, a kernel of 256 threads a block of 32 columns: the row kernel's blocks'
+     * partial sums part[blocks, n] of column col added in a fixed order (warp y every 8th block's
+     * from block y, then the 8 warps' in order); the total in warp 0's lanes. */
+    "static __device__ double tgk_rows_total(const double *part, int64_t n, int64_t blocks, int64_t col) {\n"
+    "    __shared__ double s[8][33];\n"
+    "    const int lane = threadIdx.x & 31, y = threadIdx.x / 32;\n"
+    "    double acc = 0;\n"
+    "    if (col < n) for (int64_t b = y; b < blocks; b += 8) acc += __ldcg(part + b * n + col);\n"
+    "    s[y][lane] = acc;\n"
+    "    __syncthreads();\n"
+    "    double t = 0;\n"
+    "    for (int q = 0; q < 8; q++) t += s[q][lane];\n"
+    "    return t;\n}\n"
     "static __device__ double tgk_column_chunks(const double *sums, int64_t chunks, int64_t outs, int64_t oc) {\n"
     "    double acc = 0;\n"
     "    for (int64_t b = threadIdx.x & 31; oc < outs && b < chunks; b += 32) acc += __ldcg(sums + b * outs + oc);\n"
@@ -2607,12 +2611,13 @@ static const char DEVICE_KERNELS[] =
     "    return (unsigned)tgk_round_bf16(lo) | (unsigned)tgk_round_bf16(hi) << 16;\n"
     "#endif\n}\n"
     /* a buffer cleared for sums added up in memory (CL_MEMSET: attention's dq, scattered rows): a
-     * kernel, not a memset node, so that it and the kernel after it launch early (cuda_start) */
+     * kernel, not a memset node, so that it and the kernel after it launch early (cuda_start);
+     * four floats a thread, over as many blocks as the launch has */
     "extern \"C\" __global__ void tg_zero(float *p, long long n) {\n"
     "    tgk_prior();\n"
-    "    const long long i = 4 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);\n"
-    "    if (i + 4 <= n && ((unsigned long long)p & 15) == 0) *(float4 *)(p + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n"
-    "    else for (long long k = i; k < i + 4 && k < n; k++) p[k] = 0.0f;\n"
+    "    for (long long i = 4 * ((long long)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += 4ll * gridDim.x * blockDim.x)\n"
+    "        if (i + 4 <= n && ((unsigned long long)p & 15) == 0) *(float4 *)(p + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n"
+    "        else for (long long k = i; k < i + 4 && k < n; k++) p[k] = 0.0f;\n"
     "}\n"
     /* a product's addend where cuBLASLt does not add it (cuda_fold_addends): the product's f32
      * sums plus the addend (a bias: `cols` values for every row; a matrix: cols = n), bf16 or

@@ -1,4 +1,5 @@
-"""A layer norm's backward with its two column sums (dgamma, dbeta) as one kernel (TG_CUDA_ROW_COLUMNS=1's
+"""(For dumps before the thirty-ninth session, whose row kernels finished their column sums themselves, tgk_rows_finish.)
+A layer norm's backward with its two column sums (dgamma, dbeta) as one kernel (TG_CUDA_ROW_COLUMNS=1's
 row_columns_emit) against the two kernels it replaces, each timed alone with harness.cu:
     python3 variants.py FUSED_DUMP PLAIN_DUMP ROW_KERNEL COLUMN_KERNEL out.cu
 FUSED_DUMP and PLAIN_DUMP: `bench --kernels` dumps with and without TG_CUDA_ROW_COLUMNS=1 (char_gpt bf16: the

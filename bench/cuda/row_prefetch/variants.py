@@ -1,4 +1,5 @@
-"""A row kernel (a warp a row, e.g. a layer norm's backward with its column sums: char_gpt bf16's k1094)
+"""(For dumps before the thirty-ninth session, whose row kernels finished their column sums themselves, tgk_rows_finish.)
+A row kernel (a warp a row, e.g. a layer norm's backward with its column sums: char_gpt bf16's k1094)
 timed alone with harness.cu, as generated and with the next rows' lines prefetched:
     python3 variants.py DUMP KERNEL out.cu
 Each warp's rows are `stride` apart (its loop `r += stride`), and the first pass over a row waits for

@@ -1,0 +1,137 @@
+/* char_gpt bf16's MLP forward as a chain, fc1 = x W1 + b1 -> g = gelu(fc1) -> y = g W2 + b2 ([16384 x 384] x
+ * [384 x 1536], then [16384 x 1536] x [1536 x 384]; cuBLASLt with the BIAS epilogue, each shape's best of the
+ * heuristic's first 8, and the GELU kernel as generated), run one after another, against the rows cut into C chunks
+ * pipelined over three streams (fc1 of chunk i+1 and fc2 of chunk i-1 beside the GELU of chunk i), in a CUDA graph.
+ * Measured (H200, bench/logs/gpu_h200_s42_c_*): one after another 115-118 us, pipelined in 2, 4 or 8 chunks 122-142:
+ * the products leave no room for the GELU beside them.
+ * cd bench/cuda/gemm_gelu && nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 chunks.cu -o /tmp/chunks -lcublasLt */
+#include "../epilogue/lt_harness.h"
+#include <cstring>
+#include <cstdint>
+
+enum { M = 16384, D = 384, F = 1536 };
+
+static __device__ __forceinline__ float mills(float t) {
+    const float tau = __fdividef(1.0f, 0.3f * t + 1.0f);
+    float q = 1.092740696e-02f;
+    q = q * tau - 1.163850255e-01f; q = q * tau + 4.497805909e-01f; q = q * tau - 8.233522760e-01f;
+    q = q * tau + 7.202503516e-01f; q = q * tau - 3.506944595e-01f; q = q * tau + 3.054383037e-01f;
+    q = q * tau + 1.783952242e-01f; q = q * tau + 2.795328280e-01f; q = q * tau + 2.993969248e-01f;
+    return tau * (q * tau + 3.000242672e-01f);
+}
+static __device__ __forceinline__ float gelu(float x) {
+    const float p = 0.39894228040143268f * exp2f(-0.72134752044448170f * x * x) * mills(fabsf(x));
+    return x * (x > 0.0f ? 1.0f - p : p);
+}
+static __device__ __forceinline__ unsigned short rnd(float x) {
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = u + 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+__global__ void gelu_kernel(const unsigned short *h, unsigned short *g) {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int64_t i = ((int64_t)blockIdx.x * 1024 + u * 256 + threadIdx.x) * 4;
+        const uint2 v = *(const uint2 *)(h + i);
+        const float a = __uint_as_float(v.x << 16), b = __uint_as_float(v.x & 0xffff0000u);
+        const float c = __uint_as_float(v.y << 16), d = __uint_as_float(v.y & 0xffff0000u);
+        *(uint2 *)(g + i) = make_uint2(rnd(gelu(a)) | (unsigned)rnd(gelu(b)) << 16, rnd(gelu(c)) | (unsigned)rnd(gelu(d)) << 16);
+    }
+}
+
+struct product {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulHeuristicResult_t h[8];
+    int n_algos, pick;
+};
+/* row-major C[m, n] = A[m, k] B[k, n] + bias (bf16) */
+static product make(int m, int n, int k, const void *bias) {
+    product r;
+    LK(cublasLtMatmulDescCreate(&r.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t op = CUBLAS_OP_N;
+    cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+    int32_t vt = CUDA_R_16BF;
+    LK(cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op, sizeof op));
+    LK(cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op, sizeof op));
+    LK(cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+    LK(cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    LK(cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vt, sizeof vt));
+    LK(cublasLtMatrixLayoutCreate(&r.a, CUDA_R_16BF, n, k, n));
+    LK(cublasLtMatrixLayoutCreate(&r.b, CUDA_R_16BF, k, m, k));
+    LK(cublasLtMatrixLayoutCreate(&r.c, CUDA_R_16BF, n, m, n));
+    r.n_algos = lt_algos(r.desc, r.a, r.b, r.c, 8, r.h);
+    r.pick = 0;
+    return r;
+}
+static void *ws2, *ws3;
+static cublasStatus_t run(const product &p, int k, const void *A, const void *B, void *C, cudaStream_t s, void *w) {
+    const float one = 1, zero = 0;
+    return cublasLtMatmul(lt, p.desc, &one, B, p.a, A, p.b, &zero, C, p.c, C, p.c, &p.h[k].algo, w, WS, s);
+}
+static void tune(product &p, const void *A, const void *B, void *C) {
+    float best = 1e30f;
+    for (int k = 0; k < p.n_algos; k++) {
+        if (run(p, k, A, B, C, stream, workspace) != CUBLAS_STATUS_SUCCESS) continue;
+        float t = graph_ms(stream, [&] { run(p, k, A, B, C, stream, workspace); }, 5);
+        if (t < best) best = t, p.pick = k;
+    }
+}
+
+int main() {
+    CK(cudaStreamCreate(&stream));
+    LK(cublasLtCreate(&lt));
+    CK(cudaMalloc(&workspace, WS)); CK(cudaMalloc(&ws2, WS)); CK(cudaMalloc(&ws3, WS));
+    unsigned short *x, *w1, *w2, *b1, *b2, *h, *g, *y;
+    CK(cudaMalloc(&x, (size_t)M * D * 2)); CK(cudaMalloc(&w1, (size_t)D * F * 2)); CK(cudaMalloc(&w2, (size_t)F * D * 2));
+    CK(cudaMalloc(&b1, F * 2)); CK(cudaMalloc(&b2, D * 2));
+    CK(cudaMalloc(&h, (size_t)M * F * 2)); CK(cudaMalloc(&g, (size_t)M * F * 2)); CK(cudaMalloc(&y, (size_t)M * D * 2));
+    {
+        std::vector<unsigned short> v((size_t)M * F);
+        unsigned s = 1;
+        for (auto &e : v) { s = s * 1664525u + 1013904223u; e = (unsigned short)(0x3c00 + ((s >> 16) & 0x3ff)) ^ (unsigned short)((s >> 31) << 15); }
+        CK(cudaMemcpy(x, v.data(), (size_t)M * D * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(w1, v.data() + 7, (size_t)D * F * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(w2, v.data() + 99, (size_t)D * F * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(b1, v.data() + 5, F * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(b2, v.data() + 3, D * 2, cudaMemcpyHostToDevice));
+    }
+    cudaStream_t s1, s2;
+    CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking)); CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    cudaEvent_t ev[64];
+    for (auto &e : ev) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (int C : {1, 2, 4, 8}) {
+        const int mc = M / C;
+        product p1 = make(mc, F, D, b1), p2 = make(mc, D, F, b2);
+        tune(p1, x, w1, h); tune(p2, g, w2, y);
+        auto seq = [&] {
+            for (int i = 0; i < C; i++) run(p1, p1.pick, x + (size_t)i * mc * D, w1, h + (size_t)i * mc * F, stream, workspace);
+            gelu_kernel<<<M * F / 4096, 256, 0, stream>>>(h, g);
+            for (int i = 0; i < C; i++) run(p2, p2.pick, g + (size_t)i * mc * F, w2, y + (size_t)i * mc * D, stream, workspace);
+        };
+        /* stream: fc1 chunks; s1: GELU of chunk i after its fc1; s2: fc2 of chunk i after its GELU; joined at the end */
+        auto piped = [&] {
+            CK(cudaEventRecord(ev[0], stream));
+            CK(cudaStreamWaitEvent(s1, ev[0])); CK(cudaStreamWaitEvent(s2, ev[0]));
+            for (int i = 0; i < C; i++) {
+                run(p1, p1.pick, x + (size_t)i * mc * D, w1, h + (size_t)i * mc * F, stream, workspace);
+                CK(cudaEventRecord(ev[1 + i], stream));
+                CK(cudaStreamWaitEvent(s1, ev[1 + i]));
+                gelu_kernel<<<mc * F / 4096, 256, 0, s1>>>(h + (size_t)i * mc * F, g + (size_t)i * mc * F);
+                CK(cudaEventRecord(ev[20 + i], s1));
+                CK(cudaStreamWaitEvent(s2, ev[20 + i]));
+                run(p2, p2.pick, g + (size_t)i * mc * F, w2, y + (size_t)i * mc * D, s2, ws2);
+            }
+            CK(cudaEventRecord(ev[40], s1)); CK(cudaEventRecord(ev[41], s2));
+            CK(cudaStreamWaitEvent(stream, ev[40])); CK(cudaStreamWaitEvent(stream, ev[41]));
+        };
+        for (int round = 0; round < 2; round++) {
+            printf("chunks %d: fc1 chunk %6.2f us (algo %d), fc2 chunk %6.2f us (algo %d)\n", C,
+                   1e3 * graph_ms(stream, [&] { run(p1, p1.pick, x, w1, h, stream, workspace); }), p1.pick,
+                   1e3 * graph_ms(stream, [&] { run(p2, p2.pick, g, w2, y, stream, workspace); }), p2.pick);
+            printf("chunks %d: one after another %7.2f us, pipelined %7.2f us\n", C, 1e3 * graph_ms(stream, seq), 1e3 * graph_ms(stream, piped));
+        }
+    }
+    printf("GELU alone %7.2f us\n", 1e3 * graph_ms(stream, [&] { gelu_kernel<<<M * F / 4096, 256, 0, stream>>>(h, g); }));
+    return 0;
+}
