@@ -1079,6 +1079,67 @@ static int residual_steps(tg_precision p, const char *side, const char *flop, co
     return count_text(said, "beside:");
 }
 
+/* Buffers cleared as soon as their memory is free, beside the launches between (cuda_backend.c,
+ * clear_early): MODEL_ATTENTION's step, whose attention backwards' dq (added up in memory) is free
+ * some launches before each backward, trained three steps with TG_CUDA_SIDE=verbose (which says
+ * each early clear on stderr), by default and with TG_CUDA_CLEAR_EARLY=0 (each clear right before
+ * its backward). The last step's gradients of both layers' q weights (through dq) agree within
+ * the order of dq's additions (atomics: not the same bits twice): a clear late, racing the
+ * backward's additions or missed would leave other values in dq. Which clears go early depends on
+ * where the plan puts dq at each precision: at least one of the three runs must have one. Returns
+ * how many early clears stderr listed; grads gets a0.q.W's and a1.q.W's. */
+static int attention_clear_steps(tg_precision p, const char *early, const float *x, const int32_t *y, float *grads) {
+    char said[16384];
+    stderr_capture cap = stderr_grab();
+    setenv("TG_CUDA_SIDE", "verbose", 1);
+    setenv("TG_CUDA_CLEAR_EARLY", early, 1);
+    tg_model *m = tg_model_new(3);
+    attention_layers(m);
+    tg_error err = { { 0 } };
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = attention_loss, .optimizer = tg_adam(1e-3), .backend = "cuda",
+                                               .precision = p, .n_inputs = 2,
+                                               .inputs = (tg_input_decl[]){ TG_F32("x", 70, 6), TG_I32("y", 70) } },
+                             &err);
+    CHECK(t != NULL, "early clears: compile: %s", err.msg);
+    for (int s = 0; s < 3 && t; s++) {
+        tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, 70 * 6), tg_i32("y", y, 70) }, 2);
+        CHECK(r.status == TG_OK, "early clears: step %d: %s", s, r.error);
+    }
+    CHECK(t && tg_download_param_grad(t, "a0.q.W", grads, 32 * 32, &err) == TG_OK &&
+              tg_download_param_grad(t, "a1.q.W", grads + 32 * 32, 32 * 32, &err) == TG_OK,
+          "early clears: q's gradients: %s", err.msg);
+    tg_destroy(t);
+    tg_model_free(m);
+    unsetenv("TG_CUDA_SIDE");
+    unsetenv("TG_CUDA_CLEAR_EARLY");
+    stderr_take(cap, said, sizeof said);
+    return count_text(said, "cleared early:");
+}
+
+static void cuda_early_clear(void) {
+    float x[70 * 6], grads[2][2 * 32 * 32];
+    int32_t y[70];
+    check_rng = 9;
+    for (int i = 0; i < 70 * 6; i++) x[i] = (float)check_uniform(-1, 1);
+    for (int i = 0; i < 70; i++) y[i] = (int32_t)(check_next() % 5);
+    int early[3] = { 0 }, total = 0;
+    for (int p = TG_PRECISION_F32; p <= TG_PRECISION_BF16; p++) {
+        const char *name = tg_precision_name((tg_precision)p);
+        total += early[p - TG_PRECISION_F32] = attention_clear_steps((tg_precision)p, "1", x, y, grads[0]);
+        const int in_place = attention_clear_steps((tg_precision)p, "0", x, y, grads[1]);
+        CHECK(in_place == 0, "cuda %s: %d buffers cleared early with TG_CUDA_CLEAR_EARLY=0", name, in_place);
+        double worst = 0, largest = 0;
+        for (int i = 0; i < 2 * 32 * 32; i++) {
+            worst = fmax(worst, fabs((double)grads[0][i] - grads[1][i]));
+            largest = fmax(largest, fabs((double)grads[1][i]));
+        }
+        CHECK(largest > 0 && worst <= 2e-3 * largest, "cuda %s: q's gradients with early clears within %.3g of in place's (largest %.3g)",
+              name, worst, largest);
+    }
+    CHECK(total > 0, "cuda: buffers cleared early by default: f32 %d, tf32 %d, bf16 %d (none: this test runs no early clear)", early[0],
+          early[1], early[2]);
+}
+
 static void cuda_side_stream(void) {
     enum { ROWS = 256 };
     const size_t weights = sizeof(float) * 520 * 520;
@@ -1884,6 +1945,7 @@ int main(void) {
             cuda_counters();
             cuda_together();
             cuda_side_stream();
+            cuda_early_clear();
             train_models("cuda");
         }
         return check_report("test_backend");
@@ -1923,6 +1985,7 @@ int main(void) {
         if (b) cuda_counters();
         if (b) cuda_together();
         if (b) cuda_side_stream();
+        if (b) cuda_early_clear();
         train_models(backends[b]);
     }
     if (!cuda) {

@@ -11,13 +11,7 @@
 #include "../graph_ms.h"
 #include "../dump_buffers.h"
 
-/* n elements: reads `rb` bytes of each from `in` (as bytes), writes `wb` bytes of each to `out` */
-__global__ void floor_copy(const uint4 *in, uint4 *out, long long n16_in, long long n16_out) {
-    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x, step = (long long)gridDim.x * blockDim.x;
-    uint4 acc = make_uint4(0, 0, 0, 0);
-    for (long long k = i; k < n16_in; k += step) { uint4 v = in[k]; acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w; }
-    for (long long k = i; k < n16_out; k += step) out[k] = acc;
-}
+#include "floor_copy.h"
 
 typedef void (*kernel)(float *, void *const *, const double *);
 

@@ -93,12 +93,7 @@ main = r'''
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%%s:%%d %%s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 #include "../graph_ms.h"
 #include "../dump_buffers.h"
-__global__ void floor_copy(const uint4 *in, uint4 *out, long long n16_in, long long n16_out) {
-    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x, step = (long long)gridDim.x * blockDim.x;
-    uint4 acc = make_uint4(0, 0, 0, 0);
-    for (long long k = i; k < n16_in; k += step) { uint4 v = in[k]; acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w; }
-    for (long long k = i; k < n16_out; k += step) out[k] = acc;
-}
+#include "floor_copy.h"
 typedef void (*kernel)(float *, void *const *, const double *);
 int main() {
     const dump_buffers d = dump_buffers_new(%dll);
