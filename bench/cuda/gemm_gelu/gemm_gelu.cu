@@ -93,34 +93,7 @@ __global__ void __launch_bounds__(256, MINB) ours(const unsigned short *__restri
     }
 }
 
-/* cuBLASLt: row-major C[M, N] = A[M, K] B[K, N] + bias (bf16, the BIAS epilogue) as column-major C^T = B^T A^T */
-struct product {
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t a, b, c;
-    cublasLtMatmulHeuristicResult_t h[8];
-    int n_algos;
-};
-static product make(const void *bias) {
-    product r;
-    LK(cublasLtMatmulDescCreate(&r.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t op = CUBLAS_OP_N;
-    cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-    int32_t vt = CUDA_R_16BF;
-    LK(cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op, sizeof op));
-    LK(cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op, sizeof op));
-    LK(cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
-    LK(cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    LK(cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vt, sizeof vt));
-    LK(cublasLtMatrixLayoutCreate(&r.a, CUDA_R_16BF, N, K, N));
-    LK(cublasLtMatrixLayoutCreate(&r.b, CUDA_R_16BF, K, M, K));
-    LK(cublasLtMatrixLayoutCreate(&r.c, CUDA_R_16BF, N, M, N));
-    r.n_algos = lt_algos(r.desc, r.a, r.b, r.c, 8, r.h);
-    return r;
-}
-static cublasStatus_t run(const product &p, int k, const void *A, const void *B, void *C) {
-    const float one = 1, zero = 0;
-    return cublasLtMatmul(lt, p.desc, &one, B, p.a, A, p.b, &zero, C, p.c, C, p.c, &p.h[k].algo, workspace, WS, stream);
-}
+#include "lt_bias.h"
 
 static unsigned short tobf(float x) { unsigned u; memcpy(&u, &x, 4); return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
 static float frombf(unsigned short h) { unsigned u = (unsigned)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -156,15 +129,10 @@ int main() {
     CK(cudaMemcpy(wt, hwt.data(), hwt.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(bb, hbb.data(), N * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(b, hb.data(), N * 4, cudaMemcpyHostToDevice));
-    product p = make(bb);
-    float best = 1e30f;
-    int pick = -1;
-    for (int k = 0; k < p.n_algos; k++) {
-        if (run(p, k, x, w, h1) != CUBLAS_STATUS_SUCCESS) continue;
-        float t = graph_ms(stream, [&] { run(p, k, x, w, h1); }, 5);
-        if (t < best) best = t, pick = k;
-    }
-    auto theirs = [&] { run(p, pick, x, w, h1); gelu_kernel<<<M * N / 4096, 256, 0, stream>>>(h1, g1); };
+    product p = make(M, N, K, bb);
+    tune(p, x, w, h1);
+    const int pick = p.pick;
+    auto theirs = [&] { run(p, pick, x, w, h1, stream, workspace); gelu_kernel<<<M * N / 4096, 256, 0, stream>>>(h1, g1); };
     theirs();
     CK(cudaStreamSynchronize(stream));
     std::vector<unsigned short> H1((size_t)M * N), G1((size_t)M * N), H2((size_t)M * N), G2((size_t)M * N);
@@ -197,7 +165,7 @@ int main() {
     CK(cudaMemset(h2, 0, out)); CK(cudaMemset(g2, 0, out));
     launch<256, 2>(x, wt, b, h2, g2); check("ours 128 x 256, 2 stages");
     for (int round = 0; round < 2; round++) {
-        printf("cuBLASLt product (algo %d)   %7.2f us\n", pick, 1e3 * graph_ms(stream, [&] { run(p, pick, x, w, h1); }));
+        printf("cuBLASLt product (algo %d)   %7.2f us\n", pick, 1e3 * graph_ms(stream, [&] { run(p, pick, x, w, h1, stream, workspace); }));
         printf("GELU kernel                  %7.2f us\n", 1e3 * graph_ms(stream, [&] { gelu_kernel<<<M * N / 4096, 256, 0, stream>>>(h1, g1); }));
         printf("cuBLASLt + GELU              %7.2f us\n", 1e3 * graph_ms(stream, theirs));
         printf("ours 128 x 128, 6 stages     %7.2f us\n", 1e3 * graph_ms(stream, [&] { launch<128, 6>(x, wt, b, h2, g2); }));
