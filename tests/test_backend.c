@@ -852,8 +852,8 @@ static void nvrtc_compile_all(void) {
 
 /* The vector-lane paths of the CUDA generator (cuda_codegen.c: lane_body, sum_lanes), read from
  * the source NVRTC compiles. A bf16 MLP whose GELU covers 2^25 elements and whose first bias
- * gradient sums 8192 rows of 4096 columns takes four lanes in both by default (each thread of
- * that sum still sums 16 rows); a batch of 128 keeps one lane everywhere by default (its GELU has
+ * gradient sums 8192 rows of 4096 columns takes four lanes in the sum by default (each thread of
+ * that sum still sums 16 rows) and eight in the GELU (it stores bf16 alone); a batch of 128 keeps one lane everywhere by default (its GELU has
  * 2^19 elements); TG_CUDA_LANES forces its count on every sum the shapes allow, and on
  * element-wise kernels of 2^20 elements and more. Adam's update of the 4.2 M parameters, a
  * segment a parameter, takes four lanes by default (every segment's length divides by four)
@@ -863,15 +863,18 @@ static tg_tensor wide_loss(const void *ctx, const tg_tensor *in) {
     return tg_cross_entropy(tg_linear(&wide2, tg_gelu(tg_linear(&wide1, in[0]))), in[1], TG_MEAN);
 }
 
-/* The MLP above compiled by cuda-nvrtc for a batch of `rows` (NULL with err set). */
-static tg_train *wide_step(tg_model **m, tg_precision precision, int rows, tg_error *err) {
+/* The MLP above compiled by `backend` for a batch of `rows` (NULL with err set). */
+static tg_train *wide_step_on(const char *backend, tg_model **m, tg_precision precision, int rows, tg_error *err) {
     *m = tg_model_new(4);
     wide1 = tg_linear_new(*m, "l1", 1024, 4096, NULL);
     wide2 = tg_linear_new(*m, "l2", 4096, 16, NULL);
-    return tg_compile(&(tg_train_spec){ .model = *m, .loss = wide_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
+    return tg_compile(&(tg_train_spec){ .model = *m, .loss = wide_loss, .optimizer = tg_adam(1e-3), .backend = backend,
                                         .precision = precision,
                                         .inputs = (tg_input_decl[]){ TG_F32("x", rows, 1024), TG_I32("y", rows) }, .n_inputs = 2 },
                       err);
+}
+static tg_train *wide_step(tg_model **m, tg_precision precision, int rows, tg_error *err) {
+    return wide_step_on("cuda-nvrtc", m, precision, rows, err);
 }
 
 /* q, k and v projections into causal attention, as a transformer block has them: their bias
@@ -1138,6 +1141,48 @@ static void cuda_early_clear(void) {
     }
     CHECK(total > 0, "cuda: buffers cleared early by default: f32 %d, tf32 %d, bf16 %d (none: this test runs no early clear)", early[0],
           early[1], early[2]);
+}
+
+/* The wide MLP's bf16 step, three of them on 256 rows, TG_CUDA_ELEMS set to `elems`: l1's weights
+ * after them into w (4096 x 1024), and whether its GELU (2^20 values, bf16 alone) took groups of
+ * eight lanes. */
+static bool eight_lane_steps(const char *elems, float *w) {
+    enum { ROWS = 256 };
+    float *x = malloc(sizeof(float) * ROWS * 1024);
+    int32_t y[ROWS];
+    check_rng = 11;
+    for (int i = 0; x && i < ROWS * 1024; i++) x[i] = (float)check_uniform(-1, 1);
+    for (int i = 0; i < ROWS; i++) y[i] = (int32_t)(check_next() % 16);
+    setenv("TG_CUDA_ELEMS", elems, 1);
+    tg_model *m = NULL;
+    tg_error err = { { 0 } };
+    tg_train *t = x ? wide_step_on("cuda", &m, TG_PRECISION_BF16, ROWS, &err) : NULL;
+    unsetenv("TG_CUDA_ELEMS");
+    CHECK(t != NULL, "eight lanes, TG_CUDA_ELEMS=%s: compile: %s", elems, err.msg);
+    for (int s = 0; s < 3 && t; s++) {
+        tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, ROWS * 1024), tg_i32("y", y, ROWS) }, 2);
+        CHECK(r.status == TG_OK && isfinite(r.loss), "eight lanes, TG_CUDA_ELEMS=%s: step %d: %s", elems, s, r.error);
+    }
+    CHECK(t && tg_download_param(t, "l1.W", w, 4096 * 1024, &err) == TG_OK, "eight lanes: l1.W: %s", err.msg);
+    const char *src = t ? tg_train_kernel_source(t) : NULL;
+    const bool eight = src && strstr(src, "+ threadIdx.x) * 8;");
+    tg_destroy(t);
+    if (m) tg_model_free(m);
+    free(x);
+    return eight;
+}
+
+/* Eight lanes a thread (cuda_codegen.c's bf16_only) compute what four do, bit for bit: the same
+ * arithmetic an element, only the loads and stores wider. */
+static void cuda_eight_lanes(void) {
+    float *w[2] = { malloc(sizeof(float) * 4096 * 1024), malloc(sizeof(float) * 4096 * 1024) };
+    if (!w[0] || !w[1]) return;
+    const bool eight = eight_lane_steps("4", w[0]), four = eight_lane_steps("1", w[1]);
+    CHECK(eight && !four, "cuda bf16: the GELU of 2^20 values in eights by default (%d), not with one group a thread (%d)", eight,
+          four);
+    CHECK(memcmp(w[0], w[1], sizeof(float) * 4096 * 1024) == 0, "cuda bf16: eight lanes and four: l1.W not the same bits");
+    free(w[0]);
+    free(w[1]);
 }
 
 static void cuda_side_stream(void) {
@@ -1702,7 +1747,7 @@ static void nvrtc_row_inputs(void) {
  * element-wise kernel ("g = (... + threadIdx.x) * L;") */
 static int lanes_in(const char *src, const char *head) {
     char pat[40];
-    for (int l = 4; l >= 1; l /= 2) {
+    for (int l = 8; l >= 1; l /= 2) {
         snprintf(pat, sizeof pat, "%s) * %d;", head, l);
         if (strstr(src, pat)) return l;
     }
@@ -1711,7 +1756,7 @@ static int lanes_in(const char *src, const char *head) {
 
 static void nvrtc_lanes(void) {
     static const struct { const char *lanes; int rows, sum, gelu, update; } runs[] = {   /* expected lanes: sums, GELU, Adam */
-        { NULL, 8192, 4, 4, 4 }, { NULL, 128, 1, 0, 4 }, { "4", 128, 4, 0, 4 }, { "2", 8192, 2, 2, 2 }, { "1", 8192, 1, 1, 0 },
+        { NULL, 8192, 4, 8, 4 }, { NULL, 128, 1, 0, 4 }, { "4", 128, 4, 0, 4 }, { "2", 8192, 2, 2, 2 }, { "1", 8192, 1, 1, 0 },
     };
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         if (runs[r].lanes) setenv("TG_CUDA_LANES", runs[r].lanes, 1);
@@ -1946,6 +1991,7 @@ int main(void) {
             cuda_together();
             cuda_side_stream();
             cuda_early_clear();
+            cuda_eight_lanes();
             train_models("cuda");
         }
         return check_report("test_backend");
@@ -1986,6 +2032,7 @@ int main(void) {
         if (b) cuda_together();
         if (b) cuda_side_stream();
         if (b) cuda_early_clear();
+        if (b) cuda_eight_lanes();
         train_models(backends[b]);
     }
     if (!cuda) {

@@ -37,7 +37,7 @@ typedef struct {
                                   * at bf16 also the activations' (else tgk_bf16r) */
     bool *bf16;          /* bf16 graphs: the activations rounded to bf16 (graph_bf16_values), else NULL */
     int unsupported;     /* a node the generator has no kernel or no buffer for (the source is void), or -1 */
-    /* CUDA vector lanes (lanes 0: off): a thread computes `lanes` (2 or 4) consecutive elements,
+    /* CUDA vector lanes (lanes 0: off): a thread computes `lanes` (2, 4 or 8) consecutive elements,
      * the first at flat index lane_base (a multiple of lanes), lane `lane` at index lane_ix. A
      * float buffer read at exactly lane_ix is loaded once for all lanes, as one vector at
      * lane_base (float4, or four bf16 in a uint2), the first time a lane reads it: one wide load
@@ -134,7 +134,7 @@ void cg_line(cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cg_def(cg *c, char *name, const char *prefix, const char *type, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 const char *cg_ctype(const tg_node *n);        /* "float" or "int32_t" */
-/* The CUDA vector type of `lanes` (2 or 4) values loaded at once: floats, or bf16 values packed */
+/* The CUDA vector type of `lanes` (2, 4 or 8) values loaded at once: floats, or bf16 values packed */
 const char *cg_vector_type(bool bf16, int lanes);
 /* Declare P<id>, the pointer to node id's values: its arena slot or bound buffer, or those of the
  * node it aliases, or the leaf it replaces in place (cg.inplace); `restrict_kw` is the language's

@@ -17,11 +17,12 @@
 
 #define BLOCK 256
 /* A pointwise kernel of one segment of at least ELEMS_MIN elements gives each thread ELEMS groups
- * of LANES consecutive elements, where the segment is a multiple of BLOCK * ELEMS (* LANES)
- * (pointwise_kernel). */
+ * of LANES consecutive elements, where the segment is a multiple of BLOCK * ELEMS (* LANES), or
+ * ELEMS / 2 groups of MAX_LANES (pointwise_kernel). */
 #define ELEMS 4
 #define ELEMS_MIN (1 << 20)
 #define LANES 4
+#define MAX_LANES 8   /* a pointwise kernel's, where it stores bf16 only (pointwise_kernel) */
 
 static const tg_node *N(const cg *c, int id) { return &c->g->nodes[id]; }
 
@@ -859,7 +860,8 @@ static void store_floats(cg *c, char p, int id, const char *at, int lanes, char 
     else cg_line(c, "*(float2 *)(%c%d + %s) = make_float2(%s, %s);", p, id, at, x[0], x[1]);
 }
 
-/* Node id's rounded copy of values v[0..lanes) stored from flat index `at` as one vector */
+/* Node id's rounded copy of values v[0..lanes) stored from flat index `at` as one vector (eight
+ * lanes: bf16 only, a pointwise kernel's root kept in bf16 alone) */
 static void shadow_lanes(cg *c, int id, char (*v)[NAME], int lanes, const char *at) {
     char x[4][NAME + 20];
     if (c->g->precision != TG_PRECISION_BF16 || lanes == 1) {
@@ -867,16 +869,19 @@ static void shadow_lanes(cg *c, int id, char (*v)[NAME], int lanes, const char *
         store_floats(c, 'S', id, at, lanes, x);
     } else if (lanes == 2) {
         cg_line(c, "*(unsigned *)(S%d + %s) = tgk_pack_bf16(%s, %s);", id, at, v[0], v[1]);
-    } else {
+    } else if (lanes == 4) {
         cg_line(c, "*(uint2 *)(S%d + %s) = make_uint2(tgk_pack_bf16(%s, %s), tgk_pack_bf16(%s, %s));", id, at, v[0], v[1],
                 v[2], v[3]);
+    } else {
+        cg_line(c, "*(uint4 *)(S%d + %s) = make_uint4(tgk_pack_bf16(%s, %s), tgk_pack_bf16(%s, %s), tgk_pack_bf16(%s, %s), "
+                   "tgk_pack_bf16(%s, %s));", id, at, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
     }
 }
 
 /* Root id's values v[0..lanes) stored from flat index `at` as one vector, and its rounded copy
  * as another (bf16: pairs packed by tgk_pack_bf16). */
 static void lane_stores(cg *c, int id, char (*v)[NAME], int lanes, const char *at) {
-    char x[4][NAME + 20];
+    char x[MAX_LANES][NAME + 20];
     for (int k = 0; k < lanes; k++) snprintf(x[k], sizeof x[k], "%s", v[k]);
     if (!cg_unplaced(c, id)) store_floats(c, 'P', id, at, lanes, x);
     for (int k = 0; k < lanes && c->wb_check && c->wb_check[id]; k++) cg_line(c, WB_CHECK_LINE, v[k], c->flag_slot, id);
@@ -899,6 +904,17 @@ static bool floats(const cg *c, const int *ids, int n) {
     return true;
 }
 
+/* Does a kernel of roots[0..n) store their bf16 copies alone? Then eight lanes make 16-byte
+ * stores, and the loads of bf16 sources 16 bytes too: char_gpt's GELU (25 M values) took 33.8 us
+ * alone in groups of four, 29.8 in groups of eight, a 16-byte copy of its bytes 27.1
+ * (bench/cuda/pointwise_kernel, bench/logs/gpu_h200_s34_d_*). */
+static bool bf16_only(const cg *c, const int *roots, int n) {
+    if (c->g->precision != TG_PRECISION_BF16) return false;   /* tf32's rounded copies are floats */
+    for (int r = 0; r < n; r++)
+        if (!cg_unplaced(c, roots[r])) return false;
+    return n > 0;
+}
+
 /* The flat index type of a kernel over `numel` elements of each of roots[0..n): 32 bits where
  * every root's allows it (cg_index_type). */
 static const char *roots_index_type(const cg *c, const int *roots, int n, int64_t numel) {
@@ -912,7 +928,7 @@ static const char *roots_index_type(const cg *c, const int *roots, int n, int64_
  * rounded copy are stored as vectors. */
 static strbuf lane_body(cg *c, const int *roots, int n_roots, int lanes) {
     const char *it = roots_index_type(c, roots, n_roots, N(c, roots[0])->numel);
-    char (*v)[4][NAME] = tg_alloc(sizeof *v * (size_t)n_roots);
+    char (*v)[MAX_LANES][NAME] = tg_alloc(sizeof *v * (size_t)n_roots);
     strbuf code = { 0 };
     c->body.len = 0;
     if (c->body.s) c->body.s[0] = 0;
@@ -1093,7 +1109,7 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     /* One large segment: each thread takes ELEMS groups of LANES consecutive elements, the
      * groups a block apart, so that many loads are in flight together (one element a thread
      * leaves HBM idle while each thread waits on its loads), and wide: four bf16 values are
-     * one 8-byte load (lane_body). Several segments of as many elements in all (an optimizer's
+     * one 8-byte load (lane_body), eight in half the groups where it stores bf16 alone. Several segments of as many elements in all (an optimizer's
      * update of every parameter): LANES elements a thread in each segment whose length divides by
      * it (fewer, in threads that each wait longer, where there is less work: sin_mlp's update of
      * 4,353 parameters took 0.008 ms more). */
@@ -1103,6 +1119,7 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     bool one = n_segs == 1 && total >= ELEMS_MIN, wide = want_lanes > 1 && (total >= ELEMS_MIN || forced) && floats(c, roots, gr.n_roots);
     if (one && want > 1 && want <= 16 && total % (BLOCK * want) == 0) elems = want;
     if (one && wide && total % (BLOCK * elems * want_lanes) == 0) lanes = want_lanes;
+    if (lanes == 4 && elems % 2 == 0 && bf16_only(c, roots, gr.n_roots)) lanes = 8, elems /= 2;
     int64_t threads = 0;   /* thread g's segment: the first k with g < ends[k] */
     char (*first)[60] = tg_alloc(sizeof *first * (size_t)(n_segs + 1));
     strbuf fns = { 0 };   /* functions segments share */
@@ -2570,6 +2587,7 @@ static const char DEVICE_KERNELS[] =
      * vector load where the address allows, element by element where not */
     "static __device__ inline float4 tgk_load4(const float *p) {\n"
     "    return ((unsigned long long)p & 15) == 0 ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);\n}\n"
+    "struct __align__(16) tgk_float8 { float4 a, b; };\n"   /* eight lanes of floats (cg_vector_type) */
     "static __device__ inline float2 tgk_load2(const float *p) {\n"
     "    return ((unsigned long long)p & 7) == 0 ? *(const float2 *)p : make_float2(p[0], p[1]);\n}\n"
     /* and stored so (a leaf replaced in place) */
