@@ -71,6 +71,7 @@ typedef struct {
     CUresult (*StreamQuery)(CUstream);
     CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
     CUresult (*LaunchKernelEx)(const void *, CUfunction, void **, void **);   /* optional (CUDA 11.8 on): NULL without */
+    CUresult (*MemHostGetDevicePointer)(CUdeviceptr *, void *, unsigned);     /* optional: NULL without */
     /* optional (CUDA 12.3 on), all or none: a captured graph's nodes and edges (cuda_counters.c) */
     CUresult (*StreamGetCaptureInfo)(CUstream, int *, uint64_t *, CUgraph *, const CUgraphNode **, size_t *);
     CUresult (*GraphGetNodes)(CUgraph, CUgraphNode *, size_t *);

@@ -178,6 +178,7 @@ static void load_driver(void) {
     if (!lib) { WHY("the CUDA driver (libcuda.so.1) is not installed"); return; }
     if (!resolve(lib, (void **)&cu, CU_NAMES, N_OF(CU_NAMES), g_cuda.driver_why, sizeof g_cuda.driver_why)) return;
     *(void **)&cu.LaunchKernelEx = dlsym(lib, "cuLaunchKernelEx");
+    *(void **)&cu.MemHostGetDevicePointer = dlsym(lib, "cuMemHostGetDevicePointer_v2");
     static const char *const graph_names[] = {   /* optional: cuda_counters.c checks them */
         "cuStreamGetCaptureInfo_v2", "cuGraphGetNodes", "cuGraphGetRootNodes", "cuGraphNodeGetType", "cuGraphMemsetNodeGetParams",
         "cuGraphNodeGetDependencies_v2", "cuGraphNodeGetDependentNodes_v2", "cuGraphAddDependencies_v2", "cuGraphDestroyNode",
@@ -586,6 +587,7 @@ typedef struct {
      * products_ready), then tg_add_addend */
     CUfunction add_addend;
     CUfunction zero;         /* tg_zero: CL_MEMSET's launches */
+    CUfunction begin, report;   /* tg_begin, tg_report: a graph's first and last kernels (graph_begin, report_loss) */
     CUdeviceptr sums;
     CUdeviceptr slot[2];
     int slot_holds[2];       /* the node each slot holds in this enqueue, or -1 */
@@ -811,6 +813,8 @@ static void *cuda_prepare(int d, const tg_graph *g, const int *keep, int n_keep,
     TRY(cu.ModuleGetFunction(&e->writeback, e->module[0], "tg_writeback"), "tg_writeback");   /* every part has them */
     TRY(cu.ModuleGetFunction(&e->add_addend, e->module[0], "tg_add_addend"), "tg_add_addend");
     TRY(cu.ModuleGetFunction(&e->zero, e->module[0], "tg_zero"), "tg_zero");
+    TRY(cu.ModuleGetFunction(&e->begin, e->module[0], "tg_begin"), "tg_begin");
+    TRY(cu.ModuleGetFunction(&e->report, e->module[0], "tg_report"), "tg_report");
     TRY(cu.ModuleGetFunction(&e->wb_check, e->module[0], "tg_wb_check"), "tg_wb_check");
     size_t floats = e->launches.scratch_end > e->plan.arena ? e->launches.scratch_end : e->plan.arena;
     TRY(cu.MemAlloc(&e->arena, (floats ? floats : 1) * 4), "allocating the arena");
@@ -1574,17 +1578,52 @@ fail:
     return false;
 }
 
+/* Pinned host memory's address on the device (0 where the driver gives none) */
+static CUdeviceptr host_on_device(void *p) {
+    CUdeviceptr d = 0;
+    return cu.MemHostGetDevicePointer && cu.MemHostGetDevicePointer(&d, p, 0) == 0 ? d : 0;
+}
+
+/* A graph's start: the hyper scalars uploaded (and the flag's zero after them), cuBLASLt's
+ * counters zeroed. One kernel that reads the host's pinned memory (tg_begin) where the driver
+ * maps it, else a copy and a memset: char_gpt's step had 22 us between its last kernel and the
+ * next step's first, most of it the copy nodes (H200, bench/logs/gpu_h200_s43_*). */
+static bool graph_begin(cuda_exec *e, tg_error *err) {
+    CUdeviceptr hyper = host_on_device(e->hyper_host);
+    CUdeviceptr zero = e->counters.base ? e->counters.base + e->counters.zero_from : 0;
+    int n = e->n_hyper + 1, n_zero = e->counters.base ? (int)((e->counters.zero_to - e->counters.zero_from) / 4) : 0;
+    if (hyper) {
+        void *args[] = { &hyper, &e->hyper_dev, &n, &zero, &n_zero };
+        TRY(cu.LaunchKernel(e->begin, 1, 1, 1, 256, 1, 1, 0, e->dev->stream, args, NULL), "hyper upload");
+        return true;
+    }
+    TRY(cu.MemcpyHtoDAsync(e->hyper_dev, e->hyper_host, sizeof(double) * (size_t)n, e->dev->stream), "hyper upload");
+    if (n_zero) TRY(cu.MemsetD32Async(zero, 0, (size_t)n_zero, e->dev->stream), "zeroing cuBLASLt's counters");
+    return true;
+fail:
+    return false;
+}
+
+/* A graph's end: n floats from src into the host's pinned loss_host (tg_report, or a copy) */
+static bool report_loss(cuda_exec *e, CUdeviceptr src, int n, tg_error *err) {
+    CUdeviceptr dst = host_on_device(e->loss_host);
+    if (dst) {
+        void *args[] = { &src, &dst, &n };
+        TRY(cu.LaunchKernel(e->report, 1, 1, 1, 32, 1, 1, 0, e->dev->stream, args, NULL), "reading the loss");
+    } else {
+        TRY(cu.MemcpyDtoHAsync(e->loss_host, src, sizeof(float) * (size_t)n, e->dev->stream), "reading the loss");
+    }
+    return true;
+fail:
+    return false;
+}
+
 /* Enqueue the whole launch list on the stream (captured by the caller; or, profiling, run with
  * an event between launches and the time of each added to its total). */
 static bool enqueue(cuda_exec *e, tg_error *err) {
     e->slot_holds[0] = e->slot_holds[1] = -1;
     e->conversions = 0;
-    TRY(cu.MemcpyHtoDAsync(e->hyper_dev, e->hyper_host, sizeof(double) * (size_t)(e->n_hyper + 1), e->dev->stream),
-        "hyper upload");   /* and the flag's zero */
-    if (e->counters.base)
-        TRY(cu.MemsetD32Async(e->counters.base + e->counters.zero_from, 0, (e->counters.zero_to - e->counters.zero_from) / 4,
-                              e->dev->stream),
-            "zeroing cuBLASLt's counters");
+    if (!graph_begin(e, err)) return false;
     if (e->profile_graph) {
         for (int i = 0; i < e->launches.n; i++) {
             double sec;
@@ -1706,27 +1745,20 @@ typedef struct { int loss; } step_ctx;
  * step is a few dozen microseconds, and each node of the graph costs about two: the flag is
  * zeroed by the run's hyper upload rather than a memset, the poison cleared outside the graph
  * and only after a step may have set it (step_start), and the write-back kernel (or the kernels
- * that replace leaves in place) reports the loss and the flag side by side for one copy rather
- * than two (sin_mlp 0.055 ms a step with this tail as it was, 0.045 without any). */
+ * that replace leaves in place) reports the loss and the flag side by side for one report_loss
+ * rather than two (sin_mlp 0.055 ms a step with this tail as it was, 0.045 without any). */
 static bool step_tail(cuda_exec *e, void *ctx, tg_error *err) {
     const step_ctx *c = ctx;
     CUdeviceptr loss_ptr = node_ptr(e, c->loss), flag = e->wb_flag, poison = e->wb_poison, table = e->wb_table;
     CUdeviceptr report = e->wb_report;
-    if (e->n_wb == 0 && e->n_inplace > 0) {   /* the kernels that replaced leaves in place wrote the report */
-        TRY(cu.MemcpyDtoHAsync(e->loss_host, report, 2 * sizeof(float), e->dev->stream), "reading the loss");
-        return true;
-    }
-    if (e->n_wb == 0) {   /* the flag stays 0, as does the host's copy of it */
-        TRY(cu.MemcpyDtoHAsync(e->loss_host, loss_ptr, sizeof(float), e->dev->stream), "reading the loss");
-        return true;
-    }
+    if (e->n_wb == 0 && e->n_inplace > 0) return report_loss(e, report, 2, err);   /* the kernels that replaced leaves in place wrote it */
+    if (e->n_wb == 0) return report_loss(e, loss_ptr, 1, err);   /* the flag stays 0, as does the host's copy of it */
     void *check[] = { &flag, &table }, *copy[] = { &loss_ptr, &flag, &poison, &table, &report };
     if (!e->launches.writebacks_checked && !e->launches.grads_checked)
         TRY(cu.LaunchKernel(e->wb_check, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, e->dev->stream, check, NULL),
             "write-back check");
     TRY(cu.LaunchKernel(e->writeback, 64, (unsigned)e->n_wb, 1, 256, 1, 1, 0, e->dev->stream, copy, NULL), "write-backs");
-    TRY(cu.MemcpyDtoHAsync(e->loss_host, report, 2 * sizeof(float), e->dev->stream), "reading the loss");
-    return true;
+    return report_loss(e, report, 2, err);
 fail:
     return false;
 }

@@ -2628,6 +2628,15 @@ static const char DEVICE_KERNELS[] =
     "#else\n"
     "    return (unsigned)tgk_round_bf16(lo) | (unsigned)tgk_round_bf16(hi) << 16;\n"
     "#endif\n}\n"
+    /* A graph's ends (cuda_backend.c's graph_begin, report_loss): the run's hyper scalars (and the
+     * flag's zero after them) read from the host's pinned memory, and cuBLASLt's counters zeroed,
+     * as the graph's first kernel; the loss and the flag written into the host's pinned memory as
+     * its last. Copy and memset nodes cost a step about 20 us between them (char_gpt, H200). */
+    "extern \"C\" __global__ void tg_begin(const double *hyper, double *dst, int n, unsigned *zero, int n_zero) {\n"
+    "    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = hyper[i];\n"
+    "    for (int i = threadIdx.x; i < n_zero; i += blockDim.x) zero[i] = 0u;\n}\n"
+    "extern \"C\" __global__ void tg_report(const float *src, float *dst, int n) {\n"
+    "    if ((int)threadIdx.x < n) dst[threadIdx.x] = src[threadIdx.x];\n}\n"
     /* a buffer cleared for sums added up in memory (CL_MEMSET: attention's dq, scattered rows): a
      * kernel, not a memset node, so that it and the kernel after it launch early (cuda_start);
      * four floats a thread, over as many blocks as the launch has */
