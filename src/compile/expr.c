@@ -511,18 +511,16 @@ static const char *compute(cg *c, int id, ix_t ix, char *name) {
     return name;
 }
 
-/* One load of `lanes` (2, 4 or 8) consecutive floats, or bf16 values two to a word. Eight floats
- * are two float4 (tgk_float8: Hopper's widest load is 16 bytes). */
+/* One load of `lanes` consecutive values: 2 or 4 floats, or 2, 4 or 8 bf16 values two to a word
+ * (16 bytes, the widest load). */
 const char *cg_vector_type(bool bf16, int lanes) {
-    static const char *const f[] = { "float2", "float4", "tgk_float8" }, *const b[] = { "unsigned", "uint2", "uint4" };
-    const int w = lanes == 8 ? 2 : lanes == 4 ? 1 : 0;
-    return bf16 ? b[w] : f[w];
+    return bf16 ? (lanes == 8 ? "uint4" : lanes == 4 ? "uint2" : "unsigned") : (lanes == 4 ? "float4" : "float2");
 }
 
 /* Lane c->lane's element of vector k (c->vec), as a float. */
 static void lane_part(cg *c, int k, bool bf16, char *name) {
-    static const char *const part[] = { ".x", ".y", ".z", ".w", ".b.x", ".b.y", ".b.z", ".b.w" };
-    if (!bf16) cg_def(c, name, "t", "float", "%s%s%s", c->vec[k].name, c->lanes == 8 && c->lane < 4 ? ".a" : "", part[c->lane]);
+    static const char *const part[] = { ".x", ".y", ".z", ".w" };
+    if (!bf16) cg_def(c, name, "t", "float", "%s%s", c->vec[k].name, part[c->lane]);
     else cg_def(c, name, "t", "float", c->lane % 2 ? "__uint_as_float(%s%s & 0xffff0000u)" : "__uint_as_float(%s%s << 16)",
                 c->vec[k].name, c->lanes >= 4 ? part[c->lane / 2] : "");
 }
@@ -534,8 +532,8 @@ static bool lane_load(cg *c, int id, char *name) {
     const tg_node *n = N(c, id);
     int home = plan_home(c->plan, id), k = 0;
     bool bf16 = cg_unplaced(c, id);
-    if (n->dtype != TG_FLOAT32 || (c->lanes != 2 && c->lanes != 4 && c->lanes != 8) ||
-        ((bf16 || c->lanes == 8) && cg_is_bound(N(c, home)->op)))   /* a bound leaf's pointer may be unaligned: tgk_load2/4 */
+    if (n->dtype != TG_FLOAT32 || (c->lanes != 2 && c->lanes != 4 && !(c->lanes == 8 && bf16)) ||
+        (bf16 && cg_is_bound(N(c, home)->op)))   /* eight floats: each lane its own */
         return false;
     while (k < c->n_vec && c->vec[k].node != id) k++;
     if (k == c->n_vec) {

@@ -134,7 +134,7 @@ void cg_line(cg *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cg_def(cg *c, char *name, const char *prefix, const char *type, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 const char *cg_ctype(const tg_node *n);        /* "float" or "int32_t" */
-/* The CUDA vector type of `lanes` (2, 4 or 8) values loaded at once: floats, or bf16 values packed */
+/* The CUDA vector type of `lanes` values loaded at once: 2 or 4 floats, or 2, 4 or 8 bf16 values packed */
 const char *cg_vector_type(bool bf16, int lanes);
 /* Declare P<id>, the pointer to node id's values: its arena slot or bound buffer, or those of the
  * node it aliases, or the leaf it replaces in place (cg.inplace); `restrict_kw` is the language's

@@ -905,7 +905,8 @@ static bool floats(const cg *c, const int *ids, int n) {
 }
 
 /* Does a kernel of roots[0..n) store their bf16 copies alone? Then eight lanes make 16-byte
- * stores, and the loads of bf16 sources 16 bytes too: char_gpt's GELU (25 M values) took 33.8 us
+ * stores, and the loads of bf16 sources 16 bytes too (a float source's lanes each load their
+ * own): char_gpt's GELU (25 M values) took 33.8 us
  * alone in groups of four, 29.8 in groups of eight, a 16-byte copy of its bytes 27.1
  * (bench/cuda/pointwise_kernel, bench/logs/gpu_h200_s34_d_*). */
 static bool bf16_only(const cg *c, const int *roots, int n) {
@@ -1109,10 +1110,11 @@ static int pointwise_kernel(cg *c, cuda_plan *p, const int *order, int n_order) 
     /* One large segment: each thread takes ELEMS groups of LANES consecutive elements, the
      * groups a block apart, so that many loads are in flight together (one element a thread
      * leaves HBM idle while each thread waits on its loads), and wide: four bf16 values are
-     * one 8-byte load (lane_body), eight in half the groups where it stores bf16 alone. Several segments of as many elements in all (an optimizer's
-     * update of every parameter): LANES elements a thread in each segment whose length divides by
-     * it (fewer, in threads that each wait longer, where there is less work: sin_mlp's update of
-     * 4,353 parameters took 0.008 ms more). */
+     * one 8-byte load (lane_body), eight in half the groups where it stores bf16 alone
+     * (bf16_only). Several segments of as many elements in all (an optimizer's update of every
+     * parameter): LANES elements a thread in each segment whose length divides by it (fewer, in
+     * threads that each wait longer, where there is less work: sin_mlp's update of 4,353
+     * parameters took 0.008 ms more). */
     int elems = 1, lanes = 1, want = getenv("TG_CUDA_ELEMS") ? atoi(getenv("TG_CUDA_ELEMS")) : ELEMS;   /* the variables: A/B runs */
     bool forced;
     int want_lanes = lanes_wanted(&forced);
@@ -2607,7 +2609,6 @@ static const char DEVICE_KERNELS[] =
      * vector load where the address allows, element by element where not */
     "static __device__ inline float4 tgk_load4(const float *p) {\n"
     "    return ((unsigned long long)p & 15) == 0 ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);\n}\n"
-    "struct __align__(16) tgk_float8 { float4 a, b; };\n"   /* eight lanes of floats (cg_vector_type) */
     "static __device__ inline float2 tgk_load2(const float *p) {\n"
     "    return ((unsigned long long)p & 7) == 0 ? *(const float2 *)p : make_float2(p[0], p[1]);\n}\n"
     /* and stored so (a leaf replaced in place) */
