@@ -853,11 +853,11 @@ static void nvrtc_compile_all(void) {
 /* The vector-lane paths of the CUDA generator (cuda_codegen.c: lane_body, sum_lanes), read from
  * the source NVRTC compiles. A bf16 MLP whose GELU covers 2^25 elements and whose first bias
  * gradient sums 8192 rows of 4096 columns takes four lanes in the sum by default (each thread of
- * that sum still sums 16 rows) and eight in the GELU (it stores bf16 alone); a batch of 128 keeps one lane everywhere by default (its GELU has
- * 2^19 elements); TG_CUDA_LANES forces its count on every sum the shapes allow, and on
- * element-wise kernels of 2^20 elements and more. Adam's update of the 4.2 M parameters, a
- * segment a parameter, takes four lanes by default (every segment's length divides by four)
- * and the forced count when forced. */
+ * that sum still sums 16 rows) and eight in the GELU (it stores bf16 alone); a batch of 128 keeps
+ * one lane everywhere by default (its GELU has 2^19 elements); TG_CUDA_LANES forces its count on
+ * every sum the shapes allow, and on element-wise kernels of 2^20 elements and more. Adam's
+ * update of the 4.2 M parameters, a segment a parameter, takes four lanes by default (every
+ * segment's length divides by four) and the forced count when forced. */
 static tg_linear wide1, wide2;
 static tg_tensor wide_loss(const void *ctx, const tg_tensor *in) {
     return tg_cross_entropy(tg_linear(&wide2, tg_gelu(tg_linear(&wide1, in[0]))), in[1], TG_MEAN);
@@ -1176,7 +1176,11 @@ static bool eight_lane_steps(const char *elems, float *w) {
  * arithmetic an element, only the loads and stores wider. */
 static void cuda_eight_lanes(void) {
     float *w[2] = { malloc(sizeof(float) * 4096 * 1024), malloc(sizeof(float) * 4096 * 1024) };
-    if (!w[0] || !w[1]) return;
+    if (!w[0] || !w[1]) {
+        free(w[0]);
+        free(w[1]);
+        return;
+    }
     const bool eight = eight_lane_steps("4", w[0]), four = eight_lane_steps("1", w[1]);
     CHECK(eight && !four, "cuda bf16: the GELU of 2^20 values in eights by default (%d), not with one group a thread (%d)", eight,
           four);
