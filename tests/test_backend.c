@@ -863,18 +863,21 @@ static tg_tensor wide_loss(const void *ctx, const tg_tensor *in) {
     return tg_cross_entropy(tg_linear(&wide2, tg_gelu(tg_linear(&wide1, in[0]))), in[1], TG_MEAN);
 }
 
-/* The MLP above compiled by `backend` for a batch of `rows` (NULL with err set). */
-static tg_train *wide_step_on(const char *backend, tg_model **m, tg_precision precision, int rows, tg_error *err) {
-    *m = tg_model_new(4);
-    wide1 = tg_linear_new(*m, "l1", 1024, 4096, NULL);
-    wide2 = tg_linear_new(*m, "l2", 4096, 16, NULL);
-    return tg_compile(&(tg_train_spec){ .model = *m, .loss = wide_loss, .optimizer = tg_adam(1e-3), .backend = backend,
+/* The MLP above's layers in a new model */
+static tg_model *wide_layers(void) {
+    tg_model *m = tg_model_new(4);
+    wide1 = tg_linear_new(m, "l1", 1024, 4096, NULL);
+    wide2 = tg_linear_new(m, "l2", 4096, 16, NULL);
+    return m;
+}
+
+/* The MLP above compiled by cuda-nvrtc for a batch of `rows` (NULL with err set). */
+static tg_train *wide_step(tg_model **m, tg_precision precision, int rows, tg_error *err) {
+    *m = wide_layers();
+    return tg_compile(&(tg_train_spec){ .model = *m, .loss = wide_loss, .optimizer = tg_adam(1e-3), .backend = "cuda-nvrtc",
                                         .precision = precision,
                                         .inputs = (tg_input_decl[]){ TG_F32("x", rows, 1024), TG_I32("y", rows) }, .n_inputs = 2 },
                       err);
-}
-static tg_train *wide_step(tg_model **m, tg_precision precision, int rows, tg_error *err) {
-    return wide_step_on("cuda-nvrtc", m, precision, rows, err);
 }
 
 /* q, k and v projections into causal attention, as a transformer block has them: their bias
@@ -1040,6 +1043,25 @@ static void cuda_together(void) {
     free(w[1]);
 }
 
+/* `loss` over m's layers compiled for CUDA at precision p with Adam, three steps on x [rows, cols]
+ * and y [rows], each checked, its loss into losses[s] (NAN where it failed; losses may be NULL).
+ * NULL where the compile failed (checked; `what` names the case in the messages). */
+static tg_train *cuda_three_steps(const char *what, tg_model *m, tg_forward_fn loss, tg_precision p, const float *x, int rows,
+                                  int cols, const int32_t *y, float *losses) {
+    tg_error err = { { 0 } };
+    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = loss, .optimizer = tg_adam(1e-3), .backend = "cuda", .precision = p,
+                                               .n_inputs = 2,
+                                               .inputs = (tg_input_decl[]){ TG_F32("x", rows, cols), TG_I32("y", rows) } },
+                             &err);
+    CHECK(t != NULL, "%s: compile: %s", what, err.msg);
+    for (int s = 0; s < 3 && t; s++) {
+        tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, (size_t)rows * cols), tg_i32("y", y, (size_t)rows) }, 2);
+        CHECK(r.status == TG_OK, "%s: step %d: %s", what, s, r.error);
+        if (losses) losses[s] = r.status == TG_OK ? r.loss : NAN;
+    }
+    return t;
+}
+
 static int count_text(const char *s, const char *what) {
     int n = 0;
     for (; s && (s = strstr(s, what)); s++) n++;
@@ -1064,15 +1086,7 @@ static int residual_steps(tg_precision p, const char *side, const char *flop, co
     tg_model *m = tg_model_new(17);
     residual_ln_layers(m);
     tg_error err = { { 0 } };
-    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = residual_ln_loss, .optimizer = tg_adam(1e-3), .backend = "cuda",
-                                               .precision = p, .n_inputs = 2,
-                                               .inputs = (tg_input_decl[]){ TG_F32("x", rows, 6), TG_I32("y", rows) } },
-                             &err);
-    CHECK(t != NULL, "side stream: compile: %s", err.msg);
-    for (int s = 0; s < 3 && t; s++) {
-        tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, (size_t)rows * 6), tg_i32("y", y, (size_t)rows) }, 2);
-        losses[s] = r.status == TG_OK ? r.loss : NAN;
-    }
+    tg_train *t = cuda_three_steps("side stream", m, residual_ln_loss, p, x, rows, 6, y, losses);
     CHECK(t && tg_download_param(t, "lh.W", w, 520 * 520, &err) == TG_OK, "side stream: lh.W: %s", err.msg);
     tg_destroy(t);
     tg_model_free(m);
@@ -1099,15 +1113,7 @@ static int attention_clear_steps(tg_precision p, const char *early, const float 
     tg_model *m = tg_model_new(3);
     attention_layers(m);
     tg_error err = { { 0 } };
-    tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = attention_loss, .optimizer = tg_adam(1e-3), .backend = "cuda",
-                                               .precision = p, .n_inputs = 2,
-                                               .inputs = (tg_input_decl[]){ TG_F32("x", 70, 6), TG_I32("y", 70) } },
-                             &err);
-    CHECK(t != NULL, "early clears: compile: %s", err.msg);
-    for (int s = 0; s < 3 && t; s++) {
-        tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, 70 * 6), tg_i32("y", y, 70) }, 2);
-        CHECK(r.status == TG_OK, "early clears: step %d: %s", s, r.error);
-    }
+    tg_train *t = cuda_three_steps("early clears", m, attention_loss, p, x, 70, 6, y, NULL);
     CHECK(t && tg_download_param_grad(t, "a0.q.W", grads, 32 * 32, &err) == TG_OK &&
               tg_download_param_grad(t, "a1.q.W", grads + 32 * 32, 32 * 32, &err) == TG_OK,
           "early clears: q's gradients: %s", err.msg);
@@ -1154,20 +1160,17 @@ static bool eight_lane_steps(const char *elems, float *w) {
     for (int i = 0; x && i < ROWS * 1024; i++) x[i] = (float)check_uniform(-1, 1);
     for (int i = 0; i < ROWS; i++) y[i] = (int32_t)(check_next() % 16);
     setenv("TG_CUDA_ELEMS", elems, 1);
-    tg_model *m = NULL;
+    tg_model *m = wide_layers();
     tg_error err = { { 0 } };
-    tg_train *t = x ? wide_step_on("cuda", &m, TG_PRECISION_BF16, ROWS, &err) : NULL;
+    float losses[3] = { NAN, NAN, NAN };
+    tg_train *t = x ? cuda_three_steps("eight lanes", m, wide_loss, TG_PRECISION_BF16, x, ROWS, 1024, y, losses) : NULL;
     unsetenv("TG_CUDA_ELEMS");
-    CHECK(t != NULL, "eight lanes, TG_CUDA_ELEMS=%s: compile: %s", elems, err.msg);
-    for (int s = 0; s < 3 && t; s++) {
-        tg_result r = tg_step(t, (tg_data[]){ tg_f32("x", x, ROWS * 1024), tg_i32("y", y, ROWS) }, 2);
-        CHECK(r.status == TG_OK && isfinite(r.loss), "eight lanes, TG_CUDA_ELEMS=%s: step %d: %s", elems, s, r.error);
-    }
+    for (int s = 0; s < 3 && t; s++) CHECK(isfinite(losses[s]), "eight lanes, TG_CUDA_ELEMS=%s: step %d's loss %g", elems, s, losses[s]);
     CHECK(t && tg_download_param(t, "l1.W", w, 4096 * 1024, &err) == TG_OK, "eight lanes: l1.W: %s", err.msg);
     const char *src = t ? tg_train_kernel_source(t) : NULL;
     const bool eight = src && strstr(src, "+ threadIdx.x) * 8;");
     tg_destroy(t);
-    if (m) tg_model_free(m);
+    tg_model_free(m);
     free(x);
     return eight;
 }
