@@ -1440,12 +1440,28 @@ static int checked_nodes(const char *src) {
     return n;
 }
 
-/* Leaves replaced in place: outputs declared at a bound leaf's buffer ("float *__restrict__ P<id>
- * = (float *)B[..]"); *guarded: whether kcheck comes before the first kernel that replaces one,
- * and every such kernel starts with the guard. */
-static int inplace_outputs(const char *src, bool *guarded) {
+/* The check of the gradients: how many it reads (a segment each) over kcheck and its pieces
+ * (kcheck0, kcheck1, ..); *last: where the last of those kernels begins (NULL: none). */
+static int checked_gradients(const char *src, int *pieces, const char **last) {
     int n = 0;
-    const char *check = strstr(src, "void kcheck("), *first = NULL;
+    *pieces = 0;
+    *last = NULL;
+    for (const char *k = strstr(src, "void kcheck"); k; k = strstr(k + 1, "void kcheck")) {
+        const char *end = strstr(k, "\n}\n");
+        for (const char *b = strstr(k, "bad |= "); b && end && b < end; b = strstr(b + 1, "bad |= ")) n++;
+        *pieces += k[strlen("void kcheck")] != '(';
+        *last = k;
+    }
+    return n;
+}
+
+/* Leaves replaced in place: outputs declared at a bound leaf's buffer ("float *__restrict__ P<id>
+ * = (float *)B[..]"); *guarded: whether the check (kcheck and its pieces) comes before the first
+ * kernel that replaces one, and every such kernel starts with the guard. */
+static int inplace_outputs(const char *src, bool *guarded) {
+    int n = 0, pieces;
+    const char *check, *first = NULL;
+    checked_gradients(src, &pieces, &check);
     *guarded = check != NULL;
     for (const char *k = strstr(src, "__global__ void "); k; k = strstr(k + 1, "__global__ void ")) {
         if (kernel_name(k)[0] != 'k') continue;
@@ -1459,6 +1475,29 @@ static int inplace_outputs(const char *src, bool *guarded) {
     }
     if (first) *guarded &= check < first;
     return n;
+}
+
+/* The gradients' check in pieces (cuda_codegen.c's grad_check_piece): the layer-norm step at bf16
+ * with TG_CUDA_CHECK_PIECE=1 checks each gradient once it is computed, in pieces beside kcheck,
+ * every one of the six exactly once and all before the first kernel that replaces a leaf; by
+ * default (a piece takes at least 2^20 values) kcheck alone checks them. */
+static void nvrtc_check_pieces(void) {
+    for (int forced = 0; forced < 2; forced++) {
+        if (forced) setenv("TG_CUDA_CHECK_PIECE", "1", 1);
+        tg_model *m;
+        tg_error err = { { 0 } };
+        tg_train *t = ln_step(&m, TG_PRECISION_BF16, 64, &err);
+        const char *src = t ? tg_train_kernel_source(t) : NULL, *last;
+        int pieces = 0, checked = src ? checked_gradients(src, &pieces, &last) : -1;
+        bool guarded;
+        const int inplace = src ? inplace_outputs(src, &guarded) : 0;
+        CHECK(src && checked == 6 && (forced ? pieces >= 2 : pieces == 0) && inplace == 18 && guarded,
+              "TG_CUDA_CHECK_PIECE %s: %d gradients checked (expected 6) in %d pieces and kcheck, %s: %s", forced ? "1" : "unset",
+              checked, pieces, src && guarded ? "before the updates in place" : "not all before the updates in place", err.msg);
+        unsetenv("TG_CUDA_CHECK_PIECE");
+        tg_destroy(t);
+        tg_model_free(m);
+    }
 }
 
 /* The generated step at each precision: every kernel of ours waits for the one before it first
@@ -1623,6 +1662,65 @@ static void nvrtc_thin_sums(void) {
         tg_destroy(t);
         tg_model_free(m);
     }
+}
+
+/* A GPT's embeddings: a token's row by index plus its position's, 32 wide, through a layer norm
+ * (its backward a row kernel, as at char_gpt's 384) and a head, over 20 sequences of 5. On CUDA
+ * the gradient at their sum is scattered into the token table's gradient and summed over the
+ * batch for the position table's by one kernel (cuda_codegen.c's scatter_with_sum; over fewer
+ * than 17 sequences the sum is computed inline where it is read instead: fuse_small_reduction). */
+static tg_embedding_layer emb_tok, emb_pos;
+static tg_layernorm emb_ln;
+static tg_tensor embedding_pair_loss(const void *ctx, const tg_tensor *in) {
+    tg_tensor x = tg_add(tg_embed(&emb_tok, in[0]), tg_embed(&emb_pos, tg_arange(5, TG_INT32)));
+    return tg_cross_entropy(tg_linear(&l2, tg_layernorm(&emb_ln, x)), in[1], TG_MEAN);
+}
+static tg_train *embedding_pair_step(const char *backend, tg_model **m, tg_error *err) {
+    *m = tg_model_new(8);
+    emb_tok = tg_embedding_new(*m, "tok", 7, 32);
+    emb_pos = tg_embedding_new(*m, "pos", 5, 32);
+    emb_ln = tg_layernorm_new(*m, "ln", 32, 0, 1);
+    l2 = tg_linear_new(*m, "l2", 32, 5, NULL);
+    return tg_compile(&(tg_train_spec){ .model = *m, .loss = embedding_pair_loss, .optimizer = tg_adam(1e-2), .backend = backend,
+                                        .inputs = (tg_input_decl[]){ TG_I32("z", 20, 5), TG_I32("y", 20, 5) }, .n_inputs = 2 },
+                      err);
+}
+
+/* The embeddings' gradients after a step on `backend` against the reference's (float64 sums
+ * rounded once: within 1e-5 of the largest), and on cuda-nvrtc the one kernel is there. */
+static void embedding_pair(const char *backend) {
+    int32_t z[100], y[100];
+    check_rng = 21;
+    for (int i = 0; i < 100; i++) z[i] = (int32_t)(check_next() % 7), y[i] = (int32_t)(check_next() % 5);
+    float grads[2][12 * 32];
+    for (int b = 0; b < 2; b++) {
+        tg_model *m;
+        tg_error err = { { 0 } };
+        tg_train *t = embedding_pair_step(b ? backend : "reference", &m, &err);
+        tg_result r = t ? tg_step(t, (tg_data[]){ tg_i32("z", z, 100), tg_i32("y", y, 100) }, 2) : (tg_result){ 0 };
+        CHECK(t && r.status == TG_OK && tg_download_param_grad(t, "tok.W", grads[b], 7 * 32, &err) == TG_OK &&
+                  tg_download_param_grad(t, "pos.W", grads[b] + 7 * 32, 5 * 32, &err) == TG_OK,
+              "token and position embeddings on %s: %s %s", b ? backend : "reference", err.msg, r.error);
+        tg_destroy(t);
+        tg_model_free(m);
+    }
+    double worst = 0, largest = 0;
+    for (int i = 0; i < 12 * 32; i++) largest = fmax(largest, fabs(grads[0][i]));
+    for (int i = 0; i < 12 * 32; i++) worst = fmax(worst, fabs((double)grads[0][i] - grads[1][i]));
+    CHECK(largest > 0 && worst <= 1e-5 * largest, "token and position embeddings on %s: gradients within %.3g of the reference's "
+          "(largest %.3g)", backend, worst, largest);
+}
+
+static void nvrtc_embedding_pair(void) {
+    tg_model *m;
+    tg_error err = { { 0 } };
+    tg_train *t = embedding_pair_step("cuda-nvrtc", &m, &err);
+    const char *src = t ? tg_train_kernel_source(t) : NULL;
+    CHECK(src && count_text(src, "tgk_scatter_rows_sum4(P") == 1 && count_text(src, "tgk_scatter_rows4(P") == 1,
+          "token and position embeddings: NVRTC compiles the step, one kernel scattering the token rows and summing the "
+          "positions' (and a scatter of the positions' by row): %s", err.msg);
+    tg_destroy(t);
+    tg_model_free(m);
 }
 
 /* A forward whose output sums exp of its 12,000 inputs (one row no row kernel takes): cut into
@@ -1972,6 +2070,7 @@ static void train_models(const char *backend) {
                       MODEL_RESIDUAL_LN);
         unsetenv("TG_CUDA_ROW_COLUMNS");
     }
+    if (case_chosen("token and position embeddings")) embedding_pair(backend);
     if (case_chosen("two attention layers"))
         train_compare(backend, "two attention layers", attention_loss, (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) },
                       MODEL_ATTENTION);
@@ -2062,6 +2161,8 @@ int main(void) {
             nvrtc_qkv_copy();
             nvrtc_grouped_concat();
             nvrtc_generated_kernels();
+            nvrtc_check_pieces();
+            nvrtc_embedding_pair();
             nvrtc_shared_segments();
             nvrtc_transposed_leaves();
             nvrtc_thin_sums();

@@ -76,14 +76,20 @@ typedef struct {
     /* CUDA (NULL: off): per node, the PARAM or STATE leaf its kernel replaces in place (its values
      * are that leaf's buffer: cg_pointer), or -1; inplace_ok: which may (plan_inplace's
      * candidates); kcheck_out: the kernel that checks every gradient first (kcheck) is emitted;
+     * checked: per parameter, its gradient checked by an earlier piece of it (kcheck0, kcheck1..);
      * aliased: the kernel being declared replaces leaves (cuda_codegen.c's replaced_by). */
     int *inplace;
     const int *inplace_ok;
+    bool *checked;
+    int n_check_pieces;
     bool kcheck_out, aliased;
     /* CUDA: a node whose rounded copy the sum copy_sum writes as it reads it (attention's dq: no
      * pass of its own), or -1; that sum's kernel sets copy_written once it did */
     int copy_by_sum, copy_sum;
     bool copy_written;
+    /* CUDA: a sum over the batch that the scatter sum_scatter computes with its rows (a token and
+     * a position embedding's gradients, one pass: cuda_codegen.c's scatter_taking_sum), or -1 */
+    int scatter_sum, sum_scatter;
     /* CPU row runs (row 0: off): an element-wise loop nested as flat index i = o * row + u, u < row.
      * The coordinates of a value of that innermost size read at index i are u and functions of o
      * alone, which the compiler hoists out of the loop over u: a permuted or broadcast read is

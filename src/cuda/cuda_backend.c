@@ -1213,6 +1213,12 @@ static void side_free(cuda_exec *e) {
     e->side_done = NULL;
 }
 
+static bool writes_any(const touches *a) {
+    for (int x = 0; x < a->n; x++)
+        if (a->a[x].write) return true;
+    return false;
+}
+
 /* Does a launch after i read its results (side_plan; those on the side stream too unless
  * `side`)? Launches whose touches are not known do not count: the device's stream waits for
  * the side stream before them (join_for). */
@@ -1293,8 +1299,14 @@ static bool side_plan(cuda_exec *e, tg_error *err) {
     }
     for (int i = 0; i < n && ok; i++) ok = touches_of(e, i);
     if (!ok) tg_seterr(err, "out of memory planning the side stream");
+    /* Launches that write nothing of the arena's (the pieces of the gradients' check: the step's
+     * flag alone) first, so that what they read may go beside too: with the check's pieces on the
+     * chain's reading list, char_gpt's weight gradients stayed on it, 4.145 -> 4.21 ms a step. */
     for (int i = 0; i < n && ok; i++)
-        if (e->touched[i].known && e->touched[i].n > 0 && leaves_room(e, i) && !read_later(e, i, false)) ok = put_beside(e, i, err);
+        if (e->touched[i].known && e->touched[i].n > 0 && !writes_any(&e->touched[i]) && leaves_room(e, i)) ok = put_beside(e, i, err);
+    for (int i = 0; i < n && ok; i++)
+        if (!e->side[i] && e->touched[i].known && e->touched[i].n > 0 && leaves_room(e, i) && !read_later(e, i, false))
+            ok = put_beside(e, i, err);
     /* A product whose results only a few small kernels read, and nothing reads theirs (a grouped
      * weight gradient, its parts copied out as the gradients kept: grad.c's siblings): all beside,
      * in order on the side stream (char_gpt at bf16: 33 us a layer off the critical path). */

@@ -16,6 +16,9 @@
 #include <string.h>
 
 #define BLOCK 256
+/* The most threads of a piece of the gradients' check: a kernel that loops over its values to
+ * leave room beside the chain (cuda_backend.c's leaves_room) */
+enum { CHECK_THREADS = 128 * BLOCK };
 /* A pointwise kernel of one segment of at least ELEMS_MIN elements gives each thread ELEMS groups
  * of LANES consecutive elements, where the segment is a multiple of BLOCK * ELEMS (* LANES), or
  * ELEMS / 2 groups of MAX_LANES (pointwise_kernel). */
@@ -324,16 +327,16 @@ static void segment_tree(strbuf *out, const strbuf *segs, const int64_t *ends, i
     sb_printf(out, "    }\n");
 }
 
-/* Kernel `name` over n segments (a leaf or a gradient each: segment_tree finds thread g's), its
- * pointers declared in decl, `head` and `tail` around the tree; `total` threads, launched under
- * node `first`. */
+/* Kernel `name` over n segments (a leaf or a gradient each: segment_tree finds value g's), its
+ * pointers declared in decl, `head` and `tail` around the tree; `total` threads, thread `index`
+ * (g, or g0 where the head loops over values from it), launched under node `first`. */
 static void segments_kernel(cg *c, cuda_plan *p, const char *name, const strbuf *decl, const strbuf *segs, const int64_t *ends,
-                            int n, int first, int64_t total, const char *head, const char *tail) {
+                            int n, int first, int64_t total, const char *index, const char *head, const char *tail) {
     strbuf code = { 0 };
     segment_tree(&code, segs, ends, 0, n);
     sb_printf(c->out, "extern \"C\" __global__ void %s(float *A, void *const *B, const double *H) {\n    tgk_prior();\n%s"
-                      "    const int64_t g = (int64_t)blockIdx.x * %d + threadIdx.x;\n%s%s%s}\n\n",
-              name, sb_str(decl), BLOCK, head, sb_str(&code), tail);
+                      "    const int64_t %s = (int64_t)blockIdx.x * %d + threadIdx.x;\n%s%s%s}\n\n",
+              name, sb_str(decl), index, BLOCK, head, sb_str(&code), tail);
     free(code.s);
     kernel_launch(c, p, first, total, BLOCK);
     snprintf(p->launch[p->n - 1].name, sizeof p->launch[p->n - 1].name, "%s", name);
@@ -441,7 +444,7 @@ static void leaf_kernel(cg *c, cuda_plan *p) {
     if (first >= 0 && segs && ends) {
         char head[80];
         snprintf(head, sizeof head, "    if (g >= %lldll) return;\n", (long long)total);
-        segments_kernel(c, p, "kleaves", &decl, segs, ends, k, first, total, head, "");
+        segments_kernel(c, p, "kleaves", &decl, segs, ends, k, first, total, "g", head, "");
     }
     for (int q = 0; segs && q < k; q++) free(segs[q].s);
     free(segs);
@@ -459,41 +462,82 @@ static void leaf_kernel(cg *c, cuda_plan *p) {
 
 /* kcheck: every gradient optim_build updates from, a segment each (four values a thread where
  * the length divides by four), the flag set where one is not finite. Emitted right before the
- * first kernel that replaces a leaf (or last: the check is the step's contract either way). */
-static void grad_check_kernel(cg *c, cuda_plan *p) {
+ * first kernel that replaces a leaf (or last: the check is the step's contract either way).
+ * Gradients finished well before then are checked in pieces as they are (grad_check_piece), so
+ * that kcheck, on the chain at the step's end, reads only the last few. */
+static void grad_check_emit(cg *c, cuda_plan *p, const char *name, bool piece, int64_t upto) {
     const tg_graph *g = c->g;
     strbuf decl = { 0 };
     strbuf *segs = tg_alloc(sizeof(strbuf) * (size_t)(g->n_params + 1));
     int64_t *ends = tg_alloc(sizeof(int64_t) * (size_t)(g->n_params + 1)), total = 0;
     int n = 0, first = -1;
-    c->kcheck_out = true;
     for (int i = 0; segs && ends && i < g->n_params; i++) {
         int gr = g->grad_of_param[i];
-        if (g->param_node[i] < 0 || gr < 0) continue;
+        if (g->param_node[i] < 0 || gr < 0 || gr > upto || (c->checked && c->checked[i])) continue;
+        if (c->checked) c->checked[i] = true;
         if (first < 0) first = gr;
         pointer(c, &decl, gr, false);
+        if (piece) io_node(c, gr, false);
         const int64_t numel = N(c, gr)->numel, per = numel % 4 ? 1 : 4;
         segs[n] = (strbuf){ 0 };
         if (per == 4)
             sb_printf(&segs[n], "    {\n        const float4 v = tgk_load4(P%d + (g - %lldll) * 4);\n"
-                                "        bad = !isfinite(v.x) || !isfinite(v.y) || !isfinite(v.z) || !isfinite(v.w);\n    }\n",
+                                "        bad |= !isfinite(v.x) || !isfinite(v.y) || !isfinite(v.z) || !isfinite(v.w);\n    }\n",
                       gr, (long long)total);
         else
-            sb_printf(&segs[n], "    bad = !isfinite(P%d[g - %lldll]);\n", gr, (long long)total);
+            sb_printf(&segs[n], "    bad |= !isfinite(P%d[g - %lldll]);\n", gr, (long long)total);
         total += numel / per;
         ends[n++] = total;
     }
     if (n > 0) {
-        char head[80], tail[120];
-        snprintf(head, sizeof head, "    bool bad = false;\n    if (g < %lldll) {\n", (long long)total);
+        /* a piece: a bounded grid looping over its values (beside the chain it leaves room:
+         * cuda_backend.c's leaves_room), noted as reading its gradients (io_root) */
+        const int64_t threads = piece && total > CHECK_THREADS ? CHECK_THREADS : total;
+        char head[200], tail[160];
+        if (piece)
+            snprintf(head, sizeof head, "    bool bad = false;\n    for (int64_t g = g0; g < %lldll; g += %lldll) {\n", (long long)total,
+                     (long long)threads);
+        else snprintf(head, sizeof head, "    bool bad = false;\n    if (g < %lldll) {\n", (long long)total);
         snprintf(tail, sizeof tail, "    }\n    if (__any_sync(0xffffffffu, bad) && threadIdx.x %% 32 == 0) *(float *)(H + %d) = NAN;\n",
                  c->flag_slot);
-        segments_kernel(c, p, "kcheck", &decl, segs, ends, n, first, total, head, tail);
+        if (piece) c->io_root = first;
+        segments_kernel(c, p, name, &decl, segs, ends, n, first, threads, piece ? "g0" : "g", head, tail);
     }
+    c->n_io = 0;
+    c->io_root = -1;
     for (int k = 0; segs && k < n; k++) free(segs[k].s);
     free(segs);
     free(ends);
     free(decl.s);
+}
+
+/* The rest of the gradients, in kcheck */
+static void grad_check_kernel(cg *c, cuda_plan *p) {
+    c->kcheck_out = true;
+    grad_check_emit(c, p, "kcheck", false, INT64_MAX);
+}
+
+/* Values a piece of the check takes at least (TG_CUDA_CHECK_PIECE; 0: kcheck alone checks all):
+ * about a transformer layer's parameters. */
+static int64_t check_piece_floats(void) {
+    const char *env = getenv("TG_CUDA_CHECK_PIECE");
+    return env ? atoll(env) : (int64_t)1 << 20;
+}
+
+/* Once node `upto` is computed: a piece of the check (kcheck0, kcheck1, ..) over the gradients
+ * computed by then and not yet checked, where they are at least check_piece_floats(). */
+static void grad_check_piece(cg *c, cuda_plan *p, int upto) {
+    const tg_graph *g = c->g;
+    const int64_t least = check_piece_floats();
+    int64_t ready = 0;
+    for (int i = 0; c->checked && least > 0 && i < g->n_params; i++) {
+        int gr = g->grad_of_param[i];
+        if (g->param_node[i] >= 0 && gr >= 0 && gr <= upto && !c->checked[i]) ready += N(c, gr)->numel;
+    }
+    if (least <= 0 || ready < least) return;
+    char name[32];
+    snprintf(name, sizeof name, "kcheck%d", c->n_check_pieces++);
+    grad_check_emit(c, p, name, true, upto);
 }
 
 /* May the roots of this pointwise kernel (segment k: roots[firsts[k] .. firsts[k + 1])) replace
@@ -2118,6 +2162,65 @@ static void call_kernel(cg *c, cuda_plan *p, int id, const int *srcs, int nsrc, 
     kernel_launch(c, p, id, threads, block);
 }
 
+/* ----- a token and a position embedding's gradients in one pass -----
+ * A GPT adds a token's row of one table and its position's row of another: the gradient X
+ * [B, T, C] of that sum is scattered into the token table's gradient by rows (scatter_rows) and
+ * summed over the batch for the position table's. Both read all of X (25 MB at char_gpt, 13 us
+ * the sum and 15 the scatter in the step); one kernel reads it once. */
+
+/* The scatter of rows (after sum a, at order[q]'s position) that may compute sum a too: a sum of
+ * f32 X over its outer rows ([len, inner] -> [inner]), X scattered by rows of a multiple of four
+ * floats that divides inner (tgk_scatter_rows4's case), and nothing up to the scatter reads the
+ * sum. -1 where there is none. */
+static int scatter_taking_sum(const cg *c, int a, const int *order, int q, int n_order) {
+    int64_t outer, len, inner;
+    const int x = sum_split(c, a, &outer, &len, &inner), hx = plan_home(c->plan, x);
+    if (outer != 1 || N(c, a)->dtype != TG_FLOAT32 || N(c, x)->dtype != TG_FLOAT32 || !c->mat[hx] || cg_is_bound(N(c, hx)->op) ||
+        cg_is_bound(N(c, plan_home(c->plan, a))->op))
+        return -1;
+    for (int k = q + 1; k < n_order; k++) {
+        const int s = order[k];
+        const tg_node *n = N(c, s);
+        for (int j = a + 1; j <= s; j++)   /* nothing computed up to the scatter may read the sum */
+            for (int r = 0; c->plan->alias[j] < 0 && r < N(c, j)->nsrc; r++)
+                if (plan_home(c->plan, N(c, j)->src[r]) == plan_home(c->plan, a)) return -1;
+        if (n->op != OP_SCATTER_ROWS || plan_home(c->plan, n->src[0]) != hx) continue;
+        const int64_t dim = n->shape.d[1], idx_n = N(c, n->src[1])->numel;
+        const bool fits = dim % 4 == 0 && idx_n * dim == N(c, x)->numel && inner % dim == 0 && idx_n * dim < INT32_MAX &&
+                          !cg_is_bound(N(c, plan_home(c->plan, s))->op);
+        return fits ? s : -1;
+    }
+    return -1;
+}
+
+/* Scatter s and the sum it took (c->scatter_sum): thread e on four columns of a position walks
+ * a chunk of the batch in order, adding each row into the token rows (a vector reduction) and
+ * into its own total; the chunks' totals (grid y: at least 2^16 threads in all, where a column
+ * group's counter is free) are added in order by the last block of each column group, as a
+ * chunked column sum's are (tgk_scatter_rows_sum4). At char_gpt one chunk (24,576 threads) took
+ * 28 us, the two kernels 30. */
+static void scatter_with_sum(cg *c, cuda_plan *p, int s) {
+    enum { SCATTER_BLOCK = 64 };
+    const tg_node *n = N(c, s);
+    const int a = c->scatter_sum, srcs[2] = { n->src[0], n->src[1] };
+    int64_t outer, len, inner;
+    sum_split(c, a, &outer, &len, &inner);
+    const int64_t per4 = inner / 4, blocks = (per4 + SCATTER_BLOCK - 1) / SCATTER_BLOCK;
+    int chunks = 1;
+    while (blocks <= SUM_COUNTERS && per4 * chunks < 65536 && len / (chunks * 2) >= 4) chunks *= 2;
+    const size_t at = chunks > 1 ? sum_scratch(c, p, per4 * 4 * chunks) : 0;
+    cg_begin(c, s);
+    char head[400];
+    snprintf(head, sizeof head, "    tgk_scatter_rows_sum4(P%d, P%d, P%d, P%d, (double *)(A + %zu), (unsigned *)(A + %zu), %d, %d, %d, %d, %lldll);\n",
+             srcs[0], srcs[1], s, a, at + SUM_COUNTERS, at, (int)per4, (int)(n->shape.d[1] / 4), (int)len, chunks,
+             (long long)n->shape.d[0]);
+    const int roots[2] = { s, a };
+    end_kernel_roots(c, roots, 2, srcs, 2, head, "", "");
+    kernel_launch(c, p, s, blocks * SCATTER_BLOCK, SCATTER_BLOCK);
+    p->launch[p->n - 1].grid_y = chunks;
+    c->scatter_sum = c->sum_scatter = -1;
+}
+
 /* Batched product through cuBLAS; the backend turns regular offsets into one strided-batched
  * call. */
 static void matmul_launch(cg *c, cuda_plan *p, int id) {
@@ -2379,6 +2482,10 @@ static void special_kernel(cg *c, cuda_plan *p, int id) {
     case OP_SCATTER_ROWS: {
         int64_t idx_n = N(c, n->src[1])->numel, dim = n->shape.d[1];
         memset_launch(p, id);
+        if (c->sum_scatter == id) {
+            scatter_with_sum(c, p, id);
+            return;
+        }
         if (dim % 4 == 0 && idx_n * dim < INT32_MAX && !cg_is_bound(N(c, plan_home(c->plan, src0))->op) &&
             !cg_is_bound(N(c, plan_home(c->plan, id))->op))   /* rows of the arena's, 16-byte aligned */
             call_kernel(c, p, id, src01, 2, idx_n * dim / 4, BLOCK, "tgk_scatter_rows4(P%d, P%d, P%d, %d, %d, %lldll)", src01[0],
@@ -2544,6 +2651,40 @@ static const char DEVICE_KERNELS[] =
     "#else\n"
     "    atomicAdd(o, x.x); atomicAdd(o + 1, x.y); atomicAdd(o + 2, x.z); atomicAdd(o + 3, x.w);\n"
     "#endif\n}\n"
+    /* scatter_with_sum's: per4 pieces of four columns a row of the batch (one position's row), len
+     * rows (the batch) in `chunks` chunks (grid y), each piece's rows of a chunk added into the
+     * token rows and into its total in order, in double as a thin sum adds; chunks' totals left in
+     * part[chunk][piece], added in chunk order by the last block of each column group */
+    "static __device__ void tgk_scatter_rows_sum4(const float *v, const int32_t *idx, float *out, float *total, double *part,\n"
+    "                                             unsigned *count, int per4, int dim4, int len, int chunks, int64_t rows) {\n"
+    "    const int e = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;\n"
+    "    const int b0 = (int)((int64_t)len * c / chunks), b1 = (int)((int64_t)len * (c + 1) / chunks);\n"
+    "    double t0 = 0, t1 = 0, t2 = 0, t3 = 0;\n"
+    "#pragma unroll 8\n"
+    "    for (int b = b0; e < per4 && b < b1; b++) {\n"
+    "        const int r = b * per4 + e;\n"
+    "        const float4 x = *(const float4 *)(v + 4ll * r);\n"
+    "        const int32_t t = idx[r / dim4];\n"
+    "        t0 += x.x; t1 += x.y; t2 += x.z; t3 += x.w;\n"
+    "        if (t < 0 || t >= rows) continue;\n"
+    "        float *o = out + ((int64_t)t * dim4 + e % dim4) * 4;\n"
+    "#if __CUDA_ARCH__ >= 900\n"
+    "        asm volatile(\"red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\" :: \"l\"(o), \"f\"(x.x), \"f\"(x.y), \"f\"(x.z), \"f\"(x.w) : \"memory\");\n"
+    "#else\n"
+    "        atomicAdd(o, x.x); atomicAdd(o + 1, x.y); atomicAdd(o + 2, x.z); atomicAdd(o + 3, x.w);\n"
+    "#endif\n"
+    "    }\n"
+    "    if (chunks > 1) {\n"
+    "        double *q = part + ((int64_t)c * per4 + e) * 4;\n"
+    "        if (e < per4) q[0] = t0, q[1] = t1, q[2] = t2, q[3] = t3;\n"
+    "        if (!tgk_last_block(count + blockIdx.x, chunks)) return;\n"
+    "        t0 = t1 = t2 = t3 = 0;\n"
+    "        for (int k = 0; e < per4 && k < chunks; k++) {\n"
+    "            q = part + ((int64_t)k * per4 + e) * 4;\n"
+    "            t0 += __ldcg(q); t1 += __ldcg(q + 1); t2 += __ldcg(q + 2); t3 += __ldcg(q + 3);\n"
+    "        }\n"
+    "    }\n"
+    "    if (e < per4) *(float4 *)(total + 4ll * e) = make_float4((float)t0, (float)t1, (float)t2, (float)t3);\n}\n"
     "static __device__ void tgk_scatter_along(const float *v, const int32_t *idx, float *out, int64_t outer, int64_t nk,\n"
     "                                         int64_t inner, int64_t nout) {\n"
     "    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n"
@@ -2764,7 +2905,10 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
     c.inplace_ok = inplace_ok;
     if (inplace_ok && (c.inplace = tg_alloc(sizeof(int) * (size_t)(g->n + 1))))
         for (int i = 0; i < g->n; i++) c.inplace[i] = -1;
+    if (inplace_ok) c.checked = tg_alloc(sizeof(bool) * (size_t)(g->n_params + 1));   /* NULL: kcheck alone */
+    for (int i = 0; c.checked && i < g->n_params; i++) c.checked[i] = false;
     c.copy_by_sum = c.copy_sum = -1;
+    c.scatter_sum = c.sum_scatter = -1;
     leaf_kernel(&c, launches);
     int *order = tg_alloc(sizeof(int) * (size_t)(g->n + 1)), n_order = 0;
     bool *done = tg_alloc(sizeof(bool) * (size_t)(g->n + 1));   /* brought forward into an earlier kernel (sum_kernel) */
@@ -2775,6 +2919,10 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
         int i = order[q], taken, first = q, n = q + 1;   /* kernels take nodes from order[q .. n) */
         while (n < n_order && !done[n]) n++;
         tg_op op = g->nodes[i].op;
+        if (op == OP_SUM && c.sum_scatter < 0 && i != c.copy_sum && (c.sum_scatter = scatter_taking_sum(&c, i, order, q, n_order)) >= 0) {
+            c.scatter_sum = i;   /* computed by that scatter's kernel */
+            continue;
+        }
         if (q + 1 < n && sum_producer(&c, i, order[q + 1]) &&
             sum_kernel(&c, launches, order[q + 1], i, order + q + 2, done + q + 2, n_order - q - 2, &taken))
             q += 1 + taken;
@@ -2794,12 +2942,14 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
             if (by >= 0) c.copy_by_sum = order[k], c.copy_sum = by;
             else fill_shadow(&c, launches, order[k]);
         }
+        if (inplace_ok && !c.kcheck_out) grad_check_piece(&c, launches, order[q]);
     }
     if (c.copy_by_sum >= 0) fill_shadow(&c, launches, c.copy_by_sum);   /* (its sum was never reached: no reader either) */
     free(order);
     free(done);
     if (inplace_ok && !c.kcheck_out) grad_check_kernel(&c, launches);   /* no kernel replaced a leaf */
     launches->inplace = c.inplace;
+    free(c.checked);
     launches->grads_checked = inplace_ok != NULL;
     bool used[4] = { false }, used3[4] = { false };   /* our product kernels' instances (f32 and tf32 graphs; f32) */
     for (int i = 0; i < launches->n && g->precision != TG_PRECISION_BF16; i++) {
