@@ -1658,7 +1658,12 @@ static bool enqueue(cuda_exec *e, tg_error *err) {
             cleared = true;
             continue;
         }
-        if (!join_for(e, i, &side, &waited, err)) return false;
+        waited = false;
+        for (int j = i; j < i + k; j++) {   /* every product of a group: each may touch what a side launch does */
+            bool w;
+            if (!join_for(e, j, &side, &w, err)) return false;
+            waited |= w;
+        }
         const bool early = !waited && !cleared && early_after(e, prev);
         if (e->profile) TRY(cu.EventRecord(e->marks[i], e->dev->stream), "profile event");
         if (k > 1 && !enqueue_together(e, i, k, early, err)) return false;

@@ -2636,21 +2636,21 @@ static const char DEVICE_KERNELS[] =
     "    if (e >= n * dim) return;\n"
     "    const int32_t r = idx[e / dim];\n"
     "    if (r >= 0 && r < rows) atomicAdd(out + (int64_t)r * dim + e % dim, v[e]);\n}\n"
-    /* four neighbouring elements of a row a thread (rows of 4 dim4 floats, 16-byte aligned): one
-     * vector reduction on sm_90, a quarter of the atomics (char_gpt's token embedding gradient adds
-     * 16,384 rows into 65), else four */
-    "static __device__ void tgk_scatter_rows4(const float *v, const int32_t *idx, float *out, int n4, int dim4, int64_t rows) {\n"
-    "    const int e = blockIdx.x * blockDim.x + threadIdx.x;\n"
-    "    if (e >= n4) return;\n"
-    "    const int32_t r = idx[e / dim4];\n"
-    "    if (r < 0 || r >= rows) return;\n"
-    "    const float4 x = *(const float4 *)(v + 4ll * e);\n"
-    "    float *o = out + ((int64_t)r * dim4 + e % dim4) * 4;\n"
+    /* four neighbouring floats added into memory (16-byte aligned): one vector reduction on sm_90,
+     * a quarter of the atomics (char_gpt's token embedding gradient adds 16,384 rows into 65), else
+     * four */
+    "static __device__ void tgk_red_add4(float *o, float4 x) {\n"
     "#if __CUDA_ARCH__ >= 900\n"
     "    asm volatile(\"red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\" :: \"l\"(o), \"f\"(x.x), \"f\"(x.y), \"f\"(x.z), \"f\"(x.w) : \"memory\");\n"
     "#else\n"
     "    atomicAdd(o, x.x); atomicAdd(o + 1, x.y); atomicAdd(o + 2, x.z); atomicAdd(o + 3, x.w);\n"
     "#endif\n}\n"
+    /* four neighbouring elements of a row a thread (rows of 4 dim4 floats, 16-byte aligned) */
+    "static __device__ void tgk_scatter_rows4(const float *v, const int32_t *idx, float *out, int n4, int dim4, int64_t rows) {\n"
+    "    const int e = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    if (e >= n4) return;\n"
+    "    const int32_t r = idx[e / dim4];\n"
+    "    if (r >= 0 && r < rows) tgk_red_add4(out + ((int64_t)r * dim4 + e % dim4) * 4, *(const float4 *)(v + 4ll * e));\n}\n"
     /* scatter_with_sum's: per4 pieces of four columns a row of the batch (one position's row), len
      * rows (the batch) in `chunks` chunks (grid y), each piece's rows of a chunk added into the
      * token rows and into its total in order, in double as a thin sum adds; chunks' totals left in
@@ -2666,13 +2666,7 @@ static const char DEVICE_KERNELS[] =
     "        const float4 x = *(const float4 *)(v + 4ll * r);\n"
     "        const int32_t t = idx[r / dim4];\n"
     "        t0 += x.x; t1 += x.y; t2 += x.z; t3 += x.w;\n"
-    "        if (t < 0 || t >= rows) continue;\n"
-    "        float *o = out + ((int64_t)t * dim4 + e % dim4) * 4;\n"
-    "#if __CUDA_ARCH__ >= 900\n"
-    "        asm volatile(\"red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\" :: \"l\"(o), \"f\"(x.x), \"f\"(x.y), \"f\"(x.z), \"f\"(x.w) : \"memory\");\n"
-    "#else\n"
-    "        atomicAdd(o, x.x); atomicAdd(o + 1, x.y); atomicAdd(o + 2, x.z); atomicAdd(o + 3, x.w);\n"
-    "#endif\n"
+    "        if (t >= 0 && t < rows) tgk_red_add4(out + ((int64_t)t * dim4 + e % dim4) * 4, x);\n"
     "    }\n"
     "    if (chunks > 1) {\n"
     "        double *q = part + ((int64_t)c * per4 + e) * 4;\n"
