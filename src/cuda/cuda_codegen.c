@@ -2168,23 +2168,21 @@ static void call_kernel(cg *c, cuda_plan *p, int id, const int *srcs, int nsrc, 
  * summed over the batch for the position table's. Both read all of X (25 MB at char_gpt, 13 us
  * the sum and 15 the scatter in the step); one kernel reads it once. */
 
-/* The scatter of rows (after sum a, at order[q]'s position) that may compute sum a too: a sum of
- * f32 X over its outer rows ([len, inner] -> [inner]), X scattered by rows of a multiple of four
- * floats that divides inner (tgk_scatter_rows4's case), and nothing up to the scatter reads the
- * sum. -1 where there is none. */
-static int scatter_taking_sum(const cg *c, int a, const int *order, int q, int n_order) {
+/* The scatter of rows after sum a that may compute sum a too: a sum of f32 X over its outer rows
+ * ([len, inner] -> [inner]), X scattered by rows of a multiple of four floats that divides inner
+ * (tgk_scatter_rows4's case), and nothing up to the scatter reads the sum. -1 where there is none
+ * (one pass over the nodes after a: the first reader of the sum ends it). */
+static int scatter_taking_sum(const cg *c, int a) {
     int64_t outer, len, inner;
-    const int x = sum_split(c, a, &outer, &len, &inner), hx = plan_home(c->plan, x);
+    const int x = sum_split(c, a, &outer, &len, &inner), hx = plan_home(c->plan, x), ha = plan_home(c->plan, a);
     if (outer != 1 || N(c, a)->dtype != TG_FLOAT32 || N(c, x)->dtype != TG_FLOAT32 || !c->mat[hx] || cg_is_bound(N(c, hx)->op) ||
-        cg_is_bound(N(c, plan_home(c->plan, a))->op))
+        cg_is_bound(N(c, ha)->op))
         return -1;
-    for (int k = q + 1; k < n_order; k++) {
-        const int s = order[k];
+    for (int s = a + 1; s < c->g->n; s++) {
         const tg_node *n = N(c, s);
-        for (int j = a + 1; j <= s; j++)   /* nothing computed up to the scatter may read the sum */
-            for (int r = 0; c->plan->alias[j] < 0 && r < N(c, j)->nsrc; r++)
-                if (plan_home(c->plan, N(c, j)->src[r]) == plan_home(c->plan, a)) return -1;
-        if (n->op != OP_SCATTER_ROWS || plan_home(c->plan, n->src[0]) != hx) continue;
+        for (int r = 0; c->plan->alias[s] < 0 && r < n->nsrc; r++)
+            if (plan_home(c->plan, n->src[r]) == ha) return -1;
+        if (n->op != OP_SCATTER_ROWS || !c->mat[s] || c->plan->alias[s] >= 0 || plan_home(c->plan, n->src[0]) != hx) continue;
         const int64_t dim = n->shape.d[1], idx_n = N(c, n->src[1])->numel;
         const bool fits = dim % 4 == 0 && idx_n * dim == N(c, x)->numel && inner % dim == 0 && idx_n * dim < INT32_MAX &&
                           !cg_is_bound(N(c, plan_home(c->plan, s))->op);
@@ -2913,7 +2911,7 @@ char *codegen_cuda(const tg_graph *g, const bool *materialized, const tg_plan *p
         int i = order[q], taken, first = q, n = q + 1;   /* kernels take nodes from order[q .. n) */
         while (n < n_order && !done[n]) n++;
         tg_op op = g->nodes[i].op;
-        if (op == OP_SUM && c.sum_scatter < 0 && i != c.copy_sum && (c.sum_scatter = scatter_taking_sum(&c, i, order, q, n_order)) >= 0) {
+        if (op == OP_SUM && c.sum_scatter < 0 && i != c.copy_sum && (c.sum_scatter = scatter_taking_sum(&c, i)) >= 0) {
             c.scatter_sum = i;   /* computed by that scatter's kernel */
             continue;
         }
