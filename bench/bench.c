@@ -312,7 +312,9 @@ static double step_flops(const tg_graph *g) {
             bool fwd = !strcmp(n.op, "attention");
             tg_shape lse = tg_graph_node(g, fwd ? i + 1 : n.inputs[5]).shape;   /* tg_attention puts it there */
             double tsd = (double)tg_numel(tg_graph_node(g, n.inputs[1]).shape) * (double)lse.d[lse.ndim - 1];   /* batch S D times T */
-            flops += fwd ? 4 * tsd : 10.0 / 3 * tsd;
+            int64_t qkv = 0;   /* a gradient node as large as q, k and v together holds all three (packed) */
+            for (int k = 0; k < 3; k++) qkv += tg_numel(tg_graph_node(g, n.inputs[k]).shape);
+            flops += fwd ? 4 * tsd : 10.0 / 3 * tsd * (tg_numel(n.shape) == qkv ? 3 : 1);
         }
     }
     return flops;

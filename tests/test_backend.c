@@ -697,15 +697,20 @@ static void train_compare(const char *backend, const char *name, tg_forward_fn l
         bool pad = b && model == MODEL_WIDE_HEAD;
         if (pad) setenv("TG_PAD_PRODUCTS", "8", 1);
         setenv("TG_GROUP_PRODUCTS", b && model == MODEL_ATTENTION_GROUPED ? "1" : "0", 1);
+        setenv("TG_PACK_ATTENTION", b && model == MODEL_ATTENTION_GROUPED ? "1" : "0", 1);
         tg_train *t = tg_compile(&(tg_train_spec){ .model = m, .loss = loss, .inputs = in, .n_inputs = 2,
                                                    .optimizer = opt, .backend = b ? backend : "reference" }, &err);
         unsetenv("TG_PAD_PRODUCTS");
         unsetenv("TG_GROUP_PRODUCTS");
+        unsetenv("TG_PACK_ATTENTION");
         CHECK(t != NULL, "%s: compile: %s", name, err.msg);
         if (!t) { tg_model_free(m); return; }
         if (model >= MODEL_ATTENTION) {   /* 10 forward, 19 backward (l1's input needs no gradient), 8 fewer grouped */
-            const int products = count_op(tg_train_graph(t), "matmul"), want = b && model == MODEL_ATTENTION_GROUPED ? 21 : 29;
-            CHECK(products == want, "%s on %s: %d products (expected %d)", name, b ? backend : "reference", products, want);
+            const bool grouped = b && model == MODEL_ATTENTION_GROUPED;
+            const int products = count_op(tg_train_graph(t), "matmul"), want = grouped ? 21 : 29;
+            const int bwd = count_op(tg_train_graph(t), "attention_backward");   /* grouped: a layer's three gradients packed */
+            CHECK(products == want && bwd == (grouped ? 2 : 6), "%s on %s: %d products (expected %d), %d attention backward "
+                  "nodes (expected %d)", name, b ? backend : "reference", products, want, bwd, grouped ? 2 : 6);
         }
         if (model == MODEL_WIDE_HEAD)
             CHECK(count_op(tg_train_graph(t), "pad") == (pad ? 2 : 0) && count_op(tg_train_graph(t), "narrow") == (pad ? 2 : 0),
@@ -1322,6 +1327,27 @@ static void nvrtc_grouped_concat(void) {
     const int f32 = kernels_with(src, "? *(const float4 *)(P", "? *(const uint2 *)(P");
     CHECK(src && f32 == 2 && count_op(tg_train_graph(t), "matmul") == 21,
           "bf16 attention layers, grouped: %d kernels read G's sources a vector at a time (expected 2) %s", f32, err.msg);
+    tg_destroy(t);
+    tg_model_free(m);
+}
+
+/* The same with TG_PACK_ATTENTION=1: each layer's q, k and v gradients packed side by side by the
+ * attention's backward (its kernel named _p3: PK 3; grad.c's packs), dq copied in after it by a
+ * kernel of its own (attn_dq_), which the products read as they lie: no kernel puts them together,
+ * and the kernel summing the three biases' gradients reads the packed bf16 values only. */
+static void nvrtc_packed_gradients(void) {
+    tg_model *m;
+    tg_error err = { { 0 } };
+    setenv("TG_PACK_ATTENTION", "1", 1);
+    tg_train *t = attention_bf16_step(&m, "4", NULL, &err);
+    unsetenv("TG_PACK_ATTENTION");
+    const char *src = t ? tg_train_kernel_source(t) : NULL;
+    const int together = kernels_with(src, "? *(const float4 *)(P", "? *(const uint2 *)(P");
+    const int packed = kernels_with(src, "void attn_bwd_", "_p3"), copies = kernels_with(src, "void attn_dq_", NULL);
+    CHECK(src && together == 0 && packed == 1 && copies == 1 && count_op(tg_train_graph(t), "attention_backward") == 2 &&
+          count_op(tg_train_graph(t), "matmul") == 21, "bf16 attention layers, grouped and packed: %d kernels put the gradients "
+          "together (expected 0), %d attention backward kernels pack them, %d copy dq in (expected 1, 1) %s", together, packed,
+          copies, err.msg);
     tg_destroy(t);
     tg_model_free(m);
 }
@@ -2142,6 +2168,9 @@ int main(void) {
         if (b) cuda_eight_lanes();
         train_models(backends[b]);
     }
+    if (case_chosen("two attention layers, grouped products"))   /* the reference's packed gradients (attention_backward) */
+        train_compare("reference", "two attention layers, grouped products, on the reference", attention_loss,
+                      (tg_input_decl[]){ TG_F32("x", 2, 70, 6), TG_I32("y", 2, 70) }, MODEL_ATTENTION_GROUPED);
     if (!cuda) {
         /* Without a GPU: a reason, and a compile that fails cleanly with it. */
         CHECK(strlen(why) > 0 && strstr(why, "CUDA"), "tg_backend_available(cuda) gives a reason: '%s'", why);
@@ -2160,6 +2189,7 @@ int main(void) {
             nvrtc_qkv_sums();
             nvrtc_qkv_copy();
             nvrtc_grouped_concat();
+            nvrtc_packed_gradients();
             nvrtc_generated_kernels();
             nvrtc_check_pieces();
             nvrtc_embedding_pair();

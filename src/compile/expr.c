@@ -125,16 +125,9 @@ static ix_t ix_coords(int nd) {
     return ix;
 }
 
-static bool same_shape(tg_shape a, tg_shape b) {
-    if (a.ndim != b.ndim) return false;
-    for (int i = 0; i < a.ndim; i++)
-        if (a.d[i] != b.d[i]) return false;
-    return true;
-}
-
 /* The index into source `src` (NumPy-broadcast to `out`) of the element at ix of `out`. */
 static ix_t broadcast_ix(cg *c, tg_shape src, tg_shape out, ix_t *ix) {
-    if (same_shape(src, out)) return *ix;
+    if (shapes_equal(src, out)) return *ix;
     if (src.ndim == 0 || shape_numel(src) == 1) return ix_flat("0");
     ensure_coords(c, out, ix);
     ix_t r = ix_coords(src.ndim);

@@ -21,17 +21,18 @@
 #define RB 64
 
 /* a = {batch, T, S, D, E, causal, scale as the bits of a double, the heads interleaved in the
- * operands (graph.h: attn_row), bf16, (backward) out's heads}. bf16: q, k, v and d_out are
+ * operands (graph.h: attn_row), bf16, (backward) out's heads and the gradients' parts a row
+ * (graph.h: attn_row_packed; 3: dq, dk and dv all point at the first)}. bf16: q, k, v and d_out are
  * rounded to bf16 as operands (a graph of bf16 precision), as the reference does, and so are the
  * backward's p and ds; the products then run in f32 on the rounded copies (the forward's p is not
  * rounded, so the p v product has no bf16 operand pair for vdpbf16ps: the same arithmetic as f32,
  * a copy's cost more). */
-typedef struct { int64_t batch, T, S, D, E, heads, out_heads; bool causal, bf16; float scale; } attn;
+typedef struct { int64_t batch, T, S, D, E, heads, out_heads, pk; bool causal, bf16; float scale; } attn;
 
 static attn attn_of(const int64_t *a, bool backward) {
     double scale;
     memcpy(&scale, &a[6], sizeof scale);
-    return (attn){ a[0], a[1], a[2], a[3], a[4], a[7], backward ? a[9] : 0, a[5] != 0, a[8] != 0, (float)scale };
+    return (attn){ a[0], a[1], a[2], a[3], a[4], a[7], backward ? a[9] : 0, backward ? a[10] : 1, a[5] != 0, a[8] != 0, (float)scale };
 }
 
 /* Rows of an operand: where the first is, and the stride between them. */
@@ -171,7 +172,8 @@ static void round_bf16_row(float *p, float *ds, int64_t n) {
 static void backward_head(const attn *A, exp_sub_fn exp_sub, rows q, rows k, rows v, const float *o, rows dout,
                           const float *lse, float *dq, float *dk, float *dv, float *buf) {
     float *pb = buf, *ds = buf + RB * A->S;
-    const int64_t ldd = attn_stride(A->D, A->heads), lde = attn_stride(A->E, A->heads), os = attn_stride(A->E, A->out_heads);
+    const int64_t ldd = attn_stride(A->D, A->heads) * A->pk, lde = attn_stride(A->E, A->heads) * A->pk;
+    const int64_t os = attn_stride(A->E, A->out_heads);
     zero_rows(dk, A->S, A->D, ldd);
     zero_rows(dv, A->S, A->E, lde);
     for (int64_t r0 = 0; r0 < A->T; r0 += RB) {
@@ -202,6 +204,10 @@ void cpu_attention_bwd(const int64_t *a, void *const *p) {
     const attn A = attn_of(a, true);
     const float *q = p[0], *k = p[1], *v = p[2], *o = p[3], *dout = p[4], *lse = p[5];
     float *dq = p[6], *dk = p[7], *dv = p[8];
+    if (A.pk > 1) {   /* one row of three parts: dq's, dk's, dv's */
+        dk += A.heads * A.D;
+        dv += 2 * A.heads * A.D;
+    }
     const exp_sub_fn exp_sub = exp_sub_for(cpu_kernels_isa());
     const int64_t work = A.batch * A.T * A.S * (2 * A.D + 2 * A.E);
     #pragma omp parallel if (work >= PARALLEL_MACS)
@@ -215,8 +221,9 @@ void cpu_attention_bwd(const int64_t *a, void *const *p) {
             const rows qh = operand(&A, q, b, A.T, A.D, 0, A.T, &copies), kh = operand(&A, k, b, A.S, A.D, 0, A.S, &copies);
             const rows vh = operand(&A, v, b, A.S, A.E, 0, A.S, &copies), gh = operand(&A, dout, b, A.T, A.E, 0, A.T, &copies);
             backward_head(&A, exp_sub, qh, kh, vh, o + attn_row(b, A.T, A.E, A.out_heads), gh, lse + b * A.T,
-                          dq ? dq + attn_row(b, A.T, A.D, A.heads) : NULL, dk ? dk + attn_row(b, A.S, A.D, A.heads) : NULL,
-                          dv ? dv + attn_row(b, A.S, A.E, A.heads) : NULL, buf);
+                          dq ? dq + attn_row_packed(b, A.T, A.D, A.heads, A.pk) : NULL,
+                          dk ? dk + attn_row_packed(b, A.S, A.D, A.heads, A.pk) : NULL,
+                          dv ? dv + attn_row_packed(b, A.S, A.E, A.heads, A.pk) : NULL, buf);
         }
         fp_restore(fp);
     }

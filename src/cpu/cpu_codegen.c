@@ -903,16 +903,18 @@ static void library_call(gen *G, int id, const char *fn, const int64_t *args, in
 static int attention_call(gen *G, int id, const int *next, int n_next) {
     cg *c = &G->c;
     const tg_node *n = N(c, id);
-    int64_t a[10];   /* cg_attention_args, whether q, k, v and d_out are bf16 operands, out's heads */
+    int64_t a[11];   /* cg_attention_args, whether q, k, v and d_out are bf16 operands, out's heads, the gradients packed */
     cg_attention_args(c->g, id, a);
     a[8] = c->g->precision == TG_PRECISION_BF16;
     a[9] = n->op == OP_ATTENTION_BWD ? n->iarg[2] : 0;
+    a[10] = n->op == OP_ATTENTION_BWD && n->iarg[1] == 3 ? 3 : 1;
     int outs[3] = { id }, n_out = 1;
     for (int k = 0; k < n_next && n_out < 3 && cg_attention_joins(c->g, outs[n_out - 1], next[k]); k++) outs[n_out++] = next[k];
     if (n->op == OP_ATTENTION_BWD) {
         int bufs[9] = { n->src[0], n->src[1], n->src[2], n->src[3], n->src[4], n->src[5], -1, -1, -1 };
-        for (int r = 0; r < n_out; r++) bufs[6 + N(c, outs[r])->iarg[1]] = outs[r];
-        library_call_n(G, outs, n_out, "TGK_ATTENTION_BWD", a, 10, bufs, 9);
+        for (int r = 0; r < n_out; r++)   /* packed (iarg[1] 3, alone): all three into it */
+            for (int w = 0; w < 3; w++) bufs[6 + w] = N(c, outs[r])->iarg[1] == w || a[10] == 3 ? outs[r] : bufs[6 + w];
+        library_call_n(G, outs, n_out, "TGK_ATTENTION_BWD", a, 11, bufs, 9);
     } else {
         bool fwd = n->op == OP_ATTENTION;
         int lse = fwd ? (n_out > 1 ? outs[1] : -1) : id;

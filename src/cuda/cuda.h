@@ -45,6 +45,10 @@ typedef struct {
     /* Floats from the arena's start: scratch of the sums cut into chunks, to allocate past the
      * plan's arena and zero once (scratch_end 0: none). */
     size_t scratch_at, scratch_end;
+    /* The scratch of the attention backwards that pack their gradients (attention_kernel): dq
+     * added up in f32, left zero after each (floats from the arena's start, and how many; 0: none
+     * yet). */
+    size_t dq_scratch, dq_floats;
     /* Every write-back source's kernel flags a value that is not finite itself (cuda_codegen.c,
      * WB_MARK): the step needs no pass of its own over them (tg_wb_check). */
     bool writebacks_checked;

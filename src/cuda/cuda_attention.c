@@ -44,6 +44,9 @@ const char CUDA_ATTENTION_SOURCE[] =
      * rows of H heads interleaved (H > 1; each next row H W further) or not */
     "template <int T, int W, int H>\n"
     "static __device__ long long tga_row(long long b) { return H > 1 ? ((b / H) * T * H + b % H) * W : b * T * W; }\n"
+    /* graph.h's attn_row_packed: the same for gradients packed PK to a row (ATTENTION_BWD's iarg[1] = 3) */
+    "template <int T, int W, int H, int PK>\n"
+    "static __device__ long long tga_row_packed(long long b) { return PK > 1 ? ((b / H) * T * H * PK + b % H) * W : tga_row<T, W, H>(b); }\n"
     /* four values of a row of out from i on, as f32 or as bf16 (a bf16 graph's attention output
      * is a bf16 activation: graph_bf16_values) */
     "static __device__ float4 tga_four(const float *p) { return *(const float4 *)p; }\n"
@@ -64,6 +67,44 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    if (R) v = tgk_round_bf16_float(v);\n"
     "    if (d) d[i] = v;\n"
     "    tga_shadow<RND>(s, i, v);\n}\n"
+    /* packed gradients (PK 3): dk and dv given as the packed rows dq's part starts (and their
+     * copy's), their parts H D and 2 H D along */
+    "template <int PK, int RND, class F>\n"
+    "static __device__ void tga_packed(F &dk, F &dv, void *&dks, void *&dvs, int hd) {\n"
+    "    if (PK == 1) return;\n"
+    "    const int es = RND == 1 ? 4 : 2;\n"
+    "    dv = dk ? dk + 2 * hd : 0;\n"
+    "    dk = dk ? dk + hd : 0;\n"
+    "    dvs = dks ? (char *)dks + 2 * hd * es : 0;\n"
+    "    dks = dks ? (char *)dks + hd * es : 0;\n}\n"
+    /* packed gradients: dq, added up in f32 scratch (zero before) by the blocks of every key tile,
+     * goes to its part of the packed rows (d, its copy s) in a kernel after the backward's, rounded
+     * as the output is stored (tga_store), four values a thread, and the scratch is left zero for
+     * the next one. In the backward itself, by the last block to add to a query tile (a counter a
+     * tile), char_gpt's took 96 us a layer for 66: the blocks of the first key tile, the longest,
+     * finished last and copied every tile at the end (H200, bf16). n: the values of dq. */
+    "template <int HD, int RND, bool R>\n"
+    "static __device__ void tgk_attention_dq(float *dq, float *d, void *s, long long n) {\n"
+    "    const long long x = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4;\n"
+    "    if (HD % 4 == 0 && x + 4 <= n) {   /* four of a row (the scratch is 128-byte aligned) */\n"
+    "        const float4 v = *(const float4 *)(dq + x);\n"
+    "        *(float4 *)(dq + x) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n"
+    "        const long long row = x / HD, at = row * 3 * HD + (x - row * HD);\n"
+    "        if (RND == 2 && !d) {   /* the bf16 copy alone: one 8-byte store */\n"
+    "            *(uint2 *)((unsigned short *)s + at) = make_uint2(tgk_pack_bf16(v.x, v.y), tgk_pack_bf16(v.z, v.w));\n"
+    "            return;\n"
+    "        }\n"
+    "        tga_store<RND, R>(d, s, at, v.x);\n"
+    "        tga_store<RND, R>(d, s, at + 1, v.y);\n"
+    "        tga_store<RND, R>(d, s, at + 2, v.z);\n"
+    "        tga_store<RND, R>(d, s, at + 3, v.w);\n"
+    "        return;\n"
+    "    }\n"
+    "    for (long long i = x; i < x + 4 && i < n; i++) {\n"
+    "        const float v = dq[i];\n"
+    "        dq[i] = 0.0f;\n"
+    "        tga_store<RND, R>(d, s, i / HD * 3 * HD + i % HD, v);\n"
+    "    }\n}\n"
     /* v rounded as an operand of the graph's precision RND (0 f32, 1 tf32, 2 bf16; the prelude's
      * roundings) */
     "template <int RND>\n"
@@ -181,7 +222,7 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    }\n"
     "}\n"
     /* backward: one block per (key tile, batch element); d_out [T, E], lse [T]; dq zeroed before */
-    "template <int T, int S, int D, int E, bool CAUSAL, int RND, int OH, int H, int RB>\n"
+    "template <int T, int S, int D, int E, bool CAUSAL, int RND, int OH, int H, int RB, int PK>\n"
     "static __device__ void tgk_attention_bwd(const float *__restrict__ q, const float *__restrict__ k,\n"
     "        const float *__restrict__ v, const float *__restrict__ o, const float *__restrict__ dout,\n"
     "        const float *__restrict__ lse, float *dq, float *__restrict__ dk, float *__restrict__ dv,\n"
@@ -197,7 +238,8 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    q += tga_row<T, D, H>(b); k += tga_row<S, D, H>(b); v += tga_row<S, E, H>(b); o += tga_row<T, E, OH>(b);\n"
     "    dout += tga_row<T, E, H>(b); lse += b * T;\n"
     "    if (dq) dq += tga_row<T, D, H>(b);\n"
-    "    const long long kb = tga_row<S, D, H>(b), vb = tga_row<S, E, H>(b);   /* dk's and dv's */\n"
+    "    tga_packed<PK, RND>(dk, dv, dks, dvs, H * D);\n"
+    "    const long long kb = tga_row_packed<S, D, H, PK>(b), vb = tga_row_packed<S, E, H, PK>(b);   /* dk's and dv's */\n"
     "    tga_load<D, D + 1, RND, H * D>(Ks, k, c0, S);\n"
     "    tga_load<E, E + 1, RND, H * E>(Vs, v, c0, S);\n"
     "    float dka[4][DJ] = {}, dva[4][EJ] = {};\n"
@@ -293,10 +335,10 @@ const char CUDA_ATTENTION_SOURCE[] =
     "        if (c >= S) continue;\n"
     "#pragma unroll\n"
     "        for (int j = 0; j < DJ; j++)\n"
-    "            if (tx + 16 * j < D) tga_store<RND, (RB & 2) != 0>(dk, dks, kb + (long long)c * H * D + tx + 16 * j, dka[i][j]);\n"
+    "            if (tx + 16 * j < D) tga_store<RND, (RB & 2) != 0>(dk, dks, kb + (long long)c * H * D * PK + tx + 16 * j, dka[i][j]);\n"
     "#pragma unroll\n"
     "        for (int j = 0; j < EJ; j++)\n"
-    "            if (tx + 16 * j < E) tga_store<RND, (RB & 4) != 0>(dv, dvs, vb + (long long)c * H * E + tx + 16 * j, dva[i][j]);\n"
+    "            if (tx + 16 * j < E) tga_store<RND, (RB & 4) != 0>(dv, dvs, vb + (long long)c * H * E * PK + tx + 16 * j, dva[i][j]);\n"
     "    }\n"
     "}\n\n";
 
@@ -686,7 +728,7 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
      * d_out and dk += ds^T q in registers; dq += ds k through shared memory (ds in f32, split as
      * it is read) and tgm_add_dq. Shared: the rows' lse and delta, two stages of the query tile (q,
      * d_out), the key tile, ds. */
-    "template <class M, int T, int S, int D, int E, bool CAUSAL, int OH, int H, int RB, class OX>\n"
+    "template <class M, int T, int S, int D, int E, bool CAUSAL, int OH, int H, int RB, int PK, class OX>\n"
     "static __device__ void tgk_attention_bwd_mma(const typename M::E *__restrict__ q, const typename M::E *__restrict__ k,\n"
     "        const typename M::E *__restrict__ v, const OX *__restrict__ o, const typename M::E *__restrict__ dout,\n"
     "        const float *__restrict__ lse, float *dq, float *__restrict__ dk, float *__restrict__ dv, void *dks, void *dvs,\n"
@@ -704,7 +746,8 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "    q += tga_row<T, D, H>(b); k += tga_row<S, D, H>(b); v += tga_row<S, E, H>(b); o += tga_row<T, E, OH>(b);\n"
     "    dout += tga_row<T, E, H>(b); lse += b * T;\n"
     "    if (dq) dq += tga_row<T, D, H>(b);\n"
-    "    const long long kb = tga_row<S, D, H>(b), vb = tga_row<S, E, H>(b);   /* dk's and dv's */\n"
+    "    tga_packed<PK, M::RND>(dk, dv, dks, dvs, H * D);\n"
+    "    const long long kb = tga_row_packed<S, D, H, PK>(b), vb = tga_row_packed<S, E, H, PK>(b);   /* dk's and dv's */\n"
     "    unsigned ka[D / M::KS][4], va[E / M::KS][4];\n"
     "    tgm_frags<M, D, H * D>(ka, k, cw, S, g, t);\n"
     "    tgm_frags<M, E, H * E>(va, v, cw, S, g, t);\n"
@@ -765,10 +808,10 @@ const char CUDA_ATTENTION_MMA_SOURCE[] =
     "        if (c >= S) continue;\n"
     "#pragma unroll\n"
     "        for (int nd = 0; nd < D / 8; nd++)\n"
-    "            tgm_store2<M::RND, (RB & 2) != 0>(dk, dks, kb + (long long)c * H * D + nd * 8 + 2 * t, dka[nd][2 * h], dka[nd][2 * h + 1]);\n"
+    "            tgm_store2<M::RND, (RB & 2) != 0>(dk, dks, kb + (long long)c * H * D * PK + nd * 8 + 2 * t, dka[nd][2 * h], dka[nd][2 * h + 1]);\n"
     "#pragma unroll\n"
     "        for (int ne = 0; ne < E / 8; ne++)\n"
-    "            tgm_store2<M::RND, (RB & 4) != 0>(dv, dvs, vb + (long long)c * H * E + ne * 8 + 2 * t, dva[ne][2 * h], dva[ne][2 * h + 1]);\n"
+    "            tgm_store2<M::RND, (RB & 4) != 0>(dv, dvs, vb + (long long)c * H * E * PK + ne * 8 + 2 * t, dva[ne][2 * h], dva[ne][2 * h + 1]);\n"
     "    }\n"
     "}\n\n";
 
@@ -926,7 +969,7 @@ const char CUDA_ATTENTION_WG_SOURCE[] =
  * warp's stores of 8 rows in distinct banks; 64 would put them in the same 8): a stage is its two
  * tiles and 3 KB more. A bf16 output's rows for delta come a tile ahead into a tile of their own
  * (copied once the last ones are read), off the path from the products to the probabilities. */
-    "template <int T, int S, bool CAUSAL, int OH, int H, int RB, class OX>\n"
+    "template <int T, int S, bool CAUSAL, int OH, int H, int RB, int PK, class OX>\n"
     "static __device__ void tgk_attention_bwd_wg(const unsigned short *__restrict__ q, const unsigned short *__restrict__ k,\n"
     "        const unsigned short *__restrict__ v, const OX *__restrict__ o, const unsigned short *__restrict__ dout,\n"
     "        const float *__restrict__ lse, float *dq, float *__restrict__ dk, float *__restrict__ dv, void *dks, void *dvs,\n"
@@ -943,7 +986,8 @@ const char CUDA_ATTENTION_WG_SOURCE[] =
     "    q += tga_row<T, D, H>(b); k += tga_row<S, D, H>(b); v += tga_row<S, D, H>(b); o += tga_row<T, D, OH>(b);\n"
     "    dout += tga_row<T, D, H>(b); lse += b * T;\n"
     "    if (dq) dq += tga_row<T, D, H>(b);\n"
-    "    const long long kb = tga_row<S, D, H>(b);   /* dk's and dv's */\n"
+    "    tga_packed<PK, 2>(dk, dv, dks, dvs, H * D);\n"
+    "    const long long kb = tga_row_packed<S, D, H, PK>(b);   /* dk's and dv's */\n"
     "    tgw_tile<H * D, 128>(Ks, k, c0, S);\n"
     "    tgw_tile<H * D, 128>(Vs, v, c0, S);\n"
     "    float dka[8][4] = {}, dva[8][4] = {};\n"
@@ -1038,8 +1082,8 @@ const char CUDA_ATTENTION_WG_SOURCE[] =
     "        if (c >= S) continue;\n"
     "#pragma unroll\n"
     "        for (int nd = 0; nd < 8; nd++) {\n"
-    "            tgm_store2<2, (RB & 2) != 0>(dk, dks, kb + (long long)c * H * D + nd * 8 + 2 * t, dka[nd][2 * h], dka[nd][2 * h + 1]);\n"
-    "            tgm_store2<2, (RB & 4) != 0>(dv, dvs, kb + (long long)c * H * D + nd * 8 + 2 * t, dva[nd][2 * h], dva[nd][2 * h + 1]);\n"
+    "            tgm_store2<2, (RB & 2) != 0>(dk, dks, kb + (long long)c * H * D * PK + nd * 8 + 2 * t, dka[nd][2 * h], dka[nd][2 * h + 1]);\n"
+    "            tgm_store2<2, (RB & 4) != 0>(dv, dvs, kb + (long long)c * H * D * PK + nd * 8 + 2 * t, dva[nd][2 * h], dva[nd][2 * h + 1]);\n"
     "        }\n"
     "    }\n"
     "}\n";

@@ -2250,6 +2250,48 @@ static int64_t buffer_at(cg *c, int id, bool rounded) {
     return (int64_t)at;
 }
 
+/* The scratch of the attention backwards that pack their gradients (graph.h: ATTENTION_BWD's
+ * iarg[1] = 3): `floats` of dq, zero when allocated and left zero by the kernel that copies it out
+ * (cuda_attention.c's tgk_attention_dq). One for all of them, since they run one after another
+ * (each noted as writing all of it, so that the side plan keeps them so): char_gpt's six layers
+ * share 25 MB. Returns where. */
+static size_t dq_scratch(cg *c, cuda_plan *p, int64_t floats) {
+    const size_t want = (size_t)floats;
+    if (p->dq_floats < want) {   /* 128-byte aligned: the bulk reductions' rows need 16 */
+        if (!p->scratch_end) p->scratch_at = p->scratch_end = (c->plan->arena + 1) & ~(size_t)1;
+        p->dq_scratch = (p->scratch_end + 31) & ~(size_t)31;
+        p->dq_floats = want;
+        p->scratch_end = p->dq_scratch + want;
+    }
+    io_span(c, p->dq_scratch, (int64_t)want, true);
+    return p->dq_scratch;
+}
+
+/* After a backward that packs its gradients: dq, added up in the scratch at args->at[6], copied
+ * into its part of the packed rows (args->at[7], the copy's at[9]), rows of hd values (H D), four
+ * a thread (cuda_attention.c's tgk_attention_dq). r: rounded to bf16 as stored (a bf16 value). */
+static void packed_dq(cg *c, cuda_plan *p, int id, const cuda_kernel_args *args, int64_t n, int64_t hd, bool r) {
+    const tg_precision prec = c->g->precision;
+    char name[sizeof p->launch->name];
+    snprintf(name, sizeof name, "attn_dq_%lldx%lld_%s%s", (long long)(n / hd), (long long)hd,
+             prec == TG_PRECISION_BF16 ? "bf16" : prec == TG_PRECISION_F32 ? "f32" : "tf32", r ? "_r" : "");
+    bool compiled = false;
+    for (int i = 0; i < p->n; i++) compiled |= p->launch[i].kind == CL_KERNEL && !strcmp(p->launch[i].name, name);
+    if (!compiled)
+        sb_printf(c->out, "extern \"C\" __global__ void %s(float *A, void *const *B, const double *H, tga_args a) {\n"
+                          "    tgk_prior();\n    tgk_attention_dq<%lld, %d, %s>(tga_at<float>(A, B, a.at[6]), tga_at<float>(A, B, a.at[7]), "
+                          "tga_at<void>(A, B, a.at[9]), %lldll);\n}\n\n",
+                  name, (long long)hd, prec == TG_PRECISION_BF16 ? 2 : prec == TG_PRECISION_F32 ? 0 : 1, r ? "true" : "false",
+                  (long long)n);
+    dq_scratch(c, p, n);
+    io_node(c, id, true);
+    c->io_root = id;
+    cuda_launch *l = kernel_launch(c, p, id, (n + 3) / 4, 256);
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->takes_args = true;
+    l->args = *args;
+}
+
 /* Attention nodes of one kernel (cg_attention_joins: ATTENTION with its LSE, or the gradients
  * of one forward), a block per row tile of one batch element (device code and tile sizes in
  * cuda_attention.c). The kernel depends only on the shapes and the precision, and a model's layers
@@ -2282,7 +2324,13 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     for (int o = 0; o < n_ops; o++) rounded[ops[o]] = true;
     for (int k = 0; k < n->nsrc; k++) args.at[k] = buffer_at(c, n->src[k], rounded[k]);
     int rb = 0;   /* the outputs that are bf16 activations (bit 0 out, bits 1, 2 dk, dv) */
-    if (bwd) {   /* dq, dk, dv (maybe their copies only); the rounded copies of dk, dv (at[9], at[10]) where products read them */
+    const int pk = bwd && n->iarg[1] == 3 ? 3 : 1;   /* packed: its buffer, as dk's (at[7]), its copy's as dk's (at[9]) */
+    if (pk > 1) {
+        args.at[7] = cg_unplaced(c, id) ? -1 : buffer_at(c, id, false);
+        if (has_shadow(c, id)) args.at[9] = buffer_at(c, id, true);
+        if (graph_rounds(c->g, c->bf16, id)) rb = 6;
+        args.at[6] = (int64_t)dq_scratch(c, p, B * T * D);
+    } else if (bwd) {   /* dq, dk, dv (maybe their copies only); the rounded copies of dk, dv (at[9], at[10]) where products read them */
         for (int r = 0; r < n_out; r++) {
             const int w = (int)N(c, outs[r])->iarg[1];
             args.at[6 + w] = cg_unplaced(c, outs[r]) ? -1 : buffer_at(c, outs[r], false);
@@ -2309,6 +2357,8 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     }
     if (rb) snprintf(name + strlen(name), sizeof name - strlen(name), "_r%d", rb);
     snprintf(last + strlen(last), sizeof last - strlen(last), ", %lld, %d", inter, rb);
+    if (bwd) snprintf(last + strlen(last), sizeof last - strlen(last), ", %d", pk);
+    if (pk > 1) snprintf(name + strlen(name), sizeof name - strlen(name), "_p%d", pk);
     if (inter > 1) snprintf(name + strlen(name), sizeof name - strlen(name), "_i%lld", inter);
     if (rounded[3]) snprintf(name + strlen(name), sizeof name - strlen(name), "_ob");   /* out read as bf16 */
     if (wg) snprintf(name + strlen(name), sizeof name - strlen(name), "_wg");
@@ -2349,6 +2399,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
                         : (int)(4 * (64 * (D + 1) * 2 + 64 * (E + 1) * 2 + 64 * 65 + 128));
     else
         l->shared = mma ? (int)(elem * 2 * 64 * (D + pad + E + pad)) : (int)(4 * (64 * (D + 1) * 2 + 64 * E + 64 * 65));
+    if (pk > 1) packed_dq(c, p, id, &args, B * T * D, D * inter, rb != 0);
     return n_out - 1;
 }
 

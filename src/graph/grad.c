@@ -121,6 +121,29 @@ static int lone_bias(const tg_graph *g, int id) {
            readers(g, b, &use) == 1 ? b : -1;
 }
 
+/* The packed attention gradient (graph.h: ATTENTION_BWD's iarg[1] = 3) whose parts, in order, the
+ * gradients gs[0..n) are (attention_rule's narrows, reshaped), or -1: then it is their concatenation
+ * as it lies. */
+static int packed_whole(const tg_graph *g, const tg_tensor *gs, int n) {
+    int whole = -1;
+    int64_t at = 0;
+    for (int k = 0; k < n; k++) {
+        const tg_shape gk = g->nodes[gs[k].id].shape;
+        int x = gs[k].id;
+        while (g->nodes[x].op == OP_RESHAPE) x = g->nodes[x].src[0];
+        const tg_node *part = &g->nodes[x];
+        if (part->op != OP_SLICE) return -1;
+        const tg_node *p = &g->nodes[part->src[0]];
+        const int last = p->shape.ndim - 1;
+        if (p->op != OP_ATTENTION_BWD || p->iarg[1] != 3 || (whole >= 0 && part->src[0] != whole) ||
+            part->axis != last || part->iarg[0] != at || gk.d[gk.ndim - 1] != part->shape.d[last])
+            return -1;
+        whole = part->src[0];
+        at += part->shape.d[last];
+    }
+    return whole >= 0 && at == g->nodes[whole].shape.d[g->nodes[whole].shape.ndim - 1] ? whole : -1;
+}
+
 /* The gradients of group `first`'s members that have one (their outputs' gradients all final
  * here: every reader of a member comes after the first member). Where each member's output has a
  * bias added to it, the biases' gradients are one sum too, over the columns of G: the GPU's
@@ -143,7 +166,10 @@ static void siblings_rule(grad_ctx *c, int first, const int *group, int n0) {
         ws[k] = mk_tensor(g, g->nodes[members[k]].src[1]);
     }
     tg_tensor x = mk_tensor(g, g->nodes[first].src[0]);
-    tg_tensor go = tg_concat_at(s, gs, n, -1);
+    const int whole = packed_whole(g, gs, n);
+    tg_shape wide = g->nodes[gs[0].id].shape;
+    if (whole >= 0) wide.d[wide.ndim - 1] = g->nodes[whole].shape.d[g->nodes[whole].shape.ndim - 1];
+    tg_tensor go = whole >= 0 ? op_reshape(s, mk_tensor(g, whole), wide) : tg_concat_at(s, gs, n, -1);
     int bias[MAX_SIBLINGS], biased = 0;   /* the sums right after G: a GPU's column sums compute what they sum */
     for (int k = 0; k < n; k++) {
         bias[k] = lone_bias(g, members[k]);
@@ -186,6 +212,23 @@ static int heads_merged(const tg_graph *g, int id) {
     return -1;
 }
 
+/* Are attention node n's gradients one packed node (graph.h: ATTENTION_BWD's iarg[1] = 3)? With
+ * g->group_products and TG_PACK_ATTENTION=1, for heads interleaved and q, k, v of one shape, all
+ * three wanted: the gradients of three sibling products (siblings_rule) are then side by side
+ * where the attention writes them, not copied there by a kernel (char_gpt at bf16 on an H200: 46
+ * us a layer, with the biases' column sums). Off by default: dq, added up in f32, still needs a
+ * copy into its part, and zeroing its f32 sums after it took 60 of that copy's 88 us a layer;
+ * the step was 4.38 ms against 4.06 (bench/RESULTS.md, forty-second session). */
+static bool packs(const grad_ctx *c, const tg_node *n) {
+    const tg_graph *g = c->g;
+    const char *env = getenv("TG_PACK_ATTENTION");
+    if (!env || env[0] != '1') return false;
+    const tg_shape q = g->nodes[n->src[0]].shape;
+    bool same = true;
+    for (int w = 0; w < 3; w++) same = same && c->reach[n->src[w]] && shapes_equal(g->nodes[n->src[w]].shape, q);
+    return g->group_products && n->iarg[3] > 0 && same;
+}
+
 /* Gradients of attention with respect to q, k and v, as consecutive ATTENTION_BWD nodes (the
  * ones needed, in that order) reading the forward's output and its row log-sum-exp, the
  * ATTENTION_LSE node tg_attention put right after it. Where the model merges the heads of the
@@ -202,7 +245,20 @@ static void attention_rule(grad_ctx *c, tg_site s, int id, tg_tensor go) {
         return;
     }
     int grads[3] = { -1, -1, -1 };
-    for (int w = 0; w < 3; w++) {
+    const bool packed = packs(c, &n);
+    if (packed) {   /* one node, its three parts narrowed out (siblings_rule takes it whole) */
+        const tg_shape qs = g->nodes[n.src[0]].shape;
+        const int64_t width = qs.d[qs.ndim - 1] * qs.d[qs.ndim - 2];
+        tg_shape ps = qs;
+        ps.ndim--;
+        ps.d[ps.ndim - 1] = 3 * width;
+        tg_tensor d = MIRROR(OP_ATTENTION_BWD, ps, 6, srcs);
+        if (d.id < 0) return;
+        g->nodes[d.id].iarg[1] = 3;
+        g->nodes[d.id].iarg[2] = n.iarg[3];
+        for (int w = 0; w < 3; w++) grads[w] = op_reshape(s, tg_narrow_at(s, d, -1, w * width, width), qs).id;
+    }
+    for (int w = 0; w < 3 && !packed; w++) {
         if (!c->reach[n.src[w]]) continue;
         tg_tensor d = MIRROR(OP_ATTENTION_BWD, g->nodes[n.src[w]].shape, 6, srcs);
         if (d.id < 0) return;

@@ -107,7 +107,11 @@ typedef enum {
      * ATTENTION node (backends may compute both in one pass; the gradient reads it, a forward
      * never does, and schedules drop it there). ATTENTION_BWD: src q, k, v, out, d_out, lse;
      * iarg[1] = 0, 1, 2: the gradient with respect to q, k or v (shape of that operand). The
-     * gradient rule appends the ones it needs consecutively, in that order. iarg[2] = H > 1: out
+     * gradient rule appends the ones it needs consecutively, in that order. iarg[1] = 3 (packed,
+     * heads interleaved, q, k, v of one shape [.., T, H, D]): all three side by side, [.., T, 3 H
+     * D], row t dq's row t then dk's then dv's, as one product's gradient of q, k and v made
+     * together would be (grad.c's attention_rule, with g->group_products and TG_PACK_ATTENTION=1).
+     * iarg[2] = H > 1: out
      * is given with the head axis and the rows swapped ([.., T, H, E]: the copy a model makes to
      * merge heads, attn_row), so that the output itself need not live until the backward.
      * iarg[3] = H > 0 (all three ops): the heads are interleaved, as a model's linear layers
@@ -258,6 +262,13 @@ tg_graph *tg__trace(void);
 static inline tg_tensor mk_tensor(tg_graph *g, int id) { tg_tensor t = { g, id }; return t; }
 static inline const tg_node *node_of(tg_tensor t) { return &t.g->nodes[t.id]; }
 
+static inline bool shapes_equal(tg_shape a, tg_shape b) {
+    if (a.ndim != b.ndim) return false;
+    for (int i = 0; i < a.ndim; i++)
+        if (a.d[i] != b.d[i]) return false;
+    return true;
+}
+
 /* shape.c: shape rules. Each returns false after recording an error on g. */
 bool shape_broadcast(tg_graph *g, tg_site s, const char *op, tg_shape a, tg_shape b, tg_shape *out);
 bool shape_axis(tg_graph *g, tg_site s, const char *op, tg_shape x, int axis, int *out);
@@ -288,6 +299,12 @@ static inline int64_t attn_row(int64_t b, int64_t T, int64_t W, int64_t h) {
     return h > 1 ? ((b / h) * T * h + b % h) * W : b * T * W;
 }
 static inline int64_t attn_stride(int64_t W, int64_t h) { return h > 1 ? h * W : W; }
+/* The same for the gradients of an ATTENTION_BWD node packed pk to a row (iarg[1] = 3: pk = 3, the
+ * heads interleaved, h > 0; the part of dk, dv h W, 2 h W further), rows attn_stride(W, h) pk
+ * apart. */
+static inline int64_t attn_row_packed(int64_t b, int64_t T, int64_t W, int64_t h, int64_t pk) {
+    return pk > 1 ? ((b / h) * T * h * pk + b % h) * W : attn_row(b, T, W, h);
+}
 /* An f32 node of op `op` carrying the axis/iarg/farg of node `like` (gradient rules use it to
  * emit adjoints: slice for pad, col2im for im2col, the same dropout mask). */
 tg_tensor op_mirror(tg_graph *g, tg_site s, tg_op op, int like, tg_shape shape, int nsrc, const int *src);

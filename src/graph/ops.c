@@ -249,22 +249,15 @@ tg_tensor tg_mean_at(tg_site s, tg_tensor x, int axis, int keepdims) {
 
 /* ----- movement ----- */
 
-static bool same_shape(tg_shape a, tg_shape b) {
-    if (a.ndim != b.ndim) return false;
-    for (int i = 0; i < a.ndim; i++)
-        if (a.d[i] != b.d[i]) return false;
-    return true;
-}
-
 tg_tensor op_reshape(tg_site s, tg_tensor x, tg_shape shape) {
     if (!live(x)) return bad(x.g);
-    if (same_shape(node_of(x)->shape, shape)) return x;
+    if (shapes_equal(node_of(x)->shape, shape)) return x;
     return emit(x.g, s, OP_RESHAPE, node_of(x)->dtype, shape, 1, &x.id);
 }
 
 tg_tensor op_expand(tg_site s, tg_tensor x, tg_shape shape) {
     if (!live(x)) return bad(x.g);
-    if (same_shape(node_of(x)->shape, shape)) return x;
+    if (shapes_equal(node_of(x)->shape, shape)) return x;
     return emit(x.g, s, OP_EXPAND, node_of(x)->dtype, shape, 1, &x.id);
 }
 
@@ -310,7 +303,7 @@ tg_tensor tg_swapaxes_at(tg_site s, tg_tensor x, int a, int b) {
 tg_tensor op_unbroadcast(tg_site s, tg_tensor x, tg_shape shape) {
     if (!live(x)) return bad(x.g);
     tg_shape xs = node_of(x)->shape;
-    if (same_shape(xs, shape)) return x;
+    if (shapes_equal(xs, shape)) return x;
     int lead = xs.ndim - shape.ndim;
     for (int i = 0; i < xs.ndim && x.id >= 0; i++) {
         bool stretched = i < lead || (shape.d[i - lead] == 1 && xs.d[i] != 1);

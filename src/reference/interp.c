@@ -791,13 +791,13 @@ static void attention(const attn_dims *a, const double *q, const double *k, cons
 /* ATTENTION_BWD: with p_c = exp(s_c - lse_r) and delta_r = d_out_r . out_r (= sum_c p_c dp_c):
  * dp_c = d_out_r . v_c, ds_c = scale p_c (dp_c - delta_r); dq_r = sum_c ds_c k_c, dk_c += ds_c
  * q_r, dv_c += p_c d_out_r, where p_c and ds_c enter those products as operands, rounded at tf32
- * and bf16 (as flash attention's backward rounds them; ds_c from the unrounded p_c). `which`
- * picks the one written. */
-static void attention_backward(const attn_dims *a, int which, double *const *in, double *grad)
+ * and bf16 (as flash attention's backward rounds them; ds_c from the unrounded p_c). w picks the
+ * one added into grad (zeroed): 0 dq, 1 dk, 2 dv, as the rows of pk parts (graph.h's
+ * attn_row_packed). */
+static void attention_backward(const attn_dims *a, int w, int64_t pk, double *const *in, double *grad)
 {
     const double *q = in[0], *k = in[1], *v = in[2], *o = in[3], *dout = in[4], *lse = in[5];
-    int64_t rows = which == 0 ? a->T : a->S, cols = which == 2 ? a->E : a->D;
-    memset(grad, 0, sizeof(double) * (size_t)(a->batch * rows * cols));
+    const int64_t rows = w == 0 ? a->T : a->S, cols = w == 2 ? a->E : a->D, part = pk > 1 ? w * a->heads * cols : 0;
     for (int64_t b = 0; b < a->batch; b++) {
         const double *ob = o + attn_row(b, a->T, a->E, a->out_heads);
         const int64_t os = attn_stride(a->E, a->out_heads);
@@ -813,11 +813,12 @@ static void attention_backward(const attn_dims *a, int which, double *const *in,
                     dp += gr[e] * vc[e];
                 double ds = operand_round(a->prec, p * (dp - delta) * a->scale);
                 p = operand_round(a->prec, p);
-                double *dr = grad + attn_at(a, b, rows, cols, which == 0 ? r : c);
-                if (which == 0)
+                double *dr = grad + part + attn_row_packed(b, rows, cols, a->heads, pk) +
+                             (w == 0 ? r : c) * attn_stride(cols, a->heads) * pk;
+                if (w == 0)
                     for (int64_t d = 0; d < a->D; d++)
                         dr[d] += ds * kc[d];
-                else if (which == 1)
+                else if (w == 1)
                     for (int64_t d = 0; d < a->D; d++)
                         dr[d] += ds * qr[d];
                 else
@@ -936,8 +937,12 @@ void ref_eval_node(const tg_graph *g, int id, double *const *bufs, const double 
             copies[k] = operand ? rounded(p, bufs[n->src[k]], g->nodes[n->src[k]].numel) : NULL;
             srcs[k] = copies[k] ? copies[k] : bufs[n->src[k]];
         }
-        if (n->op == OP_ATTENTION_BWD)
-            attention_backward(&a, (int)n->iarg[1], srcs, out);
+        if (n->op == OP_ATTENTION_BWD) {
+            const int which = (int)n->iarg[1];   /* 3: all three, packed */
+            memset(out, 0, sizeof(double) * (size_t)n->numel);
+            for (int w = which == 3 ? 0 : which; w <= (which == 3 ? 2 : which); w++)
+                attention_backward(&a, w, which == 3 ? 3 : 1, srcs, out);
+        }
         else if (n->op == OP_ATTENTION_LSE)
             attention(&a, srcs[0], srcs[1], NULL, NULL, out);
         else
