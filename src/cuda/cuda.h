@@ -31,6 +31,7 @@ typedef struct {
                                       * (N values, added to each row) or a value of C's shape */
     int64_t M, N, K, batch, *aoff, *boff;
     int64_t n;                       /* CL_MEMSET: floats to clear (tg_zero) */
+    int64_t at;                      /* CL_MEMSET: from this float of the arena's (scratch), or -1: the node's buffer */
     /* CL_KERNEL: the arena it reads and writes, n_io spans {lo, hi, written} in floats from the
      * arena's start (io NULL: not known, so nothing runs beside it: cuda_backend.c's side plan) */
     int64_t (*io)[3];
@@ -46,7 +47,7 @@ typedef struct {
      * plan's arena and zero once (scratch_end 0: none). */
     size_t scratch_at, scratch_end;
     /* The scratch of the attention backwards that pack their gradients (attention_kernel): dq
-     * added up in f32, left zero after each (floats from the arena's start, and how many; 0: none
+     * added up in f32, cleared before each (floats from the arena's start, and how many; 0: none
      * yet). */
     size_t dq_scratch, dq_floats;
     /* Every write-back source's kernel flags a value that is not finite itself (cuda_codegen.c,

@@ -30,7 +30,9 @@
  *
  * Operands may hold the heads interleaved (template parameter H > 1, graph.h's attn_row: rows of
  * one head H * width apart), as a model's splits of heads leave them: every row address goes
- * through tga_row and a row stride. */
+ * through tga_row and a row stride. A backward of packed gradients (PK 3, graph.h's
+ * attn_row_packed) stores dk and dv into their parts of rows three times as long, and dq, added
+ * up in scratch, goes into its part by a kernel after it (tgk_attention_dq). */
 #include "cuda/cuda.h"
 
 const char CUDA_ATTENTION_SOURCE[] =
@@ -77,18 +79,17 @@ const char CUDA_ATTENTION_SOURCE[] =
     "    dk = dk ? dk + hd : 0;\n"
     "    dvs = dks ? (char *)dks + 2 * hd * es : 0;\n"
     "    dks = dks ? (char *)dks + hd * es : 0;\n}\n"
-    /* packed gradients: dq, added up in f32 scratch (zero before) by the blocks of every key tile,
-     * goes to its part of the packed rows (d, its copy s) in a kernel after the backward's, rounded
-     * as the output is stored (tga_store), four values a thread, and the scratch is left zero for
-     * the next one. In the backward itself, by the last block to add to a query tile (a counter a
-     * tile), char_gpt's took 96 us a layer for 66: the blocks of the first key tile, the longest,
-     * finished last and copied every tile at the end (H200, bf16). n: the values of dq. */
+    /* packed gradients: dq, added up in f32 scratch (cleared before) by the blocks of every key
+     * tile, goes to its part of the packed rows (d, its copy s) in a kernel after the backward's,
+     * rounded as the output is stored (tga_store), four values a thread. In the backward itself, by
+     * the last block to add to a query tile (a counter a tile), char_gpt's took 96 us a layer for
+     * 66: the blocks of the first key tile, the longest, finished last and copied every tile at the
+     * end (H200, bf16). n: the values of dq. */
     "template <int HD, int RND, bool R>\n"
-    "static __device__ void tgk_attention_dq(float *dq, float *d, void *s, long long n) {\n"
+    "static __device__ void tgk_attention_dq(const float *dq, float *d, void *s, long long n) {\n"
     "    const long long x = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4;\n"
     "    if (HD % 4 == 0 && x + 4 <= n) {   /* four of a row (the scratch is 128-byte aligned) */\n"
     "        const float4 v = *(const float4 *)(dq + x);\n"
-    "        *(float4 *)(dq + x) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n"
     "        const long long row = x / HD, at = row * 3 * HD + (x - row * HD);\n"
     "        if (RND == 2 && !d) {   /* the bf16 copy alone: one 8-byte store */\n"
     "            *(uint2 *)((unsigned short *)s + at) = make_uint2(tgk_pack_bf16(v.x, v.y), tgk_pack_bf16(v.z, v.w));\n"
@@ -100,11 +101,7 @@ const char CUDA_ATTENTION_SOURCE[] =
     "        tga_store<RND, R>(d, s, at + 3, v.w);\n"
     "        return;\n"
     "    }\n"
-    "    for (long long i = x; i < x + 4 && i < n; i++) {\n"
-    "        const float v = dq[i];\n"
-    "        dq[i] = 0.0f;\n"
-    "        tga_store<RND, R>(d, s, i / HD * 3 * HD + i % HD, v);\n"
-    "    }\n}\n"
+    "    for (long long i = x; i < x + 4 && i < n; i++) tga_store<RND, R>(d, s, i / HD * 3 * HD + i % HD, dq[i]);\n}\n"
     /* v rounded as an operand of the graph's precision RND (0 f32, 1 tf32, 2 bf16; the prelude's
      * roundings) */
     "template <int RND>\n"

@@ -868,6 +868,8 @@ static void *cuda_node_buf(void *h, int node) {
 }
 
 static CUdeviceptr node_ptr(cuda_exec *e, int node) { return (CUdeviceptr)cuda_node_buf(e, node); }
+/* What a CL_MEMSET clears: its node's buffer, or scratch past the plan's arena */
+static CUdeviceptr memset_ptr(cuda_exec *e, const cuda_launch *l) { return l->at >= 0 ? e->arena + 4 * (CUdeviceptr)l->at : node_ptr(e, l->node); }
 
 /* cuBLAS's numbers for the element types and arithmetic of a product. */
 enum { CUDA_R_32F = 0, CUDA_R_16BF = 14, CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77, CUBLAS_GEMM_DEFAULT = -1 };
@@ -1112,7 +1114,7 @@ static bool touches_of(cuda_exec *e, int i) {
             ok = touch_add(a, e->arena + 4 * (CUdeviceptr)l->io[k][0], e->arena + 4 * (CUdeviceptr)l->io[k][1], l->io[k][2] != 0,
                            false);
     } else if (l->kind == CL_MEMSET) {
-        ok = touch_add(a, node_ptr(e, l->node), node_ptr(e, l->node) + 4 * (CUdeviceptr)l->n, true, false);
+        ok = touch_add(a, memset_ptr(e, l), memset_ptr(e, l) + 4 * (CUdeviceptr)l->n, true, false);
     } else if (l->kind == CL_GEMM) {
         extent r[3], w[2];
         if (!product_extents(e, i, r, w)) return true;
@@ -1456,7 +1458,7 @@ static bool enqueue_one(cuda_exec *e, int i, CUstream stream, bool early, tg_err
     const cuda_launch *l = &e->launches.launch[i];
     CUdeviceptr table = e->table, hyper = e->hyper_dev;
     if (l->kind == CL_MEMSET) {
-        CUdeviceptr at = node_ptr(e, l->node);
+        CUdeviceptr at = memset_ptr(e, l);
         long long n = l->n;
         void *args[] = { &at, &n };
         unsigned grid[3] = { (unsigned)((n + 1023) / 1024) + (n == 0), 1, 1 };   /* four floats a thread */

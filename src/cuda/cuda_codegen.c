@@ -107,7 +107,11 @@ static void io_node(cg *c, int id, bool write) {
     if (c->plan->tshadow && c->plan->tshadow[home] != PLAN_BOUND) io_span(c, c->plan->tshadow[home], n, write);
 }
 
-static void memset_launch(cuda_plan *p, int node) { add_launch(p, CL_MEMSET, node)->n = p->g->nodes[node].numel; }
+static void memset_launch(cuda_plan *p, int node) {
+    cuda_launch *l = add_launch(p, CL_MEMSET, node);
+    l->n = p->g->nodes[node].numel;
+    l->at = -1;
+}
 
 static void pointer(cg *c, strbuf *decl, int id, bool out) { cg_pointer(c, decl, id, out, "__restrict__"); }
 
@@ -2250,11 +2254,17 @@ static int64_t buffer_at(cg *c, int id, bool rounded) {
     return (int64_t)at;
 }
 
+/* Has a launch before run the kernel `name` (one compiled for several launches, attention's)? */
+static bool compiled(const cuda_plan *p, const char *name) {
+    for (int i = 0; i < p->n; i++)
+        if (p->launch[i].kind == CL_KERNEL && !strcmp(p->launch[i].name, name)) return true;
+    return false;
+}
+
 /* The scratch of the attention backwards that pack their gradients (graph.h: ATTENTION_BWD's
- * iarg[1] = 3): `floats` of dq, zero when allocated and left zero by the kernel that copies it out
- * (cuda_attention.c's tgk_attention_dq). One for all of them, since they run one after another
- * (each noted as writing all of it, so that the side plan keeps them so): char_gpt's six layers
- * share 25 MB. Returns where. */
+ * iarg[1] = 3): `floats` of dq, cleared before each (clear_scratch). One for all of them, since
+ * they run one after another (each noted as writing all of it, so that the side plan keeps them
+ * so): char_gpt's six layers share 25 MB. Returns where. */
 static size_t dq_scratch(cg *c, cuda_plan *p, int64_t floats) {
     const size_t want = (size_t)floats;
     if (p->dq_floats < want) {   /* 128-byte aligned: the bulk reductions' rows need 16 */
@@ -2267,6 +2277,16 @@ static size_t dq_scratch(cg *c, cuda_plan *p, int64_t floats) {
     return p->dq_scratch;
 }
 
+/* The scratch at `at` cleared for the launch after it (node id's): the early clear of
+ * cuda_backend.c moves it beside, after the last launch before that touches it. The copy of dq
+ * that zeroed it as it read it took 88 us a layer for 28 (char_gpt at bf16, H200): stores of
+ * zeros ran at 0.4 TB/s in that kernel. */
+static void clear_scratch(cuda_plan *p, int id, size_t at, int64_t floats) {
+    cuda_launch *l = add_launch(p, CL_MEMSET, id);
+    l->n = floats;
+    l->at = (int64_t)at;
+}
+
 /* After a backward that packs its gradients: dq, added up in the scratch at args->at[6], copied
  * into its part of the packed rows (args->at[7], the copy's at[9]), rows of hd values (H D), four
  * a thread (cuda_attention.c's tgk_attention_dq). r: rounded to bf16 as stored (a bf16 value). */
@@ -2275,9 +2295,7 @@ static void packed_dq(cg *c, cuda_plan *p, int id, const cuda_kernel_args *args,
     char name[sizeof p->launch->name];
     snprintf(name, sizeof name, "attn_dq_%lldx%lld_%s%s", (long long)(n / hd), (long long)hd,
              prec == TG_PRECISION_BF16 ? "bf16" : prec == TG_PRECISION_F32 ? "f32" : "tf32", r ? "_r" : "");
-    bool compiled = false;
-    for (int i = 0; i < p->n; i++) compiled |= p->launch[i].kind == CL_KERNEL && !strcmp(p->launch[i].name, name);
-    if (!compiled)
+    if (!compiled(p, name))
         sb_printf(c->out, "extern \"C\" __global__ void %s(float *A, void *const *B, const double *H, tga_args a) {\n"
                           "    tgk_prior();\n    tgk_attention_dq<%lld, %d, %s>(tga_at<float>(A, B, a.at[6]), tga_at<float>(A, B, a.at[7]), "
                           "tga_at<void>(A, B, a.at[9]), %lldll);\n}\n\n",
@@ -2330,6 +2348,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
         if (has_shadow(c, id)) args.at[9] = buffer_at(c, id, true);
         if (graph_rounds(c->g, c->bf16, id)) rb = 6;
         args.at[6] = (int64_t)dq_scratch(c, p, B * T * D);
+        clear_scratch(p, id, (size_t)args.at[6], B * T * D);
     } else if (bwd) {   /* dq, dk, dv (maybe their copies only); the rounded copies of dk, dv (at[9], at[10]) where products read them */
         for (int r = 0; r < n_out; r++) {
             const int w = (int)N(c, outs[r])->iarg[1];
@@ -2362,9 +2381,7 @@ static int attention_kernel(cg *c, cuda_plan *p, int id, const int *next, int n_
     if (inter > 1) snprintf(name + strlen(name), sizeof name - strlen(name), "_i%lld", inter);
     if (rounded[3]) snprintf(name + strlen(name), sizeof name - strlen(name), "_ob");   /* out read as bf16 */
     if (wg) snprintf(name + strlen(name), sizeof name - strlen(name), "_wg");
-    bool compiled = false;
-    for (int i = 0; i < p->n; i++) compiled |= p->launch[i].kind == CL_KERNEL && !strcmp(p->launch[i].name, name);
-    if (!compiled) {
+    if (!compiled(p, name)) {
         /* bf16's tensor-core forward bounded to 128 registers (137 unbounded), four blocks an SM
          * (char_gpt's layer, when blocks were 8 warps: 56 -> 49 us, two an SM against one); tf32's
          * and f32's need more. The warpgroup backward at three an SM (168 registers, 74 KB) */

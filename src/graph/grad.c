@@ -27,6 +27,7 @@ typedef struct {
     int *acc;        /* per forward node: its gradient node so far, or -1 */
     bool *reach;     /* per forward node: depends on some wrt node */
     int *group;      /* per forward node: find_siblings' group */
+    int *wide;       /* per forward node that is the first of a group: its weights side by side (early_wide), or -1 */
 } grad_ctx;
 
 static void accumulate(grad_ctx *c, tg_site s, int node, tg_tensor contrib) {
@@ -65,6 +66,12 @@ static void matmul_rule(grad_ctx *c, tg_site s, const tg_node *n, tg_tensor go) 
         tg_tensor db = tb ? op_matmul_t(s, go, a, 1, ta) : op_matmul_t(s, a, go, !ta, 0);
         accumulate(c, s, b.id, db);
     }
+}
+
+/* TG_PACK_ATTENTION=1: attention's gradients packed (packs), off by default. */
+static bool pack_attention(void) {
+    const char *env = getenv("TG_PACK_ATTENTION");
+    return env && env[0] == '1';
 }
 
 /* Sibling products: products x W_j of one left operand x (no transposes) by 2-D weights W_j
@@ -144,6 +151,23 @@ static int packed_whole(const tg_graph *g, const tg_tensor *gs, int n) {
     return whole >= 0 && at == g->nodes[whole].shape.d[g->nodes[whole].shape.ndim - 1] ? whole : -1;
 }
 
+/* With packed attention gradients: each group's weights side by side made before the rest of
+ * the gradient, when the step's backward starts, where siblings_rule would make them right
+ * before the product that reads them, on the critical path behind the biases' sums. */
+static void early_wide(grad_ctx *c, int n0) {
+    tg_graph *g = c->g;
+    for (int i = 0; i < n0; i++) c->wide[i] = -1;
+    if (!pack_attention()) return;
+    for (int i = 0; i < n0 && ir_ok(g); i++) {
+        if (c->group[i] != i) continue;
+        tg_tensor ws[MAX_SIBLINGS];
+        int n = 0;
+        for (int j = i; j < n0 && n < MAX_SIBLINGS; j++)
+            if (c->group[j] == i) ws[n++] = mk_tensor(g, g->nodes[j].src[1]);
+        c->wide[i] = tg_concat_at(g->nodes[i].site, ws, n, 1).id;
+    }
+}
+
 /* The gradients of group `first`'s members that have one (their outputs' gradients all final
  * here: every reader of a member comes after the first member). Where each member's output has a
  * bias added to it, the biases' gradients are one sum too, over the columns of G: the GPU's
@@ -183,7 +207,9 @@ static void siblings_rule(grad_ctx *c, int first, const int *group, int n0) {
             at += (int)width;
         }
     }
-    tg_tensor w = tg_concat_at(s, ws, n, 1);
+    int members_all = 0;
+    for (int j = first; j < n0; j++) members_all += group[j] == first;
+    tg_tensor w = c->wide[first] >= 0 && n == members_all ? mk_tensor(g, c->wide[first]) : tg_concat_at(s, ws, n, 1);
     if (c->reach[x.id]) accumulate(c, s, x.id, op_matmul_t(s, go, w, 0, 1));
     tg_shape xs = g->nodes[x.id].shape, gsh = g->nodes[go.id].shape;
     if (xs.ndim > 2) {   /* the batch folded into the rows: dW is one product (matmul_rule) */
@@ -216,13 +242,14 @@ static int heads_merged(const tg_graph *g, int id) {
  * g->group_products and TG_PACK_ATTENTION=1, for heads interleaved and q, k, v of one shape, all
  * three wanted: the gradients of three sibling products (siblings_rule) are then side by side
  * where the attention writes them, not copied there by a kernel (char_gpt at bf16 on an H200: 46
- * us a layer, with the biases' column sums). Off by default: dq, added up in f32, still needs a
- * copy into its part, and zeroing its f32 sums after it took 60 of that copy's 88 us a layer;
- * the step was 4.38 ms against 4.06 (bench/RESULTS.md, forty-second session). */
+ * us a layer, with the biases' column sums). Off by default, as fast so far (4.07 ms a step
+ * either way, bench/RESULTS.md, forty-second session): dq, added up in f32, still needs a copy
+ * into its part, and the biases' column sums over the packed rows (37 us a layer) stay on the
+ * critical path, where cuBLASLt's bias-gradient epilogue on the weight gradient's product, beside
+ * it, would take them off. */
 static bool packs(const grad_ctx *c, const tg_node *n) {
     const tg_graph *g = c->g;
-    const char *env = getenv("TG_PACK_ATTENTION");
-    if (!env || env[0] != '1') return false;
+    if (!pack_attention()) return false;
     const tg_shape q = g->nodes[n->src[0]].shape;
     bool same = true;
     for (int w = 0; w < 3; w++) same = same && c->reach[n->src[w]] && shapes_equal(g->nodes[n->src[w]].shape, q);
@@ -394,11 +421,13 @@ bool grad_build(tg_graph *g, int loss, const int *wrt, int n_wrt, int *grad_out)
         return false;
     }
     int n0 = g->n;
-    grad_ctx c = { g, tg_alloc(sizeof(int) * (size_t)n0), tg_alloc(sizeof(bool) * (size_t)n0), tg_alloc(sizeof(int) * (size_t)n0) };
-    if (!c.acc || !c.reach || !c.group) {
+    grad_ctx c = { g, tg_alloc(sizeof(int) * (size_t)n0), tg_alloc(sizeof(bool) * (size_t)n0), tg_alloc(sizeof(int) * (size_t)n0),
+                   tg_alloc(sizeof(int) * (size_t)n0) };
+    if (!c.acc || !c.reach || !c.group || !c.wide) {
         free(c.acc);
         free(c.reach);
         free(c.group);
+        free(c.wide);
         ir_fail(g, ln.site, "out of memory deriving gradients");
         return false;
     }
@@ -413,6 +442,7 @@ bool grad_build(tg_graph *g, int loss, const int *wrt, int n_wrt, int *grad_out)
     }
     if (c.reach[loss]) c.acc[loss] = op_expand(ln.site, num(g, ln.site, 1), ln.shape).id;
     find_siblings(g, c.reach, n0, c.group);
+    early_wide(&c, n0);
     for (int i = loss; i >= 0 && ir_ok(g); i--) {
         if (c.group[i] == i) siblings_rule(&c, i, c.group, n0);
         else if (c.group[i] < 0 && c.reach[i] && c.acc[i] >= 0) rule(&c, i);
@@ -424,6 +454,7 @@ bool grad_build(tg_graph *g, int loss, const int *wrt, int n_wrt, int *grad_out)
     free(c.acc);
     free(c.reach);
     free(c.group);
+    free(c.wide);
     tg__set_trace(outer);
     return ir_ok(g);
 }
