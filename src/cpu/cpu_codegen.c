@@ -912,8 +912,11 @@ static int attention_call(gen *G, int id, const int *next, int n_next) {
     for (int k = 0; k < n_next && n_out < 3 && cg_attention_joins(c->g, outs[n_out - 1], next[k]); k++) outs[n_out++] = next[k];
     if (n->op == OP_ATTENTION_BWD) {
         int bufs[9] = { n->src[0], n->src[1], n->src[2], n->src[3], n->src[4], n->src[5], -1, -1, -1 };
-        for (int r = 0; r < n_out; r++)   /* packed (iarg[1] 3, alone): all three into it */
-            for (int w = 0; w < 3; w++) bufs[6 + w] = N(c, outs[r])->iarg[1] == w || a[10] == 3 ? outs[r] : bufs[6 + w];
+        for (int r = 0; r < n_out; r++) {   /* dq, dk or dv; packed (iarg[1] 3, alone): all three into it */
+            const int64_t w = N(c, outs[r])->iarg[1];
+            for (int k = 0; k < 3; k++)
+                if (w == k || w == 3) bufs[6 + k] = outs[r];
+        }
         library_call_n(G, outs, n_out, "TGK_ATTENTION_BWD", a, 11, bufs, 9);
     } else {
         bool fwd = n->op == OP_ATTENTION;
